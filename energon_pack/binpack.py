@@ -1,0 +1,520 @@
+"""Bin packing of sequence lengths into fixed-capacity rows. Pure Python, no I/O, no torch.
+
+Offline: :func:`first_fit_decreasing` and :func:`best_fit_decreasing` pack a whole list of
+lengths in O(n log n) and return groups of indices.
+
+Online: :class:`OnlineBinPacker` packs a stream with a bounded candidate buffer. Its rule:
+
+* Every pushed candidate is held until it leaves in a bin; at most ``buffer_size`` candidates are
+  held at once, whether or not they are already part of a planned bin.
+* The packer keeps the subset sums reachable by the held candidates as a bitset (one big
+  integer, ``capacity // align + 1`` bits), updated in O(1) big-int operations per push. A bin
+  leaves as soon as some subset of held candidates fills at least ``min_fill`` of the capacity;
+  the subset chosen is the fullest one, preferring older candidates.
+* Otherwise nothing leaves: under-filled bins are carried over to later rounds. When the buffer
+  is full, the fullest subset leaves.
+* ``max_wait``: no candidate waits for more than ``max_wait`` emitted bins. The held candidates
+  are kept in best-fit "deadline bins" (a witness that every candidate can still leave in time);
+  a bin is only chosen if the remaining deadline bins can still be emitted in deadline order,
+  otherwise the most urgent deadline bin leaves, topped up with the fullest subset of the rest.
+
+Emitted bins list their keys in stream order. Same pushes and settings give the same bins;
+``state_dict()`` is plain JSON-able data and restoring it reproduces the remaining bins exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Union
+
+logger = logging.getLogger("energon_pack.binpack")
+
+Key = Union[str, int]
+Overlong = Literal["error", "skip"]
+
+_STATE_VERSION = 1
+
+
+def aligned_length(length: int, align: int) -> int:
+    """``length`` rounded up to a multiple of ``align``."""
+    return -(-length // align) * align
+
+
+def _check_capacity_and_align(capacity: int, align: int) -> None:
+    if not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+    if not isinstance(align, int) or align < 1:
+        raise ValueError(f"align must be a positive int, got {align!r}")
+    if align > capacity:
+        raise ValueError(
+            f"align={align} is larger than capacity={capacity}; no sequence would fit. "
+            "Use an align (pad_to_multiple_of) that divides the capacity."
+        )
+
+
+def _check_length(key: object, length: object) -> int:
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"sample {key!r}: length must be a positive int, got {length!r}")
+    return length
+
+
+def _overlong_message(key: object, length: int, align: int, capacity: int) -> str:
+    return (
+        f"sample {key!r} has length {length} (aligned to {aligned_length(length, align)} with "
+        f"align={align}), above the capacity of {capacity}. Raise the capacity (seq_length), "
+        "truncate or filter such samples, or pass overlong='skip' to count and skip them."
+    )
+
+
+class _MaxTree:
+    """Segment tree over ``size`` slots holding ints; finds the leftmost slot >= a value."""
+
+    def __init__(self, size: int, initial: int) -> None:
+        self._leaves = 1 << max(0, (size - 1).bit_length())
+        self._tree = [initial] * (2 * self._leaves)
+
+    def set(self, index: int, value: int) -> None:
+        node = index + self._leaves
+        tree = self._tree
+        tree[node] = value
+        node >>= 1
+        while node:
+            left, right = tree[2 * node], tree[2 * node + 1]
+            tree[node] = left if left >= right else right
+            node >>= 1
+
+    def leftmost_at_least(self, value: int) -> int:
+        """Index of the leftmost slot holding ``>= value``, or -1 if there is none."""
+        tree = self._tree
+        if tree[1] < value:
+            return -1
+        node = 1
+        while node < self._leaves:
+            node = 2 * node if tree[2 * node] >= value else 2 * node + 1
+        return node - self._leaves
+
+
+def _decreasing_order(lengths: Sequence[int], capacity: int, align: int) -> list[int]:
+    _check_capacity_and_align(capacity, align)
+    for index, length in enumerate(lengths):
+        _check_length(index, length)
+        if aligned_length(length, align) > capacity:
+            raise ValueError(_overlong_message(index, length, align, capacity))
+    return sorted(range(len(lengths)), key=lambda i: -lengths[i])
+
+
+def first_fit_decreasing(
+    lengths: Sequence[int], capacity: int, *, align: int = 1
+) -> list[list[int]]:
+    """Pack ``lengths`` (aligned up to ``align``) into bins of ``capacity`` by first fit
+    decreasing. Returns groups of indices into ``lengths``. O(n log n)."""
+    order = _decreasing_order(lengths, capacity, align)
+    cap_units = capacity // align
+    free = _MaxTree(len(lengths), -1)  # slot = bin index, value = free units
+    groups: list[list[int]] = []
+    free_units: list[int] = []
+    for index in order:
+        units = aligned_length(lengths[index], align) // align
+        slot = free.leftmost_at_least(units)
+        if slot < 0:
+            slot = len(groups)
+            groups.append([])
+            free_units.append(cap_units)
+        groups[slot].append(index)
+        free_units[slot] -= units
+        free.set(slot, free_units[slot])
+    return groups
+
+
+def best_fit_decreasing(
+    lengths: Sequence[int], capacity: int, *, align: int = 1
+) -> list[list[int]]:
+    """Pack ``lengths`` (aligned up to ``align``) into bins of ``capacity`` by best fit
+    decreasing (each item goes to the fullest bin it fits). Returns groups of indices into
+    ``lengths``. O(n log capacity)."""
+    order = _decreasing_order(lengths, capacity, align)
+    cap_units = capacity // align
+    # Bins are bucketed by their free units; slot r holds r while some bin has r units free.
+    nonempty = _MaxTree(cap_units + 1, -1)
+    buckets: list[list[int]] = [[] for _ in range(cap_units + 1)]
+    groups: list[list[int]] = []
+    for index in order:
+        units = aligned_length(lengths[index], align) // align
+        free = nonempty.leftmost_at_least(units)
+        if free < 0:
+            slot, free = len(groups), cap_units
+            groups.append([])
+        else:
+            slot = buckets[free].pop()
+            if not buckets[free]:
+                nonempty.set(free, -1)
+        groups[slot].append(index)
+        left = free - units
+        buckets[left].append(slot)
+        nonempty.set(left, left)
+    return groups
+
+
+@dataclass(frozen=True)
+class Bin:
+    """One emitted bin: the keys of its items in stream order and their real lengths."""
+
+    keys: tuple[Key, ...]
+    lengths: tuple[int, ...]
+    used: int
+    """Sum of the aligned lengths."""
+    capacity: int
+
+    @property
+    def fill(self) -> float:
+        """Fraction of the capacity taken by the aligned lengths."""
+        return self.used / self.capacity
+
+
+@dataclass
+class PackerStats:
+    """Counters of an :class:`OnlineBinPacker`, as observed so far."""
+
+    capacity: int
+    bins: int = 0
+    items: int = 0
+    rejected: int = 0
+    aligned_tokens: int = 0
+    real_tokens: int = 0
+    total_wait: int = 0
+    max_wait: int = 0
+    emitted_by: dict[str, int] = field(
+        default_factory=lambda: {"fill": 0, "buffer": 0, "deadline": 0, "flush": 0}
+    )
+    """How many bins left because they were full enough, the buffer was full, a candidate's
+    max_wait was due, or the stream ended."""
+
+    @property
+    def bin_fill(self) -> float:
+        """Aligned tokens over the capacity of all emitted bins."""
+        return self.aligned_tokens / (self.bins * self.capacity) if self.bins else 0.0
+
+    @property
+    def token_efficiency(self) -> float:
+        """Real tokens over aligned tokens (what alignment padding costs)."""
+        return self.real_tokens / self.aligned_tokens if self.aligned_tokens else 0.0
+
+    @property
+    def items_per_bin(self) -> float:
+        return self.items / self.bins if self.bins else 0.0
+
+    @property
+    def mean_wait(self) -> float:
+        """Mean number of bins emitted between a candidate's push and its own bin."""
+        return self.total_wait / self.items if self.items else 0.0
+
+
+@dataclass
+class _Candidate:
+    key: Key
+    length: int
+    units: int
+    """Aligned length in units of ``align``."""
+    pushed_at: int
+    """Number of bins emitted before this candidate was pushed."""
+    deadline_bin: int
+    """Id of the deadline bin holding it (only used with ``max_wait``)."""
+
+
+@dataclass
+class _DeadlineBin:
+    members: list[_Candidate] = field(default_factory=list)
+    units: int = 0
+
+    def add(self, cand: _Candidate) -> None:
+        self.members.append(cand)
+        self.units += cand.units
+
+    def remove(self, cand: _Candidate) -> None:
+        self.members.remove(cand)
+        self.units -= cand.units
+
+
+class OnlineBinPacker:
+    """Online packer with a bounded, carry-over candidate buffer (see the module docstring).
+
+    Args:
+        capacity: tokens per bin (the packed sequence length).
+        buffer_size: most candidates held at once (>= 1).
+        align: every length is rounded up to a multiple of this before packing.
+        max_wait: most bins a candidate may wait for after its push, so that no sample
+            starves and data order stays close to the stream's (None: unbounded).
+        overlong: what to do with a candidate whose aligned length exceeds the capacity:
+            ``"error"`` raises ValueError, ``"skip"`` counts it in ``stats.rejected`` and logs
+            its key.
+        min_fill: a bin leaves as soon as it can be filled to at least this fraction.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        buffer_size: int,
+        *,
+        align: int = 1,
+        max_wait: int | None = 64,
+        overlong: Overlong = "error",
+        min_fill: float = 0.999,
+    ) -> None:
+        _check_capacity_and_align(capacity, align)
+        if not isinstance(buffer_size, int) or buffer_size < 1:
+            raise ValueError(
+                f"buffer_size (packing_buffer_size) must be an int >= 1, got {buffer_size!r}"
+            )
+        if max_wait is not None and (not isinstance(max_wait, int) or max_wait < 0):
+            raise ValueError(f"max_wait must be None or an int >= 0, got {max_wait!r}")
+        if overlong not in ("error", "skip"):
+            raise ValueError(f"overlong must be 'error' or 'skip', got {overlong!r}")
+        if not 0.0 < min_fill <= 1.0:
+            raise ValueError(f"min_fill must be in (0, 1], got {min_fill!r}")
+        self.capacity = capacity
+        self.buffer_size = buffer_size
+        self.align = align
+        self.max_wait = max_wait
+        self.overlong: Overlong = overlong
+        self.min_fill = min_fill
+        self._cap_units = capacity // align
+        self._mask = (1 << (self._cap_units + 1)) - 1
+        # Units a bin needs to leave early; the epsilon keeps min_fill=1.0 exact under rounding.
+        self._fill_units = min(self._cap_units, math.ceil(min_fill * capacity / align - 1e-9))
+        self._reset()
+
+    def _reset(self) -> None:
+        self.stats = PackerStats(capacity=self.capacity)
+        self._held: list[_Candidate] = []
+        self._prefix: list[int] = [1]  # _prefix[i]: subset sums reachable by _held[:i]
+        self._emitted = 0
+        self._deadline_bins: dict[int, _DeadlineBin] = {}  # only used with max_wait
+        self._next_deadline_bin = 0
+
+    @property
+    def held(self) -> int:
+        """Number of candidates currently held."""
+        return len(self._held)
+
+    @property
+    def held_keys(self) -> list[Key]:
+        """Keys of the held candidates, in stream order."""
+        return [c.key for c in self._held]
+
+    # ----------------------------------------------------------------------------- public API
+    def push(self, key: Key, length: int) -> list[Bin]:
+        """Add one candidate; return the bins that are ready to leave (possibly none)."""
+        if not isinstance(key, (str, int)) or isinstance(key, bool):
+            raise ValueError(f"key must be a str or int (JSON-able), got {key!r}")
+        length = _check_length(key, length)
+        units = aligned_length(length, self.align) // self.align
+        if units > self._cap_units:
+            if self.overlong == "error":
+                raise ValueError(_overlong_message(key, length, self.align, self.capacity))
+            self.stats.rejected += 1
+            logger.warning(
+                "skipping %s", _overlong_message(key, length, self.align, self.capacity)
+            )
+            return []
+        out: list[Bin] = []
+        deadline_bin = -1 if self.max_wait is None else self._deadline_bin_for(units, out)
+        cand = _Candidate(key, length, units, self._emitted, deadline_bin)
+        if self.max_wait is not None:
+            self._deadline_bins.setdefault(deadline_bin, _DeadlineBin()).add(cand)
+        self._held.append(cand)
+        last = self._prefix[-1]
+        self._prefix.append((last | (last << units)) & self._mask)
+        while self._prefix[-1] >> self._fill_units:
+            chosen = self._next_subset()
+            if sum(self._held[i].units for i in chosen) < self._fill_units:
+                break
+            out.append(self._emit(chosen, "fill"))
+        while len(self._held) >= self.buffer_size:
+            out.append(self._emit(self._next_subset(), "buffer"))
+        return out
+
+    def flush(self) -> list[Bin]:
+        """Emit every held candidate (end of stream)."""
+        out: list[Bin] = []
+        while self._held:
+            out.append(self._emit(self._next_subset(), "flush"))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON-able state: settings, held candidates, counters."""
+        return {
+            "version": _STATE_VERSION,
+            "settings": self._settings(),
+            "emitted": self._emitted,
+            "next_deadline_bin": self._next_deadline_bin,
+            "held": [[c.key, c.length, c.pushed_at, c.deadline_bin] for c in self._held],
+            "stats": asdict(self.stats),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; the packer then emits exactly what the original would."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"packer state version {state.get('version')!r} is not {_STATE_VERSION}; "
+                "it was saved by an incompatible energon_pack"
+            )
+        for name, value in self._settings().items():
+            saved = state["settings"].get(name)
+            if saved != value:
+                raise ValueError(
+                    f"packer state was saved with {name}={saved!r} but this packer has "
+                    f"{name}={value!r}; restore with the same setting or start a fresh run"
+                )
+        self._reset()
+        self.stats = PackerStats(**state["stats"])
+        self._emitted = state["emitted"]
+        self._next_deadline_bin = state["next_deadline_bin"]
+        for key, length, pushed_at, deadline_bin in state["held"]:
+            units = aligned_length(length, self.align) // self.align
+            cand = _Candidate(key, length, units, pushed_at, deadline_bin)
+            self._held.append(cand)
+            if self.max_wait is not None:
+                self._deadline_bins.setdefault(deadline_bin, _DeadlineBin()).add(cand)
+        self._rebuild_prefix(0)
+
+    # ------------------------------------------------------------------------------ internals
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "capacity": self.capacity,
+            "buffer_size": self.buffer_size,
+            "align": self.align,
+            "max_wait": self.max_wait,
+            "min_fill": self.min_fill,
+        }
+
+    def _rebuild_prefix(self, start: int) -> None:
+        del self._prefix[start + 1 :]
+        reach = self._prefix[start]
+        mask = self._mask
+        for cand in self._held[start:]:
+            reach = (reach | (reach << cand.units)) & mask
+            self._prefix.append(reach)
+
+    def _fullest_subset(self) -> list[int]:
+        """Indices of the fullest subset of held candidates; older ones preferred."""
+        prefix = self._prefix
+        target = prefix[-1].bit_length() - 1
+        chosen = []
+        for index in range(len(self._held) - 1, -1, -1):
+            if target == 0:
+                break
+            if not (prefix[index] >> target) & 1:
+                chosen.append(index)
+                target -= self._held[index].units
+        return chosen
+
+    def _next_subset(self) -> list[int]:
+        chosen = self._fullest_subset()
+        if self.max_wait is None or self._schedulable(chosen):
+            return chosen
+        return self._most_urgent_subset()
+
+    # --- max_wait: deadline bins -------------------------------------------------------------
+    # Every held candidate sits in a deadline bin whose items fit the capacity together. A bin's
+    # deadline is the emission index by which all its items must have left: the oldest member's
+    # pushed_at + max_wait. Emitting the bins in deadline order is always possible while the j-th
+    # earliest deadline (0-based) is >= emitted + j; every step below keeps that true.
+
+    def _deadline(self, members: list[_Candidate]) -> int:
+        assert self.max_wait is not None
+        return min(c.pushed_at for c in members) + self.max_wait
+
+    def _schedulable(self, chosen: list[int]) -> bool:
+        """Whether the deadline bins left after emitting ``chosen`` can still all be on time."""
+        leaving = {id(self._held[i]) for i in chosen}
+        deadlines = []
+        for deadline_bin in self._deadline_bins.values():
+            staying = [c for c in deadline_bin.members if id(c) not in leaving]
+            if staying:
+                deadlines.append(self._deadline(staying))
+        deadlines.sort()
+        after = self._emitted + 1
+        return all(deadline >= after + j for j, deadline in enumerate(deadlines))
+
+    def _most_urgent_subset(self) -> list[int]:
+        """The earliest-deadline bin, topped up with the fullest subset of the others."""
+        urgent_id = min(
+            self._deadline_bins, key=lambda b: (self._deadline(self._deadline_bins[b].members), b)
+        )
+        urgent = [i for i, c in enumerate(self._held) if c.deadline_bin == urgent_id]
+        others = [i for i, c in enumerate(self._held) if c.deadline_bin != urgent_id]
+        room = self._cap_units - sum(self._held[i].units for i in urgent)
+        mask = (1 << (room + 1)) - 1
+        prefix = [1]
+        for index in others:
+            reach = prefix[-1]
+            prefix.append((reach | (reach << self._held[index].units)) & mask)
+        target = prefix[-1].bit_length() - 1
+        for position in range(len(others) - 1, -1, -1):
+            if target == 0:
+                break
+            if not (prefix[position] >> target) & 1:
+                urgent.append(others[position])
+                target -= self._held[others[position]].units
+        return urgent
+
+    def _deadline_bin_for(self, units: int, out: list[Bin]) -> int:
+        """Id of the best-fit deadline bin for a new candidate of ``units``. If it needs a new
+        bin that would make some deadline unreachable, urgent bins are emitted first."""
+        assert self.max_wait is not None
+        while True:
+            best, best_free = -1, self._cap_units + 1
+            for bin_id, deadline_bin in self._deadline_bins.items():
+                free = self._cap_units - deadline_bin.units
+                if units <= free < best_free:
+                    best, best_free = bin_id, free
+            if best >= 0:
+                return best
+            if len(self._deadline_bins) <= self.max_wait:
+                self._next_deadline_bin += 1
+                return self._next_deadline_bin - 1
+            out.append(self._emit(self._most_urgent_subset(), "deadline"))
+
+    def _emit(self, chosen: list[int], reason: str) -> Bin:
+        order = sorted(chosen)
+        cands = [self._held[i] for i in order]
+        stats = self.stats
+        for cand in cands:
+            wait = self._emitted - cand.pushed_at
+            stats.total_wait += wait
+            stats.max_wait = max(stats.max_wait, wait)
+        used = sum(c.units for c in cands) * self.align
+        stats.bins += 1
+        stats.items += len(cands)
+        stats.aligned_tokens += used
+        stats.real_tokens += sum(c.length for c in cands)
+        stats.emitted_by[reason] += 1
+        self._emitted += 1
+        chosen_set = set(chosen)
+        self._held = [c for i, c in enumerate(self._held) if i not in chosen_set]
+        for cand in cands:
+            if cand.deadline_bin in self._deadline_bins:
+                deadline_bin = self._deadline_bins[cand.deadline_bin]
+                deadline_bin.remove(cand)
+                if not deadline_bin.members:
+                    del self._deadline_bins[cand.deadline_bin]
+        self._rebuild_prefix(order[0])
+        return Bin(
+            keys=tuple(c.key for c in cands),
+            lengths=tuple(c.length for c in cands),
+            used=used,
+            capacity=self.capacity,
+        )
+
+
+def groups_fill(
+    groups: Sequence[Sequence[int]], lengths: Sequence[int], capacity: int, *, align: int = 1
+) -> float:
+    """Bin fill of offline ``groups`` (indices into ``lengths``): aligned tokens over capacity."""
+    if not groups:
+        return 0.0
+    used = sum(aligned_length(lengths[i], align) for group in groups for i in group)
+    return used / (len(groups) * capacity)

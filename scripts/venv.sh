@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create or reuse .venv and install energon_pack with its test extra.
+# torch is pinned and installed first so that no dependency can pull an unpinned (CUDA) build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_PIN="torch==2.13.0"
+PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+VENV=".venv"
+STAMP="$VENV/.energon_pack-installed"
+WANT="$(cat pyproject.toml scripts/venv.sh | sha256sum | cut -d' ' -f1)"
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+    exit 0
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+"$VENV/bin/python" -m pip install --quiet "$TORCH_PIN"
+"$VENV/bin/python" -m pip install --quiet -e ".[test]" "$TORCH_PIN"
+echo "$WANT" > "$STAMP"
