@@ -32,7 +32,7 @@ from typing import Any, Literal, Union
 
 logger = logging.getLogger("energon_pack.binpack")
 
-Key = Union[str, int]
+Key = Union[str, int]  # noqa: UP007 (a runtime alias; X | Y needs 3.10 at runtime)
 Overlong = Literal["error", "skip"]
 
 _STATE_VERSION = 1
@@ -315,18 +315,18 @@ class OnlineBinPacker:
             if self.overlong == "error":
                 raise ValueError(_overlong_message(key, length, self.align, self.capacity))
             self.stats.rejected += 1
-            logger.warning(
-                "skipping %s", _overlong_message(key, length, self.align, self.capacity)
-            )
+            logger.warning("skipping %s", _overlong_message(key, length, self.align, self.capacity))
             return []
         out: list[Bin] = []
-        deadline_bin = -1 if self.max_wait is None else self._deadline_bin_for(units, out)
+        deadline_bin = -1 if self.max_wait is None else self._deadline_bin_for(units)
         cand = _Candidate(key, length, units, self._emitted, deadline_bin)
-        if self.max_wait is not None:
-            self._deadline_bins.setdefault(deadline_bin, _DeadlineBin()).add(cand)
         self._held.append(cand)
         last = self._prefix[-1]
         self._prefix.append((last | (last << units)) & self._mask)
+        if self.max_wait is not None:
+            self._deadline_bins.setdefault(deadline_bin, _DeadlineBin()).add(cand)
+            while len(self._deadline_bins) > self.max_wait:
+                out.append(self._emit(self._most_urgent_subset(), "deadline"))
         while self._prefix[-1] >> self._fill_units:
             chosen = self._next_subset()
             if sum(self._held[i].units for i in chosen) < self._fill_units:
@@ -421,7 +421,9 @@ class OnlineBinPacker:
     # Every held candidate sits in a deadline bin whose items fit the capacity together. A bin's
     # deadline is the emission index by which all its items must have left: the oldest member's
     # pushed_at + max_wait. Emitting the bins in deadline order is always possible while the j-th
-    # earliest deadline (0-based) is >= emitted + j; every step below keeps that true.
+    # earliest deadline (0-based) is >= emitted + j. Every step keeps that true, and keeps at most
+    # max_wait deadline bins after each push, so a new candidate can always open a bin with the
+    # latest deadline without anything leaving before it entered the buffer.
 
     def _deadline(self, members: list[_Candidate]) -> int:
         assert self.max_wait is not None
@@ -461,22 +463,17 @@ class OnlineBinPacker:
                 target -= self._held[others[position]].units
         return urgent
 
-    def _deadline_bin_for(self, units: int, out: list[Bin]) -> int:
-        """Id of the best-fit deadline bin for a new candidate of ``units``. If it needs a new
-        bin that would make some deadline unreachable, urgent bins are emitted first."""
-        assert self.max_wait is not None
-        while True:
-            best, best_free = -1, self._cap_units + 1
-            for bin_id, deadline_bin in self._deadline_bins.items():
-                free = self._cap_units - deadline_bin.units
-                if units <= free < best_free:
-                    best, best_free = bin_id, free
-            if best >= 0:
-                return best
-            if len(self._deadline_bins) <= self.max_wait:
-                self._next_deadline_bin += 1
-                return self._next_deadline_bin - 1
-            out.append(self._emit(self._most_urgent_subset(), "deadline"))
+    def _deadline_bin_for(self, units: int) -> int:
+        """Id of the best-fit deadline bin for a new candidate of ``units`` (maybe a new one)."""
+        best, best_free = -1, self._cap_units + 1
+        for bin_id, deadline_bin in self._deadline_bins.items():
+            free = self._cap_units - deadline_bin.units
+            if units <= free < best_free:
+                best, best_free = bin_id, free
+        if best < 0:
+            best = self._next_deadline_bin
+            self._next_deadline_bin += 1
+        return best
 
     def _emit(self, chosen: list[int], reason: str) -> Bin:
         order = sorted(chosen)

@@ -9,9 +9,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     """Right-aligned columns under a header and a rule; floats keep four decimals."""
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths))]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines)
 
 
