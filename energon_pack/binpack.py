@@ -28,11 +28,11 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal, TypeAlias
 
 logger = logging.getLogger("energon_pack.binpack")
 
-Key = Union[str, int]  # noqa: UP007 (a runtime alias; X | Y needs 3.10 at runtime)
+Key: TypeAlias = str | int
 Overlong = Literal["error", "skip"]
 
 _STATE_VERSION = 1
