@@ -8,9 +8,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from energon_pack.binpack import OnlineBinPacker, best_fit_decreasing, groups_fill
 from energon_pack.synthetic import DISTRIBUTIONS, lengths_for
 from energon_pack.tables import format_table
+from energon_pack.topology import MODES, PackingConfig
 
 
 def _int_list(text: str) -> list[int]:
@@ -62,6 +65,76 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# check-config flags: (flag, PackingConfig field, type); type None marks an on/off flag.
+_CONFIG_FLAGS: tuple[tuple[str, str, type[int] | type[str] | None], ...] = (
+    ("--seq-length", "seq_length", int),
+    ("--mode", "mode", str),
+    ("--mbs", "micro_batch_size", int),
+    ("--gbs", "global_batch_size", int),
+    ("--dp", "data_parallel_size", int),
+    ("--tp", "tp", int),
+    ("--cp", "cp", int),
+    ("--sp", "sp", None),
+    ("--pp", "pp", int),
+    ("--eval-cp", "eval_cp", int),
+    ("--mtp", "mtp", int),
+    ("--cuda-graphs", "cuda_graphs", None),
+    ("--calculate-per-token-loss", "calculate_per_token_loss", None),
+    ("--average-in-collective", "average_in_collective", None),
+    ("--pad-to-max-length", "pad_to_max_length", None),
+    ("--pad-cu-seqlens", "pad_cu_seqlens", None),
+    ("--packing-buffer-size", "packing_buffer_size", int),
+    ("--finetuning", "finetuning", None),
+    ("--kernel-multiple", "kernel_multiple", int),
+)
+
+
+def _load_config(args: argparse.Namespace) -> PackingConfig:
+    settings: dict[str, object] = {}
+    if args.from_yaml:
+        try:
+            loaded = yaml.safe_load(Path(args.from_yaml).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise ValueError(f"cannot read --from-yaml {args.from_yaml}: {error}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(
+                f"{args.from_yaml}: expected a mapping of PackingConfig fields at the top level, "
+                f"got {type(loaded).__name__}"
+            )
+        settings.update(loaded)
+    for _, field, _ in _CONFIG_FLAGS:
+        value = getattr(args, field)
+        if value is not None:
+            settings[field] = value
+    if "seq_length" not in settings:
+        raise ValueError("check-config needs --seq-length (or seq_length in --from-yaml)")
+    return PackingConfig.from_mapping(settings)
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load_config(args)
+    derived = config.derived()
+    print(
+        format_table(
+            ["derived", "value"],
+            [
+                ["packing mode", derived.mode],
+                ["pad_seq_to_mult", derived.pad_seq_to_mult],
+                ["token slots per step", f"{derived.token_slots_per_step:,}"],
+                ["micro batches per step", derived.micro_batches_per_step],
+            ],
+        )
+    )
+    problems = config.validate()
+    if not problems:
+        print("\nOK: no violations")
+        return 0
+    print(f"\n{len(problems)} violation(s):")
+    for number, problem in enumerate(problems, 1):
+        print(f"  {number}. {problem}")
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="energon-pack", description="Online sequence packing for Megatron-Energon."
@@ -79,6 +152,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--json", help="also write the results to this JSON file")
     demo.set_defaults(run=_cmd_demo)
+
+    check = commands.add_parser(
+        "check-config",
+        help="check packing / parallelism settings; print derived values and every violation",
+        description="Flags override the keys of --from-yaml (YAML keys = PackingConfig fields). "
+        "Exit status 1 when any rule is violated, 2 on unreadable settings.",
+    )
+    check.add_argument("--from-yaml", metavar="FILE", help="YAML mapping of PackingConfig fields")
+    for flag, field, kind in _CONFIG_FLAGS:
+        if kind is None:
+            check.add_argument(
+                flag, dest=field, action=argparse.BooleanOptionalAction, help=f"sets {field}"
+            )
+        elif field == "mode":
+            check.add_argument(flag, dest=field, choices=MODES, help="packing mode")
+        else:
+            check.add_argument(flag, dest=field, type=kind, metavar="N", help=f"sets {field}")
+    check.set_defaults(run=_cmd_check_config)
     return parser
 
 

@@ -1,0 +1,337 @@
+"""Parallel topology helpers and packing configuration checks. Pure logic, no I/O.
+
+:func:`pad_seq_to_mult` gives the multiple every packed segment (and ``seq_length``) must be
+padded to under tensor / context / sequence parallelism. :class:`PackingConfig` holds the settings
+that interact with sequence packing; :meth:`PackingConfig.validate` lists every violated rule at
+once, each message naming the setting, its value, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Mode = Literal["online", "collate", "offline", "none"]
+MODES: tuple[Mode, ...] = ("online", "collate", "offline", "none")
+
+# Legacy one-boolean-per-mode settings accepted next to ``mode``; contradictions are violations.
+LEGACY_MODE_FLAGS: dict[str, Mode] = {
+    "online_packing": "online",
+    "collate_packing": "collate",
+    "offline_packing": "offline",
+}
+
+
+def _mult_for(tp: int, cp: int, sp: bool) -> int:
+    return math.lcm(2 * cp if cp > 1 else 1, cp * tp if sp and tp > 1 else 1)
+
+
+def pad_seq_to_mult(tp: int, cp: int, sp: bool, eval_cp: int | None = None) -> int:
+    """Multiple that each packed segment's physical length must be padded to.
+
+    ``lcm(2*cp if cp > 1 else 1, cp*tp if sp and tp > 1 else 1)``; with ``eval_cp`` the lcm of
+    the train and eval results, so one padding serves both.
+    """
+    for name, value in (("tp", tp), ("cp", cp), ("eval_cp", eval_cp)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    mult = _mult_for(tp, cp, sp)
+    if eval_cp is not None:
+        mult = math.lcm(mult, _mult_for(tp, eval_cp, sp))
+    return mult
+
+
+@dataclass(frozen=True)
+class DerivedValues:
+    """Values that follow from a :class:`PackingConfig`."""
+
+    mode: Mode
+    pad_seq_to_mult: int
+    token_slots_per_step: int
+    """``seq_length * global_batch_size``."""
+    micro_batches_per_step: int
+    """Gradient-accumulation steps: ``global_batch_size // (micro_batch_size * dp)``."""
+
+
+@dataclass(frozen=True)
+class TokenSlotRow:
+    """One row of :func:`equal_token_slot_table`."""
+
+    seq_length: int
+    global_batch_size: int
+    token_slots: int
+
+
+def equal_token_slot_table(
+    token_slots: int = 65536, seq_lengths: tuple[int, ...] = (2048, 4096, 8192)
+) -> list[TokenSlotRow]:
+    """Global batch sizes giving every ``seq_length`` the same token slots per step.
+
+    The default gives 2K/GBS32, 4K/GBS16 and 8K/GBS8, 65,536 slots each, so runs at different
+    sequence lengths compare at equal tokens per step.
+    """
+    rows = []
+    for seq_length in seq_lengths:
+        if seq_length < 1 or token_slots % seq_length:
+            raise ValueError(
+                f"token_slots={token_slots} is not a multiple of seq_length={seq_length}; "
+                "choose token_slots divisible by every seq_length in the table"
+            )
+        rows.append(TokenSlotRow(seq_length, token_slots // seq_length, token_slots))
+    return rows
+
+
+@dataclass(frozen=True)
+class PackingConfig:
+    """Settings that interact with sequence packing (YAML keys are these field names).
+
+    ``mode`` picks one packing path: ``online`` (Energon buffer, MBS 1), ``collate``
+    (collate-time packing, MBS > 1), ``offline`` (pre-packed SFT data) or ``none``. The legacy
+    booleans ``online_packing`` / ``collate_packing`` / ``offline_packing`` may select a mode
+    too; selecting more than one mode is a violation. ``mtp`` is a bool or the number of MTP
+    layers (0 = off). Construction checks types; :meth:`validate` checks the rules.
+    """
+
+    seq_length: int
+    mode: Mode = "none"
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    data_parallel_size: int = 1
+    tp: int = 1
+    cp: int = 1
+    sp: bool = False
+    pp: int = 1
+    eval_cp: int | None = None
+    mtp: bool | int = False
+    cuda_graphs: bool = False
+    calculate_per_token_loss: bool = False
+    average_in_collective: bool = False
+    pad_to_max_length: bool = False
+    pad_cu_seqlens: bool = False
+    packing_buffer_size: int = 0
+    finetuning: bool = False
+    kernel_multiple: int | None = None
+    online_packing: bool = False
+    collate_packing: bool = False
+    offline_packing: bool = False
+
+    def __post_init__(self) -> None:
+        problems = [p for f in dataclasses.fields(self) if (p := self._type_problem(f.name))]
+        if problems:
+            raise ValueError("invalid PackingConfig: " + "; ".join(problems))
+
+    def _type_problem(self, name: str) -> str | None:
+        value = getattr(self, name)
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if name in _POSITIVE_INTS and not (is_int and value >= 1):
+            return f"{name} must be a positive int, got {value!r}"
+        if name == "packing_buffer_size" and not (is_int and value >= 0):
+            return f"{name} must be an int >= 0 (0 = no buffer), got {value!r}"
+        if name in _OPTIONAL_POSITIVE_INTS and value is not None and not (is_int and value >= 1):
+            return f"{name} must be a positive int or null, got {value!r}"
+        if name in _BOOLS and not isinstance(value, bool):
+            return f"{name} must be true or false, got {value!r}"
+        if name == "mtp" and not (isinstance(value, bool) or (is_int and value >= 0)):
+            return f"mtp must be a bool or a number of MTP layers >= 0, got {value!r}"
+        if name == "mode" and value not in MODES:
+            return f"mode must be one of {', '.join(MODES)}, got {value!r}"
+        return None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> PackingConfig:
+        """Build from a mapping (e.g. parsed YAML); unknown keys and wrong types raise."""
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(str(k) for k in data if k not in valid)
+        if unknown:
+            raise ValueError(
+                f"unknown packing config key(s) {', '.join(map(repr, unknown))}; "
+                f"valid keys: {', '.join(valid)}"
+            )
+        if "seq_length" not in data:
+            raise ValueError("packing config needs seq_length (the row capacity in tokens)")
+        return cls(**data)
+
+    @classmethod
+    def long_context_preset(cls, **overrides: Any) -> PackingConfig:
+        """16K-token online packing with CP 2, TP 4 + SP, finetuning loss settings for CP."""
+        settings: dict[str, Any] = {
+            "seq_length": 16384,
+            "mode": "online",
+            "micro_batch_size": 1,
+            "global_batch_size": 8,
+            "data_parallel_size": 1,
+            "tp": 4,
+            "cp": 2,
+            "sp": True,
+            "packing_buffer_size": 16,
+            "finetuning": True,
+            "calculate_per_token_loss": True,
+            "average_in_collective": False,
+            "pad_to_max_length": True,
+        }
+        settings.update(overrides)
+        return cls.from_mapping(settings)
+
+    def selected_modes(self) -> list[Mode]:
+        """Every packing mode the settings select (more than one is a violation)."""
+        modes: list[Mode] = [] if self.mode == "none" else [self.mode]
+        for flag, mode in LEGACY_MODE_FLAGS.items():
+            if getattr(self, flag) and mode not in modes:
+                modes.append(mode)
+        return modes
+
+    def pad_seq_to_mult(self) -> int:
+        """:func:`pad_seq_to_mult` for this topology."""
+        return pad_seq_to_mult(self.tp, self.cp, self.sp, self.eval_cp)
+
+    def derived(self) -> DerivedValues:
+        """Derived values; the mode is ``none`` when no mode or several are selected."""
+        modes = self.selected_modes()
+        return DerivedValues(
+            mode=modes[0] if len(modes) == 1 else "none",
+            pad_seq_to_mult=self.pad_seq_to_mult(),
+            token_slots_per_step=self.seq_length * self.global_batch_size,
+            micro_batches_per_step=self.global_batch_size
+            // (self.micro_batch_size * self.data_parallel_size),
+        )
+
+    def validate(self) -> list[str]:
+        """Every violated rule, one message each (empty when the config is valid)."""
+        out: list[str] = []
+        modes = self.selected_modes()
+        if len(modes) > 1:
+            sources = [f"mode={self.mode!r}"] if self.mode != "none" else []
+            sources += [f"{flag}=True" for flag in LEGACY_MODE_FLAGS if getattr(self, flag)]
+            out.append(
+                f"packing modes are mutually exclusive: {', '.join(sources)} select "
+                f"{', '.join(modes)}; keep exactly one (set mode and drop the legacy booleans)"
+            )
+        mbs = self.micro_batch_size
+        gbs, dp = self.global_batch_size, self.data_parallel_size
+        if "online" in modes:
+            if mbs != 1:
+                out.append(
+                    f"micro_batch_size={mbs}: online packing emits one packed row per micro "
+                    "batch, so it needs micro_batch_size=1; set micro_batch_size=1 (a packed "
+                    "row already holds several samples)"
+                )
+            if self.packing_buffer_size <= 0:
+                out.append(
+                    f"packing_buffer_size={self.packing_buffer_size}: online packing needs a "
+                    "candidate buffer > 0; set packing_buffer_size (e.g. 16)"
+                )
+            if self.mtp:
+                out.append(
+                    f"mtp={self.mtp!r}: online packing does not support multi-token prediction; "
+                    "disable mtp or use collate/offline packing"
+                )
+            if self.cuda_graphs:
+                out.append(
+                    "cuda_graphs=True: online packing gives variable shapes that CUDA graphs "
+                    "cannot capture; disable cuda_graphs or use collate/offline packing with "
+                    "pad_to_max_length and pad_cu_seqlens"
+                )
+            if self.pp > 1:
+                out.append(
+                    f"pp={self.pp}: online packing does not support pipeline parallelism; "
+                    "set pp=1 or use offline packing"
+                )
+        if "collate" in modes and mbs <= 1:
+            out.append(
+                f"micro_batch_size={mbs}: collate-time packing packs each micro batch, so it "
+                "needs micro_batch_size > 1; raise micro_batch_size or use online packing"
+            )
+        if "offline" in modes:
+            if mbs != 1:
+                out.append(
+                    f"micro_batch_size={mbs}: offline packed data holds one packed row per "
+                    "sample, so it needs micro_batch_size=1; set micro_batch_size=1"
+                )
+            if gbs % dp:
+                out.append(
+                    f"global_batch_size={gbs}: offline packing needs it to be a multiple of "
+                    f"data_parallel_size={dp}; set global_batch_size to a multiple of {dp}"
+                )
+            if gbs < dp:
+                out.append(
+                    f"global_batch_size={gbs} is smaller than data_parallel_size={dp}: offline "
+                    f"packing gives every data-parallel rank a row; set global_batch_size >= {dp}"
+                )
+        elif gbs % (mbs * dp):
+            out.append(
+                f"global_batch_size={gbs} is not a multiple of micro_batch_size * "
+                f"data_parallel_size = {mbs} * {dp} = {mbs * dp}; set global_batch_size to a "
+                f"multiple of {mbs * dp}"
+            )
+        if self.cp > 1:
+            if self.seq_length % (2 * self.cp):
+                out.append(
+                    f"seq_length={self.seq_length}: context parallelism cp={self.cp} splits "
+                    f"each sequence in 2*cp={2 * self.cp} chunks, so seq_length must be a "
+                    f"multiple of {2 * self.cp}; round seq_length to a multiple of {2 * self.cp}"
+                )
+            if self.finetuning and not self.calculate_per_token_loss:
+                out.append(
+                    f"calculate_per_token_loss=False with cp={self.cp} and finetuning: the "
+                    "loss must be summed per token across CP ranks; set "
+                    "calculate_per_token_loss=True"
+                )
+            if self.finetuning and self.average_in_collective:
+                out.append(
+                    f"average_in_collective=True with cp={self.cp} and finetuning: averaging in "
+                    "the collective breaks per-token loss normalisation; set "
+                    "average_in_collective=False"
+                )
+        mult = self.pad_seq_to_mult()
+        if self.seq_length % mult:
+            out.append(
+                f"seq_length={self.seq_length} is not a multiple of pad_seq_to_mult={mult} "
+                f"(tp={self.tp}, cp={self.cp}, sp={self.sp}, eval_cp={self.eval_cp}); round "
+                f"seq_length to a multiple of {mult}"
+            )
+        if self.kernel_multiple is not None and self.seq_length % self.kernel_multiple:
+            out.append(
+                f"seq_length={self.seq_length} is not a multiple of kernel_multiple="
+                f"{self.kernel_multiple}; round seq_length to a multiple of {self.kernel_multiple}"
+            )
+        if self.pad_cu_seqlens and not self.pad_to_max_length:
+            out.append(
+                "pad_cu_seqlens=True (static cu_seqlens shapes) requires fixed-width rows; set "
+                "pad_to_max_length=True"
+            )
+        if self.cuda_graphs and modes and "online" not in modes and not self.pad_cu_seqlens:
+            out.append(
+                "cuda_graphs=True with packed sequences needs static metadata shapes; set "
+                "pad_cu_seqlens=True (and pad_to_max_length=True)"
+            )
+        return out
+
+    def raise_if_invalid(self) -> None:
+        """Raise one ``ValueError`` listing every violation; return quietly when valid."""
+        problems = self.validate()
+        if problems:
+            listing = "\n".join(f"  - {p}" for p in problems)
+            raise ValueError(f"{len(problems)} packing config violation(s):\n{listing}")
+
+
+_POSITIVE_INTS = frozenset(
+    {"seq_length", "micro_batch_size", "global_batch_size", "data_parallel_size", "tp", "cp", "pp"}
+)
+_OPTIONAL_POSITIVE_INTS = frozenset({"eval_cp", "kernel_multiple"})
+_BOOLS = frozenset(
+    {
+        "sp",
+        "cuda_graphs",
+        "calculate_per_token_loss",
+        "average_in_collective",
+        "pad_to_max_length",
+        "pad_cu_seqlens",
+        "finetuning",
+        *LEGACY_MODE_FLAGS,
+    }
+)
