@@ -222,6 +222,8 @@ class _Candidate:
     """Number of bins emitted before this candidate was pushed."""
     deadline_bin: int
     """Id of the deadline bin holding it (only used with ``max_wait``)."""
+    nbytes: int
+    """Memory the caller says the candidate holds (only used with ``max_bytes``)."""
 
 
 @dataclass
@@ -251,6 +253,8 @@ class OnlineBinPacker:
             ``"error"`` raises ValueError, ``"skip"`` counts it in ``stats.rejected`` and logs
             its key.
         min_fill: a bin leaves as soon as it can be filled to at least this fraction.
+        max_bytes: if set, the candidates' ``nbytes`` (given to :meth:`push`) held at once are
+            also bounded: while they sum above it, the fullest subset leaves.
     """
 
     def __init__(
@@ -262,6 +266,7 @@ class OnlineBinPacker:
         max_wait: int | None = 64,
         overlong: Overlong = "error",
         min_fill: float = 0.999,
+        max_bytes: int | None = None,
     ) -> None:
         _check_capacity_and_align(capacity, align)
         if not isinstance(buffer_size, int) or buffer_size < 1:
@@ -274,12 +279,17 @@ class OnlineBinPacker:
             raise ValueError(f"overlong must be 'error' or 'skip', got {overlong!r}")
         if not 0.0 < min_fill <= 1.0:
             raise ValueError(f"min_fill must be in (0, 1], got {min_fill!r}")
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 1):
+            raise ValueError(
+                f"max_bytes (packing_buffer_bytes) must be None or an int >= 1, got {max_bytes!r}"
+            )
         self.capacity = capacity
         self.buffer_size = buffer_size
         self.align = align
         self.max_wait = max_wait
         self.overlong: Overlong = overlong
         self.min_fill = min_fill
+        self.max_bytes = max_bytes
         self._cap_units = capacity // align
         self._mask = (1 << (self._cap_units + 1)) - 1
         # Units a bin needs to leave early; the epsilon keeps min_fill=1.0 exact under rounding.
@@ -289,6 +299,7 @@ class OnlineBinPacker:
     def _reset(self) -> None:
         self.stats = PackerStats(capacity=self.capacity)
         self._held: list[_Candidate] = []
+        self._held_bytes = 0
         self._prefix: list[int] = [1]  # _prefix[i]: subset sums reachable by _held[:i]
         self._emitted = 0
         self._deadline_bins: dict[int, _DeadlineBin] = {}  # only used with max_wait
@@ -300,16 +311,26 @@ class OnlineBinPacker:
         return len(self._held)
 
     @property
+    def held_bytes(self) -> int:
+        """Sum of the held candidates' ``nbytes``."""
+        return self._held_bytes
+
+    @property
     def held_keys(self) -> list[Key]:
         """Keys of the held candidates, in stream order."""
         return [c.key for c in self._held]
 
     # ----------------------------------------------------------------------------- public API
-    def push(self, key: Key, length: int) -> list[Bin]:
-        """Add one candidate; return the bins that are ready to leave (possibly none)."""
+    def push(self, key: Key, length: int, *, nbytes: int = 0) -> list[Bin]:
+        """Add one candidate; return the bins that are ready to leave (possibly none).
+
+        ``nbytes`` is the memory the candidate holds, bounded by ``max_bytes``.
+        """
         if not isinstance(key, (str, int)) or isinstance(key, bool):
             raise ValueError(f"key must be a str or int (JSON-able), got {key!r}")
         length = _check_length(key, length)
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"sample {key!r}: nbytes must be an int >= 0, got {nbytes!r}")
         units = aligned_length(length, self.align) // self.align
         if units > self._cap_units:
             if self.overlong == "error":
@@ -319,8 +340,9 @@ class OnlineBinPacker:
             return []
         out: list[Bin] = []
         deadline_bin = -1 if self.max_wait is None else self._deadline_bin_for(units)
-        cand = _Candidate(key, length, units, self._emitted, deadline_bin)
+        cand = _Candidate(key, length, units, self._emitted, deadline_bin, nbytes)
         self._held.append(cand)
+        self._held_bytes += nbytes
         last = self._prefix[-1]
         self._prefix.append((last | (last << units)) & self._mask)
         if self.max_wait is not None:
@@ -332,7 +354,9 @@ class OnlineBinPacker:
             if sum(self._held[i].units for i in chosen) < self._fill_units:
                 break
             out.append(self._emit(chosen, "fill"))
-        while len(self._held) >= self.buffer_size:
+        while len(self._held) >= self.buffer_size or (
+            self.max_bytes is not None and self._held and self._held_bytes > self.max_bytes
+        ):
             out.append(self._emit(self._next_subset(), "buffer"))
         return out
 
@@ -350,7 +374,7 @@ class OnlineBinPacker:
             "settings": self._settings(),
             "emitted": self._emitted,
             "next_deadline_bin": self._next_deadline_bin,
-            "held": [[c.key, c.length, c.pushed_at, c.deadline_bin] for c in self._held],
+            "held": [[c.key, c.length, c.pushed_at, c.deadline_bin, c.nbytes] for c in self._held],
             "stats": asdict(self.stats),
         }
 
@@ -372,10 +396,11 @@ class OnlineBinPacker:
         self.stats = PackerStats(**state["stats"])
         self._emitted = state["emitted"]
         self._next_deadline_bin = state["next_deadline_bin"]
-        for key, length, pushed_at, deadline_bin in state["held"]:
+        for key, length, pushed_at, deadline_bin, nbytes in state["held"]:
             units = aligned_length(length, self.align) // self.align
-            cand = _Candidate(key, length, units, pushed_at, deadline_bin)
+            cand = _Candidate(key, length, units, pushed_at, deadline_bin, nbytes)
             self._held.append(cand)
+            self._held_bytes += nbytes
             if self.max_wait is not None:
                 self._deadline_bins.setdefault(deadline_bin, _DeadlineBin()).add(cand)
         self._rebuild_prefix(0)
@@ -388,6 +413,7 @@ class OnlineBinPacker:
             "align": self.align,
             "max_wait": self.max_wait,
             "min_fill": self.min_fill,
+            "max_bytes": self.max_bytes,
         }
 
     def _rebuild_prefix(self, start: int) -> None:
@@ -492,6 +518,7 @@ class OnlineBinPacker:
         self._emitted += 1
         chosen_set = set(chosen)
         self._held = [c for i, c in enumerate(self._held) if i not in chosen_set]
+        self._held_bytes -= sum(c.nbytes for c in cands)
         for cand in cands:
             if cand.deadline_bin in self._deadline_bins:
                 deadline_bin = self._deadline_bins[cand.deadline_bin]

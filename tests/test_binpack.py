@@ -114,12 +114,14 @@ class Run:
         self.emitted_before: dict[int, int] = {}
         self.lengths: dict[int, int] = {}
 
-    def push(self, key: int, length: int) -> list[Bin]:
+    def push(self, key: int, length: int, nbytes: int = 0) -> list[Bin]:
         self.emitted_before[key] = len(self.bins)
         self.lengths[key] = length
-        out = self.packer.push(key, length)
+        out = self.packer.push(key, length, nbytes=nbytes)
         self.bins += out
         assert self.packer.held < self.packer.buffer_size
+        if self.packer.max_bytes is not None:
+            assert self.packer.held_bytes <= self.packer.max_bytes
         return out
 
     def flush(self) -> list[Bin]:
@@ -143,28 +145,32 @@ packer_settings = st.fixed_dictionaries(
         "align": st.integers(1, 8),
         "max_wait": st.one_of(st.none(), st.integers(0, 6)),
         "min_fill": st.sampled_from([0.5, 0.9, 0.99, 1.0]),
+        "max_bytes": st.one_of(st.none(), st.integers(1, 400)),
     }
 )
 
 
-def _stream(draw: st.DrawFn, capacity: int) -> list[int]:
-    return draw(st.lists(st.integers(1, capacity + capacity // 4), max_size=120))
+Scenario = tuple[dict[str, Any], list[tuple[int, int]]]
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[dict[str, Any], list[int]]:
+def scenarios(draw: st.DrawFn) -> Scenario:
+    """Packer settings and a stream of (length, nbytes); some lengths are overlong."""
     config = draw(packer_settings)
-    return config, _stream(draw, config["capacity"])
+    capacity = config["capacity"]
+    item = st.tuples(st.integers(1, capacity + capacity // 4), st.integers(0, 100))
+    return config, draw(st.lists(item, max_size=120))
 
 
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
-def test_online_invariants(scenario: tuple[dict[str, Any], list[int]]) -> None:
-    config, lengths = scenario
+def test_online_invariants(scenario: Scenario) -> None:
+    config, stream = scenario
     run = Run(OnlineBinPacker(**config, overlong="skip"))
-    for key, length in enumerate(lengths):
-        run.push(key, length)
+    for key, (length, nbytes) in enumerate(stream):
+        run.push(key, length, nbytes)
     run.flush()
+    lengths = [length for length, _ in stream]
 
     capacity, align = config["capacity"], config["align"]
     accepted = [k for k, n in enumerate(lengths) if aligned_length(n, align) <= capacity]
@@ -188,11 +194,11 @@ def test_online_invariants(scenario: tuple[dict[str, Any], list[int]]) -> None:
 @settings(max_examples=150, deadline=None)
 @given(scenario=scenarios(), data=st.data())
 def test_online_resume_gives_the_same_remaining_bins(
-    scenario: tuple[dict[str, Any], list[int]], data: st.DataObject
+    scenario: Scenario, data: st.DataObject
 ) -> None:
-    config, lengths = scenario
+    config, stream = scenario
     steps: list[Callable[[OnlineBinPacker], Any]] = [
-        (lambda p, k=k, n=n: p.push(k, n)) for k, n in enumerate(lengths)
+        (lambda p, k=k, n=n, b=b: p.push(k, n, nbytes=b)) for k, (n, b) in enumerate(stream)
     ]
     steps.append(lambda p: p.flush())
     steps.append(lambda p: p.stats)
@@ -255,6 +261,16 @@ def test_full_buffer_emits_the_fullest_subset() -> None:
     assert packer.stats.emitted_by["buffer"] == 1
 
 
+def test_byte_bound_emits_before_the_count_bound() -> None:
+    packer = OnlineBinPacker(100, 10, max_wait=None, min_fill=1.0, max_bytes=1000)
+    assert packer.push("a", 10, nbytes=600) == []
+    out = packer.push("b", 10, nbytes=600)
+    assert [b.keys for b in out] == [("a", "b")]
+    assert packer.held_bytes == 0
+    with pytest.raises(ValueError, match="nbytes must be an int >= 0"):
+        packer.push("c", 10, nbytes=-1)
+
+
 def test_buffer_size_one_emits_every_sample_alone() -> None:
     packer = OnlineBinPacker(100, 1)
     assert [b.keys for b in packer.push("a", 10)] == [("a",)]
@@ -315,6 +331,7 @@ def test_overlong_skip_counts_and_logs_once(caplog: pytest.LogCaptureFixture) ->
         ({"capacity": 10, "buffer_size": 4, "max_wait": -1}, "max_wait must be None or"),
         ({"capacity": 10, "buffer_size": 4, "overlong": "drop"}, "overlong must be"),
         ({"capacity": 10, "buffer_size": 4, "min_fill": 0}, "min_fill must be in"),
+        ({"capacity": 10, "buffer_size": 4, "max_bytes": 0}, r"max_bytes \(packing_buffer_bytes\)"),
     ],
 )
 def test_bad_settings(kwargs: dict[str, Any], message: str) -> None:
