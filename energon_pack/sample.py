@@ -1,0 +1,116 @@
+"""The on-disk sample format: a WebDataset sample with a ``json`` member and media members.
+
+``json`` holds ``{"conversations": [...], "system": optional str, "media": optional list of
+member names in placeholder order}``. Turns are ShareGPT/LLaVA style (``{"from": "human",
+"value": "<image>\\n..."}``) or role/content style (``{"role": "user", "content": ...}``).
+Media members are named ``<index>.<jpg|jpeg|png|webp|mp4>``; without a ``media`` list they are
+taken in index order. The ``<image>``/``<video>`` placeholders of all turns, in order, must
+match the media members one to one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from energon_pack.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, MediaError, media_kind
+
+_PLACEHOLDER = re.compile(r"<(image|video)>")
+
+
+@dataclass(frozen=True)
+class RawSample:
+    """A parsed sample: turns as ``(role, content)``, media as ``(member, kind, bytes)``."""
+
+    key: str
+    turns: tuple[tuple[str, str], ...]
+    system: str | None
+    media: tuple[tuple[str, Literal["image", "video"], bytes], ...]
+
+
+def parse_sample(key: str, sample: Mapping[str, Any]) -> RawSample:
+    """Validate and parse a raw sample (member name -> bytes; ``json`` may be decoded already).
+
+    Raises :class:`~energon_pack.media.MediaError` (a ValueError) naming the key and member for
+    missing or malformed JSON, unknown media extensions, missing members, and placeholder/media
+    count mismatches.
+    """
+    meta = _json(key, sample.get("json"))
+    turns = tuple(_turn(key, index, turn) for index, turn in enumerate(meta["conversations"]))
+    system = meta.get("system")
+    if system is not None and not isinstance(system, str):
+        raise MediaError(key, "json", "bad_sample", "'system' must be a string")
+    names = _media_names(key, sample, meta.get("media"))
+    media = []
+    for name in names:
+        kind = media_kind(name)
+        if kind is None:
+            known = sorted(IMAGE_EXTENSIONS | VIDEO_EXTENSIONS)
+            raise MediaError(
+                key, name, "unsupported", f"unknown media extension; use one of {known}"
+            )
+        if name not in sample:
+            raise MediaError(key, name, "bad_sample", "member listed in 'media' is missing")
+        data = sample[name]
+        if not isinstance(data, (bytes, bytearray)):
+            raise MediaError(key, name, "bad_sample", f"member is {type(data).__name__}, not bytes")
+        media.append((name, kind, bytes(data)))
+    placeholders = [m.group(1) for _, content in turns for m in _PLACEHOLDER.finditer(content)]
+    kinds = [kind for _, kind, _ in media]
+    if placeholders != kinds:
+        raise MediaError(
+            key,
+            "json",
+            "placeholder_mismatch",
+            f"{len(placeholders)} placeholders {placeholders} but {len(media)} media members "
+            f"{[name for name, _, _ in media]} of kinds {kinds}; make the <image>/<video> "
+            "placeholders match the media members in order",
+        )
+    return RawSample(key, turns, system, tuple(media))
+
+
+def _json(key: str, raw: Any) -> dict[str, Any]:
+    if raw is None:
+        raise MediaError(key, "json", "bad_sample", "sample has no 'json' member")
+    try:
+        meta = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MediaError(key, "json", "bad_sample", f"invalid JSON: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise MediaError(key, "json", "bad_sample", "the JSON member must be an object")
+    conversations = meta.get("conversations")
+    if not isinstance(conversations, list) or not conversations:
+        raise MediaError(
+            key, "json", "bad_sample", "the JSON needs a non-empty 'conversations' list of turns"
+        )
+    return meta
+
+
+def _turn(key: str, index: int, turn: Any) -> tuple[str, str]:
+    if isinstance(turn, dict):
+        role = turn.get("from", turn.get("role"))
+        content = turn.get("value", turn.get("content"))
+        if isinstance(role, str) and isinstance(content, str):
+            return role, content
+    raise MediaError(
+        key,
+        "json",
+        "bad_sample",
+        f"turn {index} needs string 'from'/'value' (ShareGPT) or 'role'/'content' fields",
+    )
+
+
+def _media_names(key: str, sample: Mapping[str, Any], order: Any) -> list[str]:
+    if order is None:
+        indexed = []
+        for name in sample:
+            head, _, ext = name.partition(".")
+            if head.isdigit() and ext:
+                indexed.append((int(head), name))
+        return [name for _, name in sorted(indexed)]
+    if isinstance(order, list) and all(isinstance(name, str) for name in order):
+        return list(order)
+    raise MediaError(key, "json", "bad_sample", "'media' must be a list of member names")

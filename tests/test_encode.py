@@ -1,0 +1,224 @@
+from __future__ import annotations
+
+import io
+import json
+from fractions import Fraction
+
+import av
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from energon_pack.encode import SPECIAL_TOKENS, ByteTokenizer, ConversationEncoder
+from energon_pack.media import MediaError, probe_image
+from energon_pack.sample import parse_sample
+
+TOK = ByteTokenizer()
+S = {token: TOK.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+
+
+def image_bytes(width: int, height: int, fmt: str = "PNG", seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt)
+    return out.getvalue()
+
+
+def video_bytes(width: int = 96, height: int = 64, frames: int = 8, fps: int = 4) -> bytes:
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.time_base = Fraction(1, fps)
+        for index in range(frames):
+            array = np.full((height, width, 3), index * 20, dtype=np.uint8)
+            frame = av.VideoFrame.from_ndarray(array, format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return out.getvalue()
+
+
+def text(value: str) -> list[int]:
+    return TOK.encode(value)
+
+
+def test_byte_tokenizer_round_trip() -> None:
+    ids = [S["<|im_start|>"], *text("héllo"), S["<|im_end|>"]]
+    assert TOK.decode(ids) == "<|im_start|>héllo<|im_end|>"
+    assert TOK.vocab_size == 256 + len(SPECIAL_TOKENS)
+    with pytest.raises(ValueError, match="no special token '<x>'"):
+        TOK.convert_tokens_to_ids("<x>")
+
+
+def test_text_turns_exact_layout_and_loss_mask() -> None:
+    sample = {
+        "json": json.dumps(
+            {
+                "system": "Be brief.",
+                "conversations": [
+                    {"from": "human", "value": "Hi"},
+                    {"from": "gpt", "value": "Yo"},
+                ],
+            }
+        ).encode()
+    }
+    encoded = ConversationEncoder().encode_sample("k1", sample)
+    start, end, nl = S["<|im_start|>"], S["<|im_end|>"], text("\n")
+    expected = [
+        (start, 0), *[(t, 0) for t in text("system\nBe brief.")], (end, 0), *[(t, 0) for t in nl],
+        (start, 0), *[(t, 0) for t in text("user\nHi")], (end, 0), *[(t, 0) for t in nl],
+        (start, 0), *[(t, 0) for t in text("assistant\n")], *[(t, 1) for t in text("Yo")],
+        (end, 1), *[(t, 0) for t in nl],
+    ]  # fmt: skip
+    assert encoded.input_ids.tolist() == [t for t, _ in expected]
+    assert encoded.loss_mask.tolist() == [m for _, m in expected]
+    assert encoded.input_ids.dtype == torch.long
+    assert encoded.length == len(expected)
+    assert encoded.media == ()
+    assert encoded.is_materialized
+
+
+def test_multi_turn_multi_image_layout() -> None:
+    first, second = image_bytes(64, 64), image_bytes(130, 90, "JPEG", seed=1)
+    sample = {
+        "json": json.dumps(
+            {
+                "conversations": [
+                    {"role": "user", "content": "<image>\nA<image>"},
+                    {"role": "assistant", "content": "B"},
+                    {"role": "user", "content": "C"},
+                    {"role": "assistant", "content": "D"},
+                ]
+            }
+        ).encode(),
+        "0.png": first,
+        "1.jpg": second,
+    }
+    encoded = ConversationEncoder(system_prompt="S").encode_sample("k2", sample)
+    n1, n2 = probe_image(first).tokens, probe_image(second).tokens
+    # 64x64 -> 56x56: 4x4 patches, 4 tokens; 130x90 -> 140x84: 10x6 patches, 15 tokens
+    assert (n1, n2) == (4, 15)
+    vs, ve, pad = S["<|vision_start|>"], S["<|vision_end|>"], S["<|image_pad|>"]
+    start, end, nl = S["<|im_start|>"], S["<|im_end|>"], text("\n")
+    ids = [
+        start, *text("system\nS"), end, *nl,
+        start, *text("user\n"), vs, *[pad] * n1, ve, *text("\nA"), vs, *[pad] * n2, ve, end, *nl,
+        start, *text("assistant\n"), *text("B"), end, *nl,
+        start, *text("user\nC"), end, *nl,
+        start, *text("assistant\n"), *text("D"), end, *nl,
+    ]  # fmt: skip
+    assert encoded.input_ids.tolist() == ids
+    targets = [i for i, m in enumerate(encoded.loss_mask.tolist()) if m]
+    assert [encoded.input_ids[i].item() for i in targets] == [*text("B"), end, *text("D"), end]
+    assert [m.member for m in encoded.media] == ["0.png", "1.jpg"]
+
+
+def test_loss_on_all() -> None:
+    sample = {"json": {"conversations": [{"from": "human", "value": "x"}]}}
+    encoded = ConversationEncoder(loss_on="all").encode_sample("k", sample)
+    assert encoded.loss_mask.tolist() == [1] * encoded.length
+
+
+def test_materialize_decodes_only_when_asked() -> None:
+    image, video = image_bytes(200, 120, "JPEG"), video_bytes()
+    sample = {
+        "json": json.dumps(
+            {
+                "conversations": [
+                    {"from": "human", "value": "<video> then <image>"},
+                    {"from": "gpt", "value": "ok"},
+                ],
+                "media": ["1.mp4", "0.jpg"],
+            }
+        ),
+        "0.jpg": image,
+        "1.mp4": video,
+    }
+    encoder = ConversationEncoder()
+    lazy = encoder.encode_sample("k3", sample)
+    assert lazy.vision is None
+    assert not lazy.is_materialized
+    compressed = lazy.nbytes
+    assert compressed == 2 * lazy.length * 8 + len(image) + len(video)
+
+    full = lazy.materialize()
+    vision = full.vision
+    assert vision is not None
+    assert vision.pixel_values is not None
+    assert vision.image_grid_thw is not None
+    assert vision.video_grid_thw is not None
+    assert vision.pixel_values_videos is not None
+    assert vision.second_per_grid_ts is not None
+    assert vision.image_grid_thw.tolist() == [list(lazy.media[1].grid_thw)]
+    assert vision.video_grid_thw.tolist() == [list(lazy.media[0].grid_thw)]
+    assert vision.pixel_values.shape[0] == int(vision.image_grid_thw.prod())
+    assert vision.pixel_values_videos.shape[0] == int(vision.video_grid_thw.prod())
+    image_pads = int((lazy.input_ids == S["<|image_pad|>"]).sum())
+    video_pads = int((lazy.input_ids == S["<|video_pad|>"]).sum())
+    assert image_pads == int(vision.image_grid_thw.prod()) // 4
+    assert video_pads == int(vision.video_grid_thw.prod()) // 4
+    assert full.nbytes == compressed + vision.nbytes
+    assert vision.nbytes > 20 * (len(image) + len(video))
+    assert torch.equal(full.input_ids, lazy.input_ids)
+
+
+def test_placeholder_count_mismatch_names_key_and_counts() -> None:
+    more = {"json": {"conversations": [{"from": "human", "value": "<image><image>"}]}}
+    more["0.png"] = image_bytes(32, 32)  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"'k4'.* 2 placeholders .* but 1 media members"):
+        parse_sample("k4", more)
+    fewer = {"json": {"conversations": [{"from": "human", "value": "none"}]}}
+    fewer["0.png"] = image_bytes(32, 32)  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"'k5'.* 0 placeholders .* but 1 media members"):
+        ConversationEncoder().encode_sample("k5", fewer)
+
+
+@pytest.mark.parametrize(
+    ("sample", "message"),
+    [
+        ({}, "no 'json' member"),
+        ({"json": b"{not json"}, "invalid JSON"),
+        ({"json": {"conversations": []}}, "non-empty 'conversations'"),
+        ({"json": {"conversations": [{"from": "human"}]}}, "turn 0 needs string"),
+        ({"json": {"conversations": [{"from": "x", "value": "v"}]}}, "unknown conversation role"),
+        ({"json": {"conversations": [{"from": "human", "value": "v"}], "media": "0.png"}}, "list"),
+        ({"json": {"conversations": [{"from": "human", "value": "v"}], "media": ["0.gif"]}}, "gif"),
+        (
+            {"json": {"conversations": [{"from": "human", "value": "v"}], "media": ["0.png"]}},
+            "miss",
+        ),
+    ],
+)
+def test_bad_samples_name_the_key(sample: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=f"'bad'.*{message}"):
+        ConversationEncoder().encode_sample("bad", sample)
+
+
+def test_broken_image_is_a_media_error_with_key_and_member() -> None:
+    sample = {"json": {"conversations": [{"from": "human", "value": "<image>"}]}, "0.png": b""}
+    with pytest.raises(MediaError, match=r"sample 'k6', member '0.png'"):
+        ConversationEncoder().encode_sample("k6", sample)
+
+
+def test_hf_tokenizer_is_accepted() -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    vocab = {"[UNK]": 0, "user": 1, "assistant": 2, "hi": 3, "yo": 4, "\n": 5}
+    model = tokenizers.models.WordLevel(vocab, unk_token="[UNK]")
+    backend = tokenizers.Tokenizer(model)
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Split(
+        tokenizers.Regex(r"\n|\w+"), behavior="isolated"
+    )
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    hf.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
+    sample = {
+        "json": {
+            "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]
+        }
+    }
+    encoded = ConversationEncoder(hf).encode_sample("k7", sample)
+    start, end = hf.convert_tokens_to_ids("<|im_start|>"), hf.convert_tokens_to_ids("<|im_end|>")
+    assert encoded.input_ids.tolist() == [start, 1, 5, 3, end, 5, start, 2, 5, 4, end, 5]
+    assert encoded.loss_mask.tolist() == [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0]

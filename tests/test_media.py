@@ -1,0 +1,312 @@
+"""Media probing and preprocessing on the shipped fixtures: real pillow/decord decoding."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import tarfile
+import warnings
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import decord
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from energon_pack import media
+from energon_pack.media import MediaConfig, MediaError
+from energon_pack.sample import parse_sample
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+Samples = dict[str, dict[str, bytes]]
+
+
+@cache
+def read_samples(dataset: str) -> Samples:
+    """``{key: {ext: bytes}}`` of every shard of a fixture dataset."""
+    samples: Samples = {}
+    for shard in sorted((FIXTURES / dataset).glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for info in tar.getmembers():
+                key, _, ext = info.name.partition(".")
+                handle = tar.extractfile(info)
+                assert handle is not None
+                samples.setdefault(key, {})[ext] = handle.read()
+    return samples
+
+
+def demo_media(kind: str) -> Iterator[tuple[str, str, bytes]]:
+    for key, sample in read_samples("vlm_demo").items():
+        for member, member_kind, data in parse_sample(key, sample).media:
+            if member_kind == kind:
+                yield key, member, data
+
+
+def test_demo_has_media() -> None:
+    assert sum(1 for _ in demo_media("image")) > 200
+    assert sum(1 for _ in demo_media("video")) > 20
+
+
+# --- smart_resize -----------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    height=st.integers(1, 5000),
+    width=st.integers(1, 5000),
+    min_pixels=st.sampled_from([56 * 56, 128 * 28 * 28, 4 * 28 * 28]),
+    max_pixels=st.sampled_from([28 * 28 * 1280, 28 * 28 * 768, 16384 * 28 * 28, 256 * 28 * 28]),
+)
+def test_smart_resize_matches_transformers(
+    height: int, width: int, min_pixels: int, max_pixels: int
+) -> None:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    try:
+        expected = smart_resize(height, width, 28, min_pixels, max_pixels)
+    except ValueError:
+        with pytest.raises(ValueError, match="aspect ratio"):
+            media.smart_resize(height, width, 28, min_pixels, max_pixels)
+        return
+    got = media.smart_resize(height, width, 28, min_pixels, max_pixels)
+    assert got == expected
+    assert got[0] % 28 == 0
+    assert got[1] % 28 == 0
+
+
+def test_defaults_match_transformers_processor() -> None:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    hf = Qwen2VLImageProcessorPil()
+    cfg = MediaConfig()
+    assert hf.size["shortest_edge"] == cfg.min_pixels
+    assert hf.size["longest_edge"] == cfg.max_pixels
+    assert (hf.patch_size, hf.merge_size, hf.temporal_patch_size) == (
+        cfg.patch_size,
+        cfg.merge_size,
+        cfg.temporal_patch_size,
+    )
+    assert tuple(hf.image_mean) == cfg.image_mean
+    assert tuple(hf.image_std) == cfg.image_std
+
+
+# --- images -----------------------------------------------------------------------------------
+
+
+def test_images_match_transformers_and_probe() -> None:
+    """Every fixture image: HF parity (pixel_values, grid) and probe == decode."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    cfg = MediaConfig()
+    hf = Qwen2VLImageProcessorPil(min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+    checked = 0
+    for key, member, data in demo_media("image"):
+        probe = media.probe_image(data, key=key, member=member)
+        pixels, grid = media.process_image(data, key=key, member=member)
+        with Image.open(io.BytesIO(data)) as img:
+            assert (probe.width, probe.height) == img.size
+            expected = hf(img, return_tensors="np")
+        assert grid.dtype == torch.long
+        assert grid.shape == (1, 3)
+        np.testing.assert_array_equal(grid.numpy(), expected["image_grid_thw"])
+        assert pixels.dtype == torch.float32
+        assert pixels.shape == expected["pixel_values"].shape
+        diff = np.abs(pixels.numpy() - expected["pixel_values"]).max()
+        assert diff <= 1e-5, f"{key}/{member}: max abs diff {diff}"
+        assert tuple(grid[0].tolist()) == probe.grid_thw
+        assert probe.tokens == pixels.shape[0] // cfg.merge_size**2
+        checked += 1
+    assert checked > 200
+
+
+def test_probe_reads_only_the_header() -> None:
+    """A truncated JPEG probes fine (header intact) and fails only when decoded."""
+    samples = read_samples("broken")
+    data = samples["bad_truncated_jpeg"]["0.jpg"]
+    probe = media.probe_image(data)
+    assert (probe.width, probe.height) == (320, 240)
+    with pytest.raises(MediaError, match="bad_truncated_jpeg") as info:
+        media.process_image(data, key="bad_truncated_jpeg", member="0.jpg")
+    assert info.value.kind == "corrupt"
+
+
+def test_720p_image_footprint() -> None:
+    key, sample = "demo00000", read_samples("vlm_demo")["demo00000"]
+    data = sample["0.jpg"]
+    probe = media.probe_image(data, key=key, member="0.jpg")
+    assert (probe.width, probe.height) == (1280, 720)
+    pixels, grid = media.process_image(data)
+    foot = media.footprint(data, pixels, grid)
+    assert foot.compressed_bytes == len(data)
+    assert foot.processed_bytes == pixels.numel() * 4 + grid.numel() * 8
+    assert foot.processed_bytes > 20e6
+    assert foot.ratio < 0.02
+
+
+def test_image_pixel_limit_is_checked_before_decoding() -> None:
+    data = read_samples("broken")["good_image"]["0.jpg"]
+    with pytest.raises(MediaError, match=r"max_image_pixels=1000") as info:
+        media.probe_image(data, MediaConfig(max_image_pixels=1000), key="k", member="0.jpg")
+    assert info.value.kind == "too_large"
+    assert info.value.key == "k"
+    assert info.value.member == "0.jpg"
+
+
+def test_extreme_aspect_ratio() -> None:
+    buf = io.BytesIO()
+    Image.new("RGB", (4020, 10)).save(buf, format="PNG")
+    with pytest.raises(MediaError) as info:
+        media.probe_image(buf.getvalue(), key="wide", member="0.png")
+    assert info.value.kind == "aspect_ratio"
+
+
+def test_transparent_and_palette_images_composite_on_white() -> None:
+    img = Image.new("RGBA", (56, 56), (0, 0, 0, 0))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    pixels, _ = media.process_image(buf.getvalue())
+    white = (1.0 - np.array(media.OPENAI_CLIP_MEAN)) / np.array(media.OPENAI_CLIP_STD)
+    per_channel = pixels.reshape(-1, 3, 2 * 14 * 14)
+    np.testing.assert_allclose(per_channel[0, :, 0].numpy(), white, rtol=1e-6)
+
+
+# --- videos -----------------------------------------------------------------------------------
+
+
+def test_videos_probe_equals_decode() -> None:
+    cfg = MediaConfig()
+    checked = 0
+    for key, member, data in demo_media("video"):
+        probe = media.probe_video(data, key=key, member=member)
+        reader = decord.VideoReader(io.BytesIO(data))
+        height, width, _ = reader[0].shape
+        assert (probe.width, probe.height) == (width, height), f"{key}: header size"
+        assert probe.source_frames == len(reader)
+        pixels, grid, second_per_grid = media.process_video(data, key=key, member=member)
+        assert tuple(grid[0].tolist()) == probe.grid_thw
+        assert grid.dtype == torch.long
+        assert pixels.shape == (probe.grid_thw[0] * probe.grid_thw[1] * probe.grid_thw[2], 1176)
+        assert probe.tokens == pixels.shape[0] // cfg.merge_size**2
+        assert probe.frames % cfg.temporal_patch_size == 0
+        assert cfg.video_min_frames <= probe.frames <= cfg.video_max_frames
+        assert second_per_grid == pytest.approx(
+            cfg.temporal_patch_size / (probe.frames / probe.duration)
+        )
+        assert second_per_grid == probe.second_per_grid_t
+        checked += 1
+    assert checked > 20
+
+
+def test_video_sampling_follows_target_fps() -> None:
+    # 4 s at >= 4 fps -> 8 frames at 2 fps.
+    for key, member, data in demo_media("video"):
+        probe = media.probe_video(data, key=key, member=member)
+        if probe.duration == 4.0:
+            assert probe.frames == 8
+            assert probe.second_per_grid_t == pytest.approx(1.0)
+            return
+    pytest.fail("no 4 s fixture clip")
+
+
+def test_video_limits() -> None:
+    key, member, data = next(demo_media("video"))
+    with pytest.raises(MediaError, match="max_video_seconds") as info:
+        media.probe_video(data, MediaConfig(max_video_seconds=0.5), key=key, member=member)
+    assert info.value.kind == "too_long"
+    with pytest.raises(MediaError) as info:
+        media.process_video(data, MediaConfig(max_video_source_frames=2), key=key, member=member)
+    assert info.value.kind == "too_long"
+    with pytest.raises(MediaError) as info:
+        media.probe_video(data, MediaConfig(max_image_pixels=100), key=key, member=member)
+    assert info.value.kind == "too_large"
+
+
+def test_video_total_pixel_budget_caps_frame_size() -> None:
+    key, member, data = next(demo_media("video"))
+    small = MediaConfig(video_total_pixels=1, video_min_pixels=28 * 28 * 4)
+    probe = media.probe_video(data, small, key=key, member=member)
+    _, grid, _ = media.process_video(data, small, key=key, member=member)
+    assert tuple(grid[0].tolist()) == probe.grid_thw
+    _, gh, gw = probe.grid_thw
+    assert gh * gw * 14 * 14 <= int(28 * 28 * 4 * 1.05)
+
+
+def test_decord_bridge_left_alone() -> None:
+    _, _, data = next(demo_media("video"))
+    native, *_ = media.process_video(data)
+    decord.bridge.set_bridge("torch")
+    try:
+        under_torch, *_ = media.process_video(data)
+        frames = decord.VideoReader(io.BytesIO(data)).get_batch([0])
+        assert isinstance(frames, torch.Tensor)  # still the caller's bridge
+    finally:
+        decord.bridge.set_bridge("native")
+    torch.testing.assert_close(native, under_torch, rtol=0, atol=0)
+
+
+# --- samples, counts and the broken fixtures -------------------------------------------------
+
+
+def test_media_count_limit() -> None:
+    media.check_media_count("k", 3, MediaConfig(max_images_per_sample=3))
+    with pytest.raises(MediaError, match="max_images_per_sample=3") as info:
+        media.check_media_count("k", 4, MediaConfig(max_images_per_sample=3))
+    assert info.value.kind == "too_many"
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="patch_size"):
+        MediaConfig(patch_size=0)
+    with pytest.raises(ValueError, match="min_pixels"):
+        MediaConfig(min_pixels=10, max_pixels=5)
+
+
+def _run_stage(stage: str, key: str, sample: dict[str, bytes]) -> None:
+    raw = parse_sample(key, sample)
+    media.check_media_count(key, len(raw.media))
+    if stage == "sample":
+        return
+    for member, kind, data in raw.media:
+        if kind == "image":
+            media.probe_image(data, key=key, member=member)
+            if stage == "process":
+                media.process_image(data, key=key, member=member)
+        else:
+            media.probe_video(data, key=key, member=member)
+            if stage == "process":
+                media.process_video(data, key=key, member=member)
+
+
+def test_broken_fixtures_give_documented_errors() -> None:
+    manifest = json.loads((FIXTURES / "broken" / "expected.json").read_text())
+    samples = read_samples("broken")
+    assert set(samples) == set(manifest["samples"])
+    stages = ["sample", "probe", "process"]
+    for key, expected in manifest["samples"].items():
+        if expected["ok"]:
+            _run_stage("process", key, samples[key])
+            continue
+        stage = expected["stage"]
+        # Every stage before the documented one passes.
+        for earlier in stages[: stages.index(stage)]:
+            _run_stage(earlier, key, samples[key])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no DecompressionBombWarning leaks either
+            with pytest.raises(MediaError) as info:
+                _run_stage(stage, key, samples[key])
+        err = info.value
+        assert isinstance(err, ValueError)
+        assert (err.kind, err.key, err.member) == (expected["kind"], key, expected["member"]), key
+        assert key in str(err)
+        assert expected["member"] in str(err)
+        assert str(pickle.loads(pickle.dumps(err))) == str(err)  # crosses worker processes
