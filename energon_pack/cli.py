@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from energon_pack.binpack import OnlineBinPacker, best_fit_decreasing, groups_fill
+from energon_pack.offline import PackingSpec, pack_offline
 from energon_pack.synthetic import DISTRIBUTIONS, lengths_for
 from energon_pack.tables import format_table
 from energon_pack.topology import MODES, PackingConfig
@@ -135,6 +136,62 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return 1
 
 
+def _offline_spec(args: argparse.Namespace) -> PackingSpec:
+    settings = {
+        "pad_to_max_length": args.pad_to_max_length,
+        "pad_cu_seqlens": args.pad_cu_seqlens,
+        "algorithm": args.algorithm,
+        "overlong": args.overlong,
+        "seed": args.seed,
+        "max_segments": args.max_segments,
+    }
+    topology = {"tp": args.tp, "cp": args.cp, "eval_cp": args.eval_cp}
+    given = [f"--{name.replace('_', '-')}" for name, value in topology.items() if value is not None]
+    given += ["--sp"] if args.sp else []
+    if args.pad_seq_to_mult is not None:
+        if given:
+            raise ValueError(
+                f"--pad-seq-to-mult={args.pad_seq_to_mult} and {', '.join(given)} both set the "
+                "padding multiple; pass either the topology (--tp/--cp/--sp) or --pad-seq-to-mult"
+            )
+        return PackingSpec(args.size, pad_seq_to_mult=args.pad_seq_to_mult, **settings)
+    return PackingSpec.for_topology(
+        args.size,
+        tp=args.tp or 1,
+        cp=args.cp or 1,
+        sp=args.sp,
+        eval_cp=args.eval_cp,
+        **settings,
+    )
+
+
+def _cmd_offline(args: argparse.Namespace) -> int:
+    spec = _offline_spec(args)
+    result = pack_offline(args.input, args.out_dir, spec, force=args.force)
+    meta = result.metadata
+    print(
+        format_table(
+            ["metadata", "value"],
+            [
+                ["dataset_max_seqlen", meta.dataset_max_seqlen],
+                ["max_samples_per_bin", meta.max_samples_per_bin],
+                ["packing_factor", f"{meta.packing_factor:.2f}"],
+                ["packing_efficiency", f"{meta.packing_efficiency:.2f} %"],
+                ["pack_size", meta.pack_size],
+                ["min_packed_seqlen", meta.min_packed_seqlen],
+            ],
+        )
+    )
+    print(
+        f"\n{result.samples} samples -> {result.sequences} sequences in {result.packs} packs "
+        f"({result.skipped} skipped, {result.truncated} truncated as overlong; "
+        f"pad_seq_to_mult={spec.pad_seq_to_mult})"
+    )
+    action = "reused the up-to-date pack in" if result.reused else "wrote"
+    print(f"{action} {result.out_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="energon-pack", description="Online sequence packing for Megatron-Energon."
@@ -170,6 +227,37 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             check.add_argument(flag, dest=field, type=kind, metavar="N", help=f"sets {field}")
     check.set_defaults(run=_cmd_check_config)
+
+    offline = commands.add_parser(
+        "offline",
+        help="tokenise and pack a JSONL file of text SFT samples into a packed dataset directory",
+        description="Input lines: {'input', 'output'} pairs, {'conversations'} or pre-tokenised "
+        "{'input_ids', 'loss_mask'}; tokenised with the built-in byte tokenizer. An up-to-date "
+        "OUT_DIR is reused; a stale one is refused unless --force. Exit status 2 on bad input "
+        "or settings.",
+    )
+    offline.add_argument("input", type=Path, metavar="INPUT.jsonl")
+    offline.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    offline.add_argument("--size", type=int, required=True, help="packed_sequence_size (tokens)")
+    offline.add_argument("--tp", type=int, metavar="N", help="tensor parallel size (default 1)")
+    offline.add_argument("--cp", type=int, metavar="N", help="context parallel size (default 1)")
+    offline.add_argument("--sp", action="store_true", help="sequence parallelism on")
+    offline.add_argument("--eval-cp", type=int, metavar="N", help="context parallel size of eval")
+    offline.add_argument(
+        "--pad-seq-to-mult", type=int, metavar="N", help="padding multiple (instead of topology)"
+    )
+    offline.add_argument("--pad-to-max-length", action="store_true", help="fixed-width rows")
+    offline.add_argument(
+        "--pad-cu-seqlens",
+        action="store_true",
+        help="static cu_seqlens shapes for CUDA graphs (needs --pad-to-max-length)",
+    )
+    offline.add_argument("--max-segments", type=int, metavar="N", help="most sequences per pack")
+    offline.add_argument("--algorithm", choices=["bfd", "ffd"], default="bfd")
+    offline.add_argument("--overlong", choices=["error", "skip", "truncate"], default="error")
+    offline.add_argument("--seed", type=int, default=0, help="seed of the pack order shuffle")
+    offline.add_argument("--force", action="store_true", help="rebuild a stale OUT_DIR")
+    offline.set_defaults(run=_cmd_offline)
     return parser
 
 

@@ -1,0 +1,729 @@
+"""Offline packing of text SFT data: tokenise once, pack once, train with micro-batch 1.
+
+:func:`pack_offline` turns a JSONL file into a packed dataset directory and
+:class:`PackedDataset` reads it back as :class:`~energon_pack.layout.PackedRow` objects.
+
+Input, one JSON object per line (blank lines are ignored; formats may be mixed):
+
+* ``{"input": str, "output": str}`` (optional ``"system"``): a prompt/answer pair, encoded as a
+  user turn and an assistant turn with the ChatML template of
+  :class:`~energon_pack.encode.ConversationEncoder`; the loss covers the answer only;
+* ``{"conversations": [...]}`` (optional ``"system"``): a text conversation, same encoder;
+* ``{"input_ids": [...], "loss_mask": [...]}``: pre-tokenised, used as is.
+
+Samples are named ``<file name>:<line number>`` in errors and logs.
+
+Packed directory (all arrays are ``.npy`` files, read memory-mapped):
+
+* ``input_ids.npy`` int32 ``[tokens]``: every packed sequence's tokens, concatenated in pack
+  order, without padding; ``loss_mask.npy`` uint8 ``[tokens]`` aligned with it (1 = target);
+* ``seq_starts.npy`` int64 ``[S]`` and ``seq_lengths.npy`` int32 ``[S]``: where each sequence
+  lies in those arrays; ``seq_lines.npy`` int64 ``[S]``: its input line number;
+* ``pack_starts.npy`` int64 ``[P + 1]``: pack ``p`` holds sequences
+  ``pack_starts[p]:pack_starts[p + 1]`` (in input order within the pack);
+* ``metadata.json``: a list with one dict of :class:`PackMetadata` keys, as Megatron-Bridge
+  writes its packing metadata;
+* ``manifest.json`` (written last, so only a complete directory has one): format version,
+  package version, the :class:`PackingSpec`, the tokenizer identity, the input's sha256 and the
+  build statistics. A directory is reused only when its manifest matches the request.
+
+The packing itself is out of core: pass 1 streams the input and appends each sequence's tokens
+to temporary files while only the lengths stay in memory; pass 2 packs the lengths (best or
+first fit decreasing); pass 3 copies the sequences in pack order from the memory-mapped
+temporary files into the final arrays, a bounded chunk at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import logging
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.utils.data
+
+from energon_pack.binpack import aligned_length, best_fit_decreasing, first_fit_decreasing
+from energon_pack.encode import ByteTokenizer, ConversationEncoder, Tokenizer
+from energon_pack.layout import PackedRow, build_packed_row
+from energon_pack.topology import pad_seq_to_mult
+
+logger = logging.getLogger("energon_pack.offline")
+
+Algorithm = Literal["bfd", "ffd"]
+OverlongPolicy = Literal["error", "skip", "truncate"]
+
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+METADATA_FILE = "metadata.json"
+ARRAY_FILES = (
+    "input_ids.npy",
+    "loss_mask.npy",
+    "seq_starts.npy",
+    "seq_lengths.npy",
+    "seq_lines.npy",
+    "pack_starts.npy",
+)
+_TMP_IDS = ".input_ids.tmp"
+_TMP_MASK = ".loss_mask.tmp"
+_COPY_CHUNK_TOKENS = 1 << 22
+"""Most tokens gathered in memory at once while writing the arrays in pack order."""
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class PackingSpec:
+    """What an offline pack is built with; :func:`pack_offline` and :class:`PackedDataset`
+    check it against the directory's manifest.
+
+    Args:
+        packed_sequence_size: tokens per pack (the training ``seq_length``).
+        pad_seq_to_mult: each sequence is padded to a multiple of this (see
+            :func:`~energon_pack.topology.pad_seq_to_mult`); packing counts the padded lengths.
+        pad_cu_seqlens: static ``cu_seqlens`` shapes for CUDA graphs (needs
+            ``pad_to_max_length``); the slot count is ``max_segments`` or the metadata's
+            ``max_samples_per_bin``.
+        pad_to_max_length: every row is exactly ``packed_sequence_size`` tokens wide.
+        algorithm: ``"bfd"`` (best fit decreasing) or ``"ffd"`` (first fit decreasing).
+        overlong: a sequence whose padded length exceeds ``packed_sequence_size``:
+            ``"error"`` raises, ``"skip"`` counts, logs and leaves it out, ``"truncate"`` keeps
+            its first ``packed_sequence_size`` tokens and counts it.
+        seed: the pack order is shuffled with ``random.Random(seed)`` so that it does not
+            follow the packer's longest-first order (no global RNG is touched).
+        max_segments: most sequences per pack (packs above it are split); with
+            ``pad_cu_seqlens`` also the fixed number of ``cu_seqlens`` slots.
+    """
+
+    packed_sequence_size: int
+    pad_seq_to_mult: int = 1
+    pad_cu_seqlens: bool = False
+    pad_to_max_length: bool = False
+    algorithm: Algorithm = "bfd"
+    overlong: OverlongPolicy = "error"
+    seed: int = 0
+    max_segments: int | None = None
+
+    def __post_init__(self) -> None:
+        problems = self._problems()
+        if problems:
+            raise ValueError("invalid PackingSpec: " + "; ".join(problems))
+
+    def _problems(self) -> list[str]:
+        out: list[str] = []
+        for name in ("packed_sequence_size", "pad_seq_to_mult"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                out.append(f"{name} must be a positive int, got {value!r}")
+        if self.max_segments is not None and (
+            not _is_int(self.max_segments) or self.max_segments < 1
+        ):
+            out.append(
+                f"max_segments must be a positive int or None (no limit), got {self.max_segments!r}"
+            )
+        if not _is_int(self.seed):
+            out.append(f"seed must be an int, got {self.seed!r}")
+        for name in ("pad_cu_seqlens", "pad_to_max_length"):
+            if not isinstance(getattr(self, name), bool):
+                out.append(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.algorithm not in ("bfd", "ffd"):
+            out.append(f"algorithm must be 'bfd' or 'ffd', got {self.algorithm!r}")
+        if self.overlong not in ("error", "skip", "truncate"):
+            out.append(f"overlong must be 'error', 'skip' or 'truncate', got {self.overlong!r}")
+        if out:
+            return out
+        size, mult = self.packed_sequence_size, self.pad_seq_to_mult
+        if size % mult:
+            out.append(
+                f"packed_sequence_size={size} is not a multiple of pad_seq_to_mult={mult}; "
+                f"choose a packed_sequence_size that is a multiple of {mult} "
+                f"(e.g. {aligned_length(size, mult)})"
+            )
+        if self.pad_cu_seqlens and not self.pad_to_max_length:
+            out.append(
+                "pad_cu_seqlens=True (static cu_seqlens shapes) requires fixed-width rows; set "
+                "pad_to_max_length=True"
+            )
+        return out
+
+    @classmethod
+    def for_topology(
+        cls,
+        packed_sequence_size: int,
+        *,
+        tp: int = 1,
+        cp: int = 1,
+        sp: bool = False,
+        eval_cp: int | None = None,
+        **settings: Any,
+    ) -> PackingSpec:
+        """A spec whose ``pad_seq_to_mult`` follows the parallel topology; other fields as
+        keyword arguments."""
+        mult = pad_seq_to_mult(tp, cp, sp, eval_cp)
+        return cls(packed_sequence_size, pad_seq_to_mult=mult, **settings)
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as a JSON-able dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PackingSpec:
+        """Inverse of :meth:`to_json`."""
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class PackMetadata:
+    """The packing metadata Megatron-Bridge writes beside a packed dataset.
+
+    ``dataset_max_seqlen``: longest packed sequence (real tokens, after truncation);
+    ``max_samples_per_bin``: most sequences in one pack; ``packing_factor``: sequences per pack,
+    rounded to 2 decimals; ``packing_efficiency``: real tokens over ``packs * pack_size`` in
+    percent, rounded to 2 decimals; ``pack_size``: ``packed_sequence_size``;
+    ``min_packed_seqlen``: real tokens of the emptiest pack.
+    """
+
+    dataset_max_seqlen: int
+    max_samples_per_bin: int
+    packing_factor: float
+    packing_efficiency: float
+    pack_size: int
+    min_packed_seqlen: int
+
+    @classmethod
+    def compute(
+        cls,
+        seq_lengths: npt.NDArray[np.integer[Any]],
+        pack_starts: npt.NDArray[np.integer[Any]],
+        pack_size: int,
+    ) -> PackMetadata:
+        """From the per-sequence lengths in pack order and the ``[P + 1]`` pack boundaries."""
+        packs = len(pack_starts) - 1
+        if packs < 1 or len(seq_lengths) == 0:
+            raise ValueError("packing metadata needs at least one pack")
+        totals = np.add.reduceat(seq_lengths.astype(np.int64), pack_starts[:-1])
+        return cls(
+            dataset_max_seqlen=int(seq_lengths.max()),
+            max_samples_per_bin=int(np.diff(pack_starts).max()),
+            packing_factor=round(len(seq_lengths) / packs, 2),
+            packing_efficiency=round(100.0 * float(totals.sum()) / (packs * pack_size), 2),
+            pack_size=pack_size,
+            min_packed_seqlen=int(totals.min()),
+        )
+
+
+@dataclass(frozen=True)
+class OfflinePackResult:
+    """What :func:`pack_offline` did (``reused``: an up-to-date directory was found, no work)."""
+
+    out_dir: Path
+    reused: bool
+    metadata: PackMetadata
+    samples: int
+    """Input samples read."""
+    sequences: int
+    """Sequences packed (samples minus skipped)."""
+    packs: int
+    tokens: int
+    """Real tokens packed."""
+    skipped: int
+    """Overlong samples left out (``overlong="skip"``)."""
+    truncated: int
+    """Overlong samples cut to ``packed_sequence_size`` (``overlong="truncate"``)."""
+    split_packs: int
+    """Extra packs made by splitting packs above ``max_segments``."""
+
+    def stats_json(self) -> dict[str, int]:
+        """The counters, as stored in the manifest."""
+        return {
+            name: getattr(self, name)
+            for name in (
+                "samples",
+                "sequences",
+                "packs",
+                "tokens",
+                "skipped",
+                "truncated",
+                "split_packs",
+            )
+        }
+
+
+def pack_offline(
+    input_path: str | Path,
+    out_dir: str | Path,
+    spec: PackingSpec,
+    tokenizer: Tokenizer | None = None,
+    *,
+    force: bool = False,
+) -> OfflinePackResult:
+    """Tokenise and pack the JSONL ``input_path`` into ``out_dir`` (see the module docstring).
+
+    ``tokenizer`` is HF-style (``encode``, ``convert_tokens_to_ids``; ``pad_token_id`` is used
+    for padding when present) or None for :class:`~energon_pack.encode.ByteTokenizer`; with an
+    explicit tokenizer, pre-tokenised ids are checked against its ``vocab_size``. If ``out_dir``
+    already holds a pack with the same manifest it is reused; a different one is refused with a
+    ValueError naming what differs. ``force`` always rebuilds in place (other files in
+    ``out_dir`` are left alone).
+    """
+    input_path, out_dir = Path(input_path), Path(out_dir)
+    if not input_path.is_file():
+        raise ValueError(f"input {input_path} is not a file; pass a JSONL file of samples")
+    tok: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "energon_pack_version": importlib.metadata.version("energon_pack"),
+        "spec": spec.to_json(),
+        "tokenizer": _tokenizer_identity(tok),
+        "input_sha256": _sha256(input_path),
+    }
+    existing = None if force else _read_manifest(out_dir)
+    if existing is not None:
+        differences = _manifest_differences(existing, manifest)
+        if differences:
+            raise ValueError(_stale_message(out_dir, differences))
+        logger.info("reusing the up-to-date pack in %s", out_dir)
+        return _result(out_dir, existing, _read_metadata(out_dir), reused=True)
+    if not force and out_dir.exists() and any(out_dir.iterdir()):
+        raise ValueError(
+            f"out dir {out_dir} is not empty and has no {MANIFEST_FILE} (an interrupted build "
+            "or other files); pass force=True (--force) to build there, or choose an empty or "
+            "new directory"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST_FILE).unlink(missing_ok=True)  # incomplete until the manifest is back
+    try:
+        counts, metadata = _build(input_path, out_dir, spec, tok, explicit=tokenizer is not None)
+    finally:
+        for name in (_TMP_IDS, _TMP_MASK):
+            (out_dir / name).unlink(missing_ok=True)
+    manifest["stats"] = counts
+    _write_json(out_dir / METADATA_FILE, [dataclasses.asdict(metadata)])
+    _write_json(out_dir / MANIFEST_FILE, {**manifest, "input_path": str(input_path.resolve())})
+    return _result(out_dir, manifest, metadata, reused=False)
+
+
+class PackedDataset(torch.utils.data.Dataset[PackedRow]):
+    """Map-style dataset over a directory written by :func:`pack_offline`: item ``p`` is pack
+    ``p`` as a :class:`~energon_pack.layout.PackedRow`, laid out with the manifest's spec.
+
+    If ``spec`` is given it must equal the manifest's (a stale directory raises ValueError).
+    The arrays are memory-mapped lazily, so the dataset pickles cheaply into loader workers.
+    """
+
+    def __init__(self, out_dir: str | Path, spec: PackingSpec | None = None) -> None:
+        self.out_dir = Path(out_dir)
+        manifest = _read_manifest(self.out_dir)
+        if manifest is None:
+            raise ValueError(
+                f"{self.out_dir} holds no {MANIFEST_FILE}: it is not a complete offline pack; "
+                "build it with energon-pack offline (or pack_offline)"
+            )
+        self.spec = PackingSpec.from_json(manifest["spec"])
+        if spec is not None and spec != self.spec:
+            raise ValueError(
+                _stale_message(self.out_dir, _spec_differences(self.spec, spec), reader=True)
+            )
+        self.pad_token_id = int(manifest["tokenizer"]["pad_token_id"])
+        self.max_segments: int | None = None
+        if self.spec.pad_cu_seqlens:
+            self.max_segments = self.spec.max_segments or self._max_samples_per_bin()
+        self._arrays: dict[str, npt.NDArray[Any]] | None = None
+        self._check_arrays()
+
+    def __len__(self) -> int:
+        return int(self._array("pack_starts").shape[0]) - 1
+
+    def __getitem__(self, index: int) -> PackedRow:
+        packs = len(self)
+        if not -packs <= index < packs:
+            raise IndexError(f"pack index {index} out of range for {packs} packs")
+        index %= packs
+        pack_starts = self._array("pack_starts")
+        first, last = int(pack_starts[index]), int(pack_starts[index + 1])
+        starts, lengths = self._array("seq_starts"), self._array("seq_lengths")
+        ids, mask, lines = (
+            self._array("input_ids"),
+            self._array("loss_mask"),
+            self._array("seq_lines"),
+        )
+        sequences = []
+        for s in range(first, last):
+            start, stop = int(starts[s]), int(starts[s]) + int(lengths[s])
+            sequences.append(
+                {
+                    "input_ids": torch.from_numpy(np.array(ids[start:stop], dtype=np.int64)),
+                    "loss_mask": torch.from_numpy(np.array(mask[start:stop], dtype=np.float32)),
+                    "key": f"line {int(lines[s])}",
+                }
+            )
+        return build_packed_row(
+            sequences,
+            seq_length=self.spec.packed_sequence_size,
+            pad_to_multiple_of=self.spec.pad_seq_to_mult,
+            pad_to_max_length=self.spec.pad_to_max_length,
+            pad_cu_seqlens=self.spec.pad_cu_seqlens,
+            max_segments=self.max_segments,
+            pad_token_id=self.pad_token_id,
+        )
+
+    def source_lines(self, index: int) -> list[int]:
+        """Input line numbers of the sequences in pack ``index``, in row order."""
+        pack_starts = self._array("pack_starts")
+        lines = self._array("seq_lines")[int(pack_starts[index]) : int(pack_starts[index + 1])]
+        return [int(line) for line in lines]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_arrays": None}
+
+    def _array(self, name: str) -> npt.NDArray[Any]:
+        if self._arrays is None:
+            self._arrays = {
+                file[: -len(".npy")]: np.load(self.out_dir / file, mmap_mode="r")
+                for file in ARRAY_FILES
+            }
+        return self._arrays[name]
+
+    def _check_arrays(self) -> None:
+        missing = [f for f in ARRAY_FILES if not (self.out_dir / f).is_file()]
+        if missing:
+            raise ValueError(
+                f"{self.out_dir} lacks {', '.join(missing)}; the pack is incomplete, rebuild it "
+                "with energon-pack offline --force"
+            )
+        pack_starts, lengths = self._array("pack_starts"), self._array("seq_lengths")
+        tokens = int(lengths.astype(np.int64).sum())
+        if int(pack_starts[-1]) != len(lengths) or tokens != len(self._array("input_ids")):
+            raise ValueError(
+                f"{self.out_dir}: the arrays do not agree ({int(pack_starts[-1])} sequences in "
+                f"pack_starts.npy, {len(lengths)} in seq_lengths.npy, {tokens} tokens listed, "
+                f"{len(self._array('input_ids'))} in input_ids.npy); rebuild it with "
+                "energon-pack offline --force"
+            )
+
+    def _max_samples_per_bin(self) -> int:
+        path = self.out_dir / METADATA_FILE
+        if not path.is_file():
+            raise ValueError(
+                f"pad_cu_seqlens=True needs {path} for max_samples_per_bin (the number of "
+                "cu_seqlens slots); re-run energon-pack offline --force to write it, or build "
+                "with max_segments (--max-segments) to fix the slot count in the spec"
+            )
+        return _read_metadata(self.out_dir).max_samples_per_bin
+
+
+# --------------------------------------------------------------------------------- building
+def _build(
+    input_path: Path, out_dir: Path, spec: PackingSpec, tokenizer: Tokenizer, *, explicit: bool
+) -> tuple[dict[str, int], PackMetadata]:
+    """The three passes; returns the counters and the metadata."""
+    size, mult = spec.packed_sequence_size, spec.pad_seq_to_mult
+    vocab_size = _vocab_size(tokenizer) if explicit else None
+    encoder = ConversationEncoder(tokenizer)
+    lengths: list[int] = []
+    lines: list[int] = []
+    samples = skipped = truncated = 0
+    # Pass 1: tokenise and spill tokens to disk; only lengths and line numbers stay in memory.
+    with (out_dir / _TMP_IDS).open("wb") as ids_out, (out_dir / _TMP_MASK).open("wb") as mask_out:
+        for line, key, ids, mask in _samples(input_path, encoder, vocab_size):
+            samples += 1
+            if aligned_length(len(ids), mult) > size:
+                if spec.overlong == "error":
+                    raise ValueError(
+                        f"sample {key} has {len(ids)} tokens (padded to a multiple of "
+                        f"{mult}: {aligned_length(len(ids), mult)}), above "
+                        f"packed_sequence_size={size}; raise the size, or pass overlong='skip' "
+                        "or 'truncate' (--overlong)"
+                    )
+                if spec.overlong == "skip":
+                    skipped += 1
+                    logger.warning(
+                        "skipping sample %s: %d tokens > packed_sequence_size=%d",
+                        key,
+                        len(ids),
+                        size,
+                    )
+                    continue
+                truncated += 1
+                ids, mask = ids[:size], mask[:size]
+            _append(ids_out, ids, mask_out, mask)
+            lengths.append(len(ids))
+            lines.append(line)
+    if not lengths:
+        raise ValueError(
+            f"input {input_path} gave no sequences to pack ({samples} samples read, {skipped} "
+            "skipped as overlong); check the file, or the size and --overlong"
+        )
+    if truncated:
+        logger.warning("truncated %d sample(s) to packed_sequence_size=%d", truncated, size)
+    # Pass 2: pack the lengths.
+    groups, split_packs = _pack(lengths, spec)
+    # Pass 3: write the arrays in pack order.
+    order = np.fromiter((i for group in groups for i in group), dtype=np.int64, count=len(lengths))
+    src_lengths = np.asarray(lengths, dtype=np.int64)
+    src_starts = np.concatenate(([0], np.cumsum(src_lengths)[:-1]))
+    seq_lengths = src_lengths[order]
+    seq_starts = np.concatenate(([0], np.cumsum(seq_lengths)[:-1]))
+    pack_starts = np.cumsum([0, *(len(group) for group in groups)], dtype=np.int64)
+    tokens = int(src_lengths.sum())
+    for tmp, name, dtype in ((_TMP_IDS, "input_ids", np.int32), (_TMP_MASK, "loss_mask", np.uint8)):
+        source = np.memmap(out_dir / tmp, dtype=dtype, mode="r", shape=(tokens,))
+        _gather(source, out_dir / f"{name}.npy", src_starts[order], seq_lengths)
+    np.save(out_dir / "seq_starts.npy", seq_starts)
+    np.save(out_dir / "seq_lengths.npy", seq_lengths.astype(np.int32))
+    np.save(out_dir / "seq_lines.npy", np.asarray(lines, dtype=np.int64)[order])
+    np.save(out_dir / "pack_starts.npy", pack_starts)
+    metadata = PackMetadata.compute(seq_lengths, pack_starts, size)
+    counts = {
+        "samples": samples,
+        "sequences": len(lengths),
+        "packs": len(groups),
+        "tokens": tokens,
+        "skipped": skipped,
+        "truncated": truncated,
+        "split_packs": split_packs,
+    }
+    logger.info("packed %d sequences into %d packs in %s", len(lengths), len(groups), out_dir)
+    return counts, metadata
+
+
+def _pack(lengths: Sequence[int], spec: PackingSpec) -> tuple[list[list[int]], int]:
+    """Groups of sequence indices (input order inside each) in shuffled pack order, and the
+    number of extra packs made by the ``max_segments`` split."""
+    pack = best_fit_decreasing if spec.algorithm == "bfd" else first_fit_decreasing
+    groups = pack(lengths, spec.packed_sequence_size, align=spec.pad_seq_to_mult)
+    limit = spec.max_segments
+    split: list[list[int]] = []
+    for group in groups:
+        if limit is None or len(group) <= limit:
+            split.append(sorted(group))
+        else:
+            split += [sorted(group[i : i + limit]) for i in range(0, len(group), limit)]
+    random.Random(spec.seed).shuffle(split)
+    return split, len(split) - len(groups)
+
+
+def _gather(
+    source: npt.NDArray[Any],
+    path: Path,
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+) -> None:
+    """Write ``source[starts[i] : starts[i] + lengths[i]]`` for all ``i``, concatenated, to the
+    ``.npy`` file ``path``, holding at most about :data:`_COPY_CHUNK_TOKENS` tokens at once."""
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=source.dtype, shape=source.shape)
+    ends = np.cumsum(lengths)
+    first = 0
+    while first < len(lengths):
+        offset = int(ends[first] - lengths[first])
+        # Sequences up to the chunk's end, and always at least one.
+        last = max(first + 1, int(np.searchsorted(ends, offset + _COPY_CHUNK_TOKENS, "right")))
+        chunk_lengths = lengths[first:last]
+        total = int(chunk_lengths.sum())
+        shift = np.repeat(starts[first:last] - (ends[first:last] - chunk_lengths), chunk_lengths)
+        out[offset : offset + total] = source[shift + np.arange(offset, offset + total)]
+        first = last
+    out.flush()
+
+
+def _append(
+    ids_out: BinaryIO, ids: npt.NDArray[Any], mask_out: BinaryIO, mask: npt.NDArray[Any]
+) -> None:
+    ids_out.write(ids.astype(np.int32).tobytes())
+    mask_out.write(mask.astype(np.uint8).tobytes())
+
+
+# ---------------------------------------------------------------------------------- reading
+def _samples(
+    path: Path, encoder: ConversationEncoder, vocab_size: int | None
+) -> Iterator[tuple[int, str, npt.NDArray[np.int64], npt.NDArray[np.uint8]]]:
+    """``(line number, key, input_ids, loss_mask)`` of each sample of the JSONL file."""
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            if not raw.strip():
+                continue
+            key = f"{path.name}:{number}"
+            try:
+                record = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise ValueError(
+                    f"sample {key}: invalid JSON ({error}); each line must be one JSON object"
+                ) from None
+            if not isinstance(record, dict):
+                raise ValueError(
+                    f"sample {key}: expected a JSON object, got {type(record).__name__}"
+                )
+            ids, mask = _tokens(key, record, encoder, vocab_size)
+            yield number, key, ids, mask
+
+
+def _tokens(
+    key: str, record: dict[str, Any], encoder: ConversationEncoder, vocab_size: int | None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    if "input_ids" in record:
+        return _pretokenised(key, record, vocab_size)
+    if "input" in record and "output" in record:
+        prompt, answer = record["input"], record["output"]
+        if not isinstance(prompt, str) or not isinstance(answer, str):
+            raise ValueError(f"sample {key}: 'input' and 'output' must be strings")
+        conversation: dict[str, Any] = {
+            "conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": answer}]
+        }
+        if "system" in record:
+            conversation["system"] = record["system"]
+    elif "conversations" in record:
+        conversation = record
+    else:
+        raise ValueError(
+            f"sample {key}: unknown record with keys {sorted(record)}; expected "
+            "{'input', 'output'}, {'conversations'} or {'input_ids', 'loss_mask'}"
+        )
+    encoded = encoder.encode_sample(key, {"json": conversation})
+    if encoded.media:
+        raise ValueError(f"sample {key}: offline packing is text-only; remove <image>/<video>")
+    return encoded.input_ids.numpy(), encoded.loss_mask.numpy().astype(np.uint8)
+
+
+def _pretokenised(
+    key: str, record: dict[str, Any], vocab_size: int | None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    raw_ids, raw_mask = record["input_ids"], record.get("loss_mask")
+    if not isinstance(raw_ids, list) or not isinstance(raw_mask, list):
+        raise ValueError(
+            f"sample {key}: pre-tokenised samples need lists 'input_ids' and 'loss_mask' "
+            "(1 = target token)"
+        )
+    if not raw_ids or len(raw_ids) != len(raw_mask):
+        raise ValueError(
+            f"sample {key}: input_ids has {len(raw_ids)} tokens and loss_mask {len(raw_mask)}; "
+            "they must be non-empty and aligned"
+        )
+    try:
+        ids, mask = np.asarray(raw_ids), np.asarray(raw_mask)
+    except (ValueError, OverflowError):
+        ids = mask = np.asarray([None])  # ragged or huge values: rejected below
+    if (
+        ids.ndim != 1
+        or ids.dtype.kind not in "iu"
+        or mask.ndim != 1
+        or mask.dtype.kind not in "iub"
+        or not ((mask == 0) | (mask == 1)).all()
+    ):
+        raise ValueError(
+            f"sample {key}: input_ids must be a list of ints and loss_mask of 0/1 values; "
+            "fix the record"
+        )
+    limit = vocab_size if vocab_size is not None else _INT32_MAX + 1
+    if ids.min() < 0 or ids.max() >= limit:
+        bad = int(ids[(ids < 0) | (ids >= limit)][0])
+        raise ValueError(
+            f"sample {key}: token id {bad} is outside [0, {limit}) "
+            f"({'the tokenizer vocab_size' if vocab_size is not None else 'int32'}); "
+            "pass the tokenizer that made these ids"
+        )
+    return ids.astype(np.int64), mask.astype(np.uint8)
+
+
+# --------------------------------------------------------------------------------- manifest
+def _tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
+    cls = type(tokenizer)
+    name = getattr(tokenizer, "name_or_path", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return {
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "vocab_size": _vocab_size(tokenizer),
+        "name_or_path": name if isinstance(name, str) else None,
+        "pad_token_id": pad if _is_int(pad) else 0,
+    }
+
+
+def _vocab_size(tokenizer: Tokenizer) -> int | None:
+    size = getattr(tokenizer, "vocab_size", None)
+    return size if _is_int(size) else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as data:
+        while block := data.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_manifest(out_dir: Path) -> dict[str, Any] | None:
+    path = out_dir / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"cannot read {path} ({error}); rebuild with --force or point to a new directory"
+        ) from None
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} is not an energon_pack offline manifest of format {FORMAT_VERSION}; "
+            "rebuild with --force or point to a new directory"
+        )
+    return manifest
+
+
+def _read_metadata(out_dir: Path) -> PackMetadata:
+    path = out_dir / METADATA_FILE
+    try:
+        data = json.loads(path.read_text())
+        entry = data[0] if isinstance(data, list) else data
+        return PackMetadata(**{f.name: entry[f.name] for f in dataclasses.fields(PackMetadata)})
+    except (OSError, json.JSONDecodeError, LookupError, TypeError) as error:
+        raise ValueError(
+            f"cannot read the packing metadata {path} ({error!r}); re-run energon-pack offline "
+            "--force to rewrite it"
+        ) from None
+
+
+def _manifest_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    out = _spec_differences(PackingSpec.from_json(old["spec"]), PackingSpec.from_json(new["spec"]))
+    for name in ("input_sha256", "tokenizer", "energon_pack_version"):
+        if old.get(name) != new[name]:
+            out.append(f"{name}={old.get(name)!r} but the request has {new[name]!r}")
+    return out
+
+
+def _spec_differences(built: PackingSpec, asked: PackingSpec) -> list[str]:
+    return [
+        f"{f.name}={getattr(built, f.name)!r} but the spec asks {getattr(asked, f.name)!r}"
+        for f in dataclasses.fields(PackingSpec)
+        if getattr(built, f.name) != getattr(asked, f.name)
+    ]
+
+
+def _stale_message(out_dir: Path, differences: list[str], *, reader: bool = False) -> str:
+    fix = (
+        "rebuild it with energon-pack offline --force, or read it without a spec"
+        if reader
+        else "rebuild with --force (force=True) or point to a new directory"
+    )
+    return f"pack dir {out_dir} was built with {'; '.join(differences)}; {fix}"
+
+
+def _result(
+    out_dir: Path, manifest: Mapping[str, Any], metadata: PackMetadata, *, reused: bool
+) -> OfflinePackResult:
+    return OfflinePackResult(out_dir=out_dir, reused=reused, metadata=metadata, **manifest["stats"])
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

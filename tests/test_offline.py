@@ -1,0 +1,393 @@
+"""Tests of offline packing (energon_pack.offline): real files in tmp_path, no mocks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from energon_pack import offline
+from energon_pack.binpack import aligned_length
+from energon_pack.encode import ByteTokenizer, ConversationEncoder
+from energon_pack.layout import unpack
+from energon_pack.offline import PackedDataset, PackingSpec, pack_offline
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def text_records(count: int) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    for i in range(count):
+        if i % 3 == 0:
+            turns = [
+                {"from": "human", "value": f"question {i} " * (i % 7 + 1)},
+                {"from": "gpt", "value": f"answer {i} " * (i % 5 + 1)},
+                {"from": "human", "value": "and?"},
+                {"from": "gpt", "value": "done é"},
+            ]
+            records.append({"conversations": turns})
+        else:
+            records.append({"input": f"prompt {i} " * (i % 9 + 1), "output": f"out {i}" * (i % 4)})
+    return records
+
+
+def expected_tokens(record: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """The encoding pack_offline must reproduce, straight from ConversationEncoder."""
+    if "input_ids" in record:
+        return record["input_ids"], record["loss_mask"]
+    if "input" in record:
+        turns = [
+            {"from": "human", "value": record["input"]},
+            {"from": "gpt", "value": record["output"]},
+        ]
+        record = {"conversations": turns}
+    encoded = ConversationEncoder().encode_sample("k", {"json": record})
+    return encoded.input_ids.tolist(), encoded.loss_mask.tolist()
+
+
+def packed_by_line(dataset: PackedDataset) -> dict[int, tuple[list[int], list[int]]]:
+    """Every sequence of every pack, keyed by input line; a line seen twice fails."""
+    out: dict[int, tuple[list[int], list[int]]] = {}
+    for index in range(len(dataset)):
+        sequences = unpack(dataset[index])
+        lines = dataset.source_lines(index)
+        assert len(sequences) == len(lines)
+        for line, seq in zip(lines, sequences, strict=True):
+            assert line not in out, f"line {line} packed twice"
+            out[line] = (seq["input_ids"].tolist(), seq["loss_mask"].long().tolist())
+    return out
+
+
+def assert_round_trip(dataset: PackedDataset, records: list[dict[str, Any]]) -> None:
+    packed = packed_by_line(dataset)
+    assert sorted(packed) == list(range(1, len(records) + 1))
+    for line, record in enumerate(records, 1):
+        ids, mask = expected_tokens(record)
+        got_ids, got_mask = packed[line]
+        assert got_ids == ids
+        # The row's input-aligned mask never targets a segment's first token.
+        assert got_mask == [0, *mask[1:]]
+
+
+# ------------------------------------------------------------------------------- round trip
+def test_text_round_trip(tmp_path: Path) -> None:
+    records = text_records(60)
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    spec = PackingSpec(512, pad_seq_to_mult=4, pad_to_max_length=True)
+    result = pack_offline(source, tmp_path / "out", spec)
+    assert (result.samples, result.sequences, result.reused) == (60, 60, False)
+    dataset = PackedDataset(tmp_path / "out")
+    assert len(dataset) == result.packs
+    assert_round_trip(dataset, records)
+    for index in range(len(dataset)):
+        row = dataset[index]
+        assert row.input_ids.shape == (512,)
+        assert all(int(c) % 4 == 0 for c in row.cu_seqlens_padded)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 70), min_size=1, max_size=40),
+    mult=st.sampled_from([1, 2, 8]),
+    algorithm=st.sampled_from(["bfd", "ffd"]),
+    seed=st.integers(0, 3),
+)
+def test_pretokenised_round_trip(lengths: list[int], mult: int, algorithm: str, seed: int) -> None:
+    rng = np.random.default_rng(sum(lengths) + seed)
+    records = [
+        {
+            "input_ids": rng.integers(0, 50_000, n).tolist(),
+            "loss_mask": rng.integers(0, 2, n).tolist(),
+        }
+        for n in lengths
+    ]
+    spec = PackingSpec(80, pad_seq_to_mult=mult, algorithm=algorithm, seed=seed)  # type: ignore[arg-type]
+    with tempfile.TemporaryDirectory() as tmp:
+        source = write_jsonl(Path(tmp) / "in.jsonl", records)
+        result = pack_offline(source, Path(tmp) / "out", spec)
+        dataset = PackedDataset(Path(tmp) / "out")
+        assert_round_trip(dataset, records)
+        assert result.tokens == sum(lengths)
+        for index in range(len(dataset)):
+            row = dataset[index]
+            used = sum(aligned_length(len(s["input_ids"]), mult) for s in unpack(row))
+            assert used <= 80
+
+
+def test_gather_in_small_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pass 3 copies a bounded number of tokens at a time; chunk edges must not lose any."""
+    monkeypatch.setattr(offline, "_COPY_CHUNK_TOKENS", 7)
+    records = [{"input_ids": list(range(1, n + 1)), "loss_mask": [1] * n} for n in (3, 9, 1, 5, 12)]
+    pack_offline(write_jsonl(tmp_path / "in.jsonl", records), tmp_path / "out", PackingSpec(16))
+    assert_round_trip(PackedDataset(tmp_path / "out"), records)
+
+
+def test_same_input_same_packs_and_seed_changes_order(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(40))
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        pack_offline(source, tmp_path / name, PackingSpec(256, seed=seed))
+    lines = {
+        name: [PackedDataset(tmp_path / name).source_lines(i) for i in range(5)]
+        for name in ("a", "b", "c")
+    }
+    assert lines["a"] == lines["b"]
+    assert lines["a"] != lines["c"]
+
+
+def test_dataset_pickles_and_works_in_a_loader(tmp_path: Path) -> None:
+    pack_offline(
+        write_jsonl(tmp_path / "in.jsonl", text_records(20)), tmp_path / "o", PackingSpec(256)
+    )
+    dataset = PackedDataset(tmp_path / "o")
+    _ = dataset[0]
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert torch.equal(clone[-1].input_ids, dataset[len(dataset) - 1].input_ids)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None)
+    assert sum(1 for _ in loader) == len(dataset)
+    with pytest.raises(IndexError):
+        dataset[len(dataset)]
+
+
+# ------------------------------------------------------------------------------- metadata
+def test_metadata_matches_a_direct_computation(tmp_path: Path) -> None:
+    records = text_records(80)
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    result = pack_offline(source, tmp_path / "out", PackingSpec(384, pad_seq_to_mult=2))
+    dataset = PackedDataset(tmp_path / "out")
+    per_pack = [[len(s["input_ids"]) for s in unpack(dataset[i])] for i in range(len(dataset))]
+    lengths = [len(expected_tokens(r)[0]) for r in records]
+    expected: dict[str, Any] = {
+        "dataset_max_seqlen": max(lengths),
+        "max_samples_per_bin": max(len(p) for p in per_pack),
+        "packing_factor": round(len(lengths) / len(per_pack), 2),
+        "packing_efficiency": round(100 * sum(lengths) / (len(per_pack) * 384), 2),
+        "pack_size": 384,
+        "min_packed_seqlen": min(sum(p) for p in per_pack),
+    }
+    on_disk = json.loads((tmp_path / "out" / "metadata.json").read_text())
+    assert on_disk == [expected]
+    assert result.metadata == offline.PackMetadata(**expected)
+
+
+# ------------------------------------------------------------------------- manifest / reuse
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"packed_sequence_size": 512}, "packed_sequence_size=256 but the spec asks 512"),
+        ({"pad_seq_to_mult": 8}, "pad_seq_to_mult=4 but the spec asks 8"),
+    ],
+)
+def test_stale_spec_is_refused_then_forced(
+    tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(10))
+    base: dict[str, Any] = {"packed_sequence_size": 256, "pad_seq_to_mult": 4}
+    pack_offline(source, tmp_path / "out", PackingSpec(**base))
+    new_spec = PackingSpec(**{**base, **change})
+    with pytest.raises(ValueError, match=message) as error:
+        pack_offline(source, tmp_path / "out", new_spec)
+    assert f"pack dir {tmp_path / 'out'}" in str(error.value)
+    assert "--force" in str(error.value)
+    with pytest.raises(ValueError, match=message):
+        PackedDataset(tmp_path / "out", new_spec)
+    rebuilt = pack_offline(source, tmp_path / "out", new_spec, force=True)
+    assert not rebuilt.reused
+    assert PackedDataset(tmp_path / "out", new_spec).spec == new_spec
+
+
+def test_changed_input_is_refused(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(10))
+    pack_offline(source, tmp_path / "out", PackingSpec(256))
+    write_jsonl(source, text_records(11))
+    with pytest.raises(ValueError, match="input_sha256="):
+        pack_offline(source, tmp_path / "out", PackingSpec(256))
+
+
+def test_changed_tokenizer_is_refused(tmp_path: Path) -> None:
+    class OtherTokenizer(ByteTokenizer):
+        name_or_path = "other/tok"
+
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(5))
+    pack_offline(source, tmp_path / "out", PackingSpec(256))
+    with pytest.raises(ValueError, match=r"tokenizer=.*other/tok"):
+        pack_offline(source, tmp_path / "out", PackingSpec(256), OtherTokenizer())
+
+
+def test_same_manifest_is_reused(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(10))
+    first = pack_offline(source, tmp_path / "out", PackingSpec(256))
+    stamp = (tmp_path / "out" / "input_ids.npy").stat().st_mtime_ns
+    again = pack_offline(source, tmp_path / "out", PackingSpec(256))
+    assert again.reused
+    assert (tmp_path / "out" / "input_ids.npy").stat().st_mtime_ns == stamp
+    assert again.metadata == first.metadata
+    assert again.packs == first.packs
+    forced = pack_offline(source, tmp_path / "out", PackingSpec(256), force=True)
+    assert not forced.reused
+    assert (tmp_path / "out" / "input_ids.npy").stat().st_mtime_ns != stamp
+
+
+def test_non_empty_dir_without_manifest_is_refused(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(5))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"not empty and has no manifest\.json"):
+        pack_offline(source, tmp_path / "out", PackingSpec(256))
+    pack_offline(source, tmp_path / "out", PackingSpec(256), force=True)
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------------ static metadata
+def test_pad_cu_seqlens_uses_max_samples_per_bin(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(30))
+    spec = PackingSpec(512, pad_to_max_length=True, pad_cu_seqlens=True)
+    result = pack_offline(source, tmp_path / "out", spec)
+    dataset = PackedDataset(tmp_path / "out")
+    slots = result.metadata.max_samples_per_bin + 1
+    assert {dataset[i].cu_seqlens.shape[0] for i in range(len(dataset))} == {slots}
+    assert {dataset[i].max_seqlen for i in range(len(dataset))} == {512}
+
+
+def test_missing_metadata_with_pad_cu_seqlens_is_readable(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(10))
+    spec = PackingSpec(256, pad_to_max_length=True, pad_cu_seqlens=True)
+    pack_offline(source, tmp_path / "out", spec)
+    (tmp_path / "out" / "metadata.json").unlink()
+    expected = f"needs {tmp_path / 'out' / 'metadata.json'} for max_samples_per_bin"
+    with pytest.raises(ValueError, match=expected) as error:
+        PackedDataset(tmp_path / "out")
+    assert "re-run energon-pack offline" in str(error.value)
+
+
+def test_max_segments_splits_packs_and_fixes_slots(tmp_path: Path) -> None:
+    records = [{"input_ids": [5] * 3, "loss_mask": [1] * 3} for _ in range(20)]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    spec = PackingSpec(64, pad_to_max_length=True, pad_cu_seqlens=True, max_segments=6)
+    result = pack_offline(source, tmp_path / "out", spec)
+    assert result.packs == 4  # one pack of 20 split into 6 + 6 + 6 + 2
+    assert result.split_packs == 3
+    (tmp_path / "out" / "metadata.json").unlink()  # not needed with max_segments
+    dataset = PackedDataset(tmp_path / "out")
+    assert {dataset[i].cu_seqlens.shape[0] for i in range(4)} == {7}
+    assert_round_trip(dataset, records)
+
+
+# -------------------------------------------------------------------------------- overlong
+OVERLONG = [
+    {"input_ids": list(range(1, 11)), "loss_mask": [1] * 10},
+    {"input_ids": list(range(1, 41)), "loss_mask": [0] * 20 + [1] * 20},
+    {"input_ids": [7, 8], "loss_mask": [0, 1]},
+]
+
+
+def test_overlong_error_names_sample_length_and_limit(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", OVERLONG)
+    with pytest.raises(
+        ValueError, match=r"sample in\.jsonl:2 has 40 tokens.*packed_sequence_size=32"
+    ):
+        pack_offline(source, tmp_path / "out", PackingSpec(32))
+
+
+def test_overlong_counts_alignment(tmp_path: Path) -> None:
+    records = [{"input_ids": [1] * 30, "loss_mask": [1] * 30}]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    with pytest.raises(ValueError, match="padded to a multiple of 16: 32"):
+        pack_offline(source, tmp_path / "out", PackingSpec(16, pad_seq_to_mult=16))
+
+
+def test_overlong_skip_is_counted_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", OVERLONG)
+    with caplog.at_level(logging.WARNING, logger="energon_pack.offline"):
+        result = pack_offline(source, tmp_path / "out", PackingSpec(32, overlong="skip"))
+    assert (result.samples, result.sequences, result.skipped, result.truncated) == (3, 2, 1, 0)
+    assert [r.getMessage() for r in caplog.records if "in.jsonl:2" in r.getMessage()] == [
+        "skipping sample in.jsonl:2: 40 tokens > packed_sequence_size=32"
+    ]
+    assert sorted(packed_by_line(PackedDataset(tmp_path / "out"))) == [1, 3]
+
+
+def test_overlong_truncate_keeps_first_tokens(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", OVERLONG)
+    result = pack_offline(source, tmp_path / "out", PackingSpec(32, overlong="truncate"))
+    assert (result.sequences, result.skipped, result.truncated) == (3, 0, 1)
+    assert result.metadata.dataset_max_seqlen == 32
+    ids, mask = packed_by_line(PackedDataset(tmp_path / "out"))[2]
+    assert ids == list(range(1, 33))
+    assert mask == [0] * 20 + [1] * 12
+
+
+def test_nothing_left_to_pack_is_an_error(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", OVERLONG[1:2])
+    with pytest.raises(ValueError, match=r"no sequences to pack \(1 samples read, 1 skipped"):
+        pack_offline(source, tmp_path / "out", PackingSpec(32, overlong="skip"))
+
+
+# ---------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", r"sample in\.jsonl:2: invalid JSON"),
+        ('{"text": "x"}', r"sample in\.jsonl:2: unknown record with keys \['text'\]"),
+        ('{"input_ids": [1, 2], "loss_mask": [1]}', "input_ids has 2 tokens and loss_mask 1"),
+        ('{"input_ids": [-1, 2], "loss_mask": [0, 1]}', r"token id -1 is outside \[0, "),
+        ('{"input_ids": [1.5, 2], "loss_mask": [0, 1]}', "input_ids must be a list of ints"),
+        ('{"input_ids": [1, 2], "loss_mask": [0, 2]}', "loss_mask of 0/1 values"),
+        ('{"input_ids": [1, [2]], "loss_mask": [0, 1]}', "input_ids must be a list of ints"),
+    ],
+)
+def test_bad_lines_name_the_line(tmp_path: Path, line: str, message: str) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"input": "a", "output": "b"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message):
+        pack_offline(source, tmp_path / "out", PackingSpec(256))
+
+
+def test_explicit_tokenizer_checks_vocab(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": [1, 300], "loss_mask": [0, 1]}])
+    with pytest.raises(ValueError, match=r"token id 300 is outside \[0, 263\)"):
+        pack_offline(source, tmp_path / "out", PackingSpec(256), ByteTokenizer())
+
+
+# --------------------------------------------------------------------------------- the spec
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"packed_sequence_size": 100, "pad_seq_to_mult": 8},
+            "packed_sequence_size=100 is not a multiple of pad_seq_to_mult=8.*e.g. 104",
+        ),
+        (
+            {"packed_sequence_size": 128, "pad_cu_seqlens": True},
+            "pad_cu_seqlens=True .* set pad_to_max_length=True",
+        ),
+        ({"packed_sequence_size": 0}, "packed_sequence_size must be a positive int, got 0"),
+        ({"packed_sequence_size": 8, "algorithm": "nf"}, "algorithm must be 'bfd' or 'ffd'"),
+        ({"packed_sequence_size": 8, "overlong": "drop"}, "overlong must be 'error', 'skip'"),
+        ({"packed_sequence_size": 8, "max_segments": 0}, "max_segments must be a positive int"),
+    ],
+)
+def test_spec_validation(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PackingSpec(**kwargs)
+
+
+def test_spec_for_topology() -> None:
+    spec = PackingSpec.for_topology(8192, tp=4, cp=2, sp=True, pad_to_max_length=True)
+    assert spec.pad_seq_to_mult == 8
+    assert spec.pad_to_max_length
+    with pytest.raises(ValueError, match="not a multiple of pad_seq_to_mult=8"):
+        PackingSpec.for_topology(8190, tp=4, cp=2, sp=True)
