@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, Protocol
 
 import torch
@@ -124,29 +124,33 @@ class MediaItem:
 class VisionInputs:
     """Decoded, patchified media of one sample (or one packed row), in placeholder order."""
 
-    pixel_values: torch.Tensor | None
+    pixel_values: torch.Tensor | None = None
     """``[sum of image grid products, 3*t*p*p]`` float32, or None without images."""
-    image_grid_thw: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None = None
     """``[images, 3]`` long."""
-    pixel_values_videos: torch.Tensor | None
-    video_grid_thw: torch.Tensor | None
-    second_per_grid_ts: torch.Tensor | None
+    pixel_values_videos: torch.Tensor | None = None
+    video_grid_thw: torch.Tensor | None = None
+    second_per_grid_ts: torch.Tensor | None = None
     """``[videos]`` float32: seconds covered by one temporal patch of each video."""
+
+    @classmethod
+    def concat(cls, parts: Sequence[VisionInputs]) -> VisionInputs:
+        """The media of ``parts`` one after the other (images and videos each in order)."""
+
+        def cat(name: str) -> torch.Tensor | None:
+            tensors = [getattr(part, name) for part in parts if getattr(part, name) is not None]
+            return torch.cat(tensors) if tensors else None
+
+        return cls(**{f.name: cat(f.name) for f in fields(cls)})
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields that are set, by name."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: value for name, value in values.items() if value is not None}
 
     @property
     def nbytes(self) -> int:
-        tensors = [
-            t
-            for t in (
-                self.pixel_values,
-                self.image_grid_thw,
-                self.pixel_values_videos,
-                self.video_grid_thw,
-                self.second_per_grid_ts,
-            )
-            if t is not None
-        ]
-        return tensor_nbytes(*tensors)
+        return tensor_nbytes(*self.tensors().values())
 
 
 @dataclass(frozen=True)
@@ -189,17 +193,20 @@ class EncodedSample:
         """
         if self.is_materialized:
             return self
-        images: list[tuple[torch.Tensor, torch.Tensor]] = []
-        videos: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+        parts = []
         for item in self.media:
             if item.kind == "image":
                 pixels, grid = process_image(item.data, config, key=self.key, member=item.member)
-                images.append((pixels, grid))
+                part = VisionInputs(pixel_values=pixels, image_grid_thw=grid)
             else:
                 pixels, grid, seconds = process_video(
                     item.data, config, key=self.key, member=item.member
                 )
-                videos.append((pixels, grid, seconds))
+                part = VisionInputs(
+                    pixel_values_videos=pixels,
+                    video_grid_thw=grid,
+                    second_per_grid_ts=torch.tensor([seconds], dtype=torch.float32),
+                )
             if tuple(grid[0].tolist()) != item.grid_thw:
                 raise MediaError(
                     self.key,
@@ -208,15 +215,8 @@ class EncodedSample:
                     f"decoded grid {tuple(grid[0].tolist())} differs from the probed grid "
                     f"{item.grid_thw}; the file's header does not match its pixels",
                 )
-        vision = VisionInputs(
-            pixel_values=torch.cat([p for p, _ in images]) if images else None,
-            image_grid_thw=torch.cat([g for _, g in images]) if images else None,
-            pixel_values_videos=torch.cat([p for p, _, _ in videos]) if videos else None,
-            video_grid_thw=torch.cat([g for _, g, _ in videos]) if videos else None,
-            second_per_grid_ts=(
-                torch.tensor([s for _, _, s in videos], dtype=torch.float32) if videos else None
-            ),
-        )
+            parts.append(part)
+        vision = VisionInputs.concat(parts)
         return replace(self, vision=vision)
 
 

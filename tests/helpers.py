@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from typing import Any, TypeVar
+
+import av
+import numpy as np
+from PIL import Image
 
 T = TypeVar("T")
 Step = Callable[[T], Any]
@@ -40,3 +46,25 @@ def assert_resume_equivalent(
     load(resumed, state)
     got = [step(resumed) for step in steps[at:]]
     assert got == expected[at:], f"resumed at step {at} of {len(steps)} diverged"
+
+
+def image_bytes(width: int, height: int, fmt: str = "PNG", seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt)
+    return out.getvalue()
+
+
+def video_bytes(width: int = 96, height: int = 64, frames: int = 8, fps: int = 4) -> bytes:
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.time_base = Fraction(1, fps)
+        for index in range(frames):
+            array = np.full((height, width, 3), index * 20, dtype=np.uint8)
+            frame = av.VideoFrame.from_ndarray(array, format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return out.getvalue()

@@ -1,14 +1,10 @@
 from __future__ import annotations
 
-import io
 import json
-from fractions import Fraction
 
-import av
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from helpers import image_bytes, video_bytes
 
 from energon_pack.encode import SPECIAL_TOKENS, ByteTokenizer, ConversationEncoder
 from energon_pack.media import MediaError, probe_image
@@ -16,28 +12,6 @@ from energon_pack.sample import parse_sample
 
 TOK = ByteTokenizer()
 S = {token: TOK.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
-
-
-def image_bytes(width: int, height: int, fmt: str = "PNG", seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format=fmt)
-    return out.getvalue()
-
-
-def video_bytes(width: int = 96, height: int = 64, frames: int = 8, fps: int = 4) -> bytes:
-    out = io.BytesIO()
-    with av.open(out, mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.time_base = Fraction(1, fps)
-        for index in range(frames):
-            array = np.full((height, width, 3), index * 20, dtype=np.uint8)
-            frame = av.VideoFrame.from_ndarray(array, format="rgb24")
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-    return out.getvalue()
 
 
 def text(value: str) -> list[int]:
