@@ -8,6 +8,7 @@ from energon_pack.binpack import (
     first_fit_decreasing,
 )
 from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSample
+from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
 from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.offline import (
@@ -16,6 +17,13 @@ from energon_pack.offline import (
     PackingSpec,
     PackMetadata,
     pack_offline,
+)
+from energon_pack.packed import PackedSample, pack_samples
+from energon_pack.rope import (
+    MRopeConfig,
+    mrope_for_packed,
+    mrope_position_ids,
+    packed_mrope_position_ids,
 )
 from energon_pack.sample import RawSample, parse_sample
 from energon_pack.topology import (
@@ -33,23 +41,32 @@ __all__ = [
     "ConversationEncoder",
     "DerivedValues",
     "EncodedSample",
+    "MRopeConfig",
     "MediaConfig",
     "MediaError",
     "OfflinePackResult",
     "OnlineBinPacker",
     "PackMetadata",
+    "PackedBatch",
     "PackedDataset",
     "PackedRow",
+    "PackedSample",
     "PackerStats",
     "PackingConfig",
     "PackingSpec",
+    "PackingStats",
+    "PackingTaskEncoder",
     "RawSample",
     "TokenSlotRow",
     "best_fit_decreasing",
     "build_packed_row",
     "equal_token_slot_table",
     "first_fit_decreasing",
+    "mrope_for_packed",
+    "mrope_position_ids",
     "pack_offline",
+    "pack_samples",
+    "packed_mrope_position_ids",
     "pad_seq_to_mult",
     "parse_sample",
     "unpack",

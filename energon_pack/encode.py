@@ -303,8 +303,11 @@ class ConversationEncoder:
         try:
             return _ROLES[role]
         except KeyError:
-            raise ValueError(
-                f"sample {key!r}: unknown conversation role {role!r}; use one of {sorted(_ROLES)}"
+            raise MediaError(
+                key,
+                "json",
+                "bad_sample",
+                f"unknown conversation role {role!r}; use one of {sorted(_ROLES)}",
             ) from None
 
     def _probe(

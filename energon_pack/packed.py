@@ -10,9 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+import torch
+
 from energon_pack.encode import EncodedSample, VisionInputs
 from energon_pack.layout import PackedRow, build_packed_row
 from energon_pack.media import MediaConfig
+from energon_pack.rope import MRopeConfig, packed_mrope_position_ids
 
 
 @dataclass(frozen=True)
@@ -23,11 +26,17 @@ class PackedSample:
     """Source sample keys in segment order."""
     row: PackedRow
     vision: VisionInputs
+    mrope_position_ids: torch.Tensor | None = None
+    """``[3, T]`` long mRoPE ids (temporal, height, width), when asked for."""
+    rope_deltas: torch.Tensor | None = None
+    """``[N]`` long per-segment rope deltas (max position + 1 - length), with mRoPE."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat mapping: the row's fields, the media tensors that are set, and ``keys``."""
+        """Flat mapping: the row's fields, the media and mRoPE tensors that are set, ``keys``."""
         row = {f.name: getattr(self.row, f.name) for f in fields(self.row)}
-        return {**row, **self.vision.tensors(), "keys": list(self.keys)}
+        rope = {"mrope_position_ids": self.mrope_position_ids, "rope_deltas": self.rope_deltas}
+        rope = {name: value for name, value in rope.items() if value is not None}
+        return {**row, **self.vision.tensors(), **rope, "keys": list(self.keys)}
 
 
 def pack_samples(
@@ -40,11 +49,13 @@ def pack_samples(
     max_segments: int | None = None,
     pad_token_id: int = 0,
     media: MediaConfig | None = None,
+    mrope: MRopeConfig | None = None,
 ) -> PackedSample:
     """Materialise ``samples`` (decode their media) and pack them, in order, into one row.
 
     The row options are those of :func:`~energon_pack.layout.build_packed_row`; ``media`` is
-    the preprocessing used to decode. Raises ValueError (naming the keys) if they do not fit.
+    the preprocessing used to decode; with ``mrope`` the 3-D position ids of every segment are
+    computed too. Raises ValueError (naming the keys) if the samples do not fit.
     """
     ready = [sample.materialize(media) for sample in samples]
     row = build_packed_row(
@@ -57,4 +68,16 @@ def pack_samples(
         pad_token_id=pad_token_id,
     )
     vision = VisionInputs.concat([s.vision for s in ready if s.vision is not None])
-    return PackedSample(keys=tuple(s.key for s in ready), row=row, vision=vision)
+    keys = tuple(s.key for s in ready)
+    if mrope is None:
+        return PackedSample(keys=keys, row=row, vision=vision)
+    positions, deltas = packed_mrope_position_ids(
+        row.input_ids,
+        row.cu_seqlens_padded,
+        row.cu_seqlens,
+        vision.image_grid_thw,
+        vision.video_grid_thw,
+        vision.second_per_grid_ts,
+        mrope,
+    )
+    return PackedSample(keys, row, vision, mrope_position_ids=positions, rope_deltas=deltas)

@@ -1,0 +1,306 @@
+"""Energon wrapper that packs samples online with :class:`~energon_pack.OnlineBinPacker`.
+
+It stands where Energon's ``PackingDataset`` would, with three differences: samples the packer
+does not place yet stay in the buffer for later packs (nothing is dropped), samples are
+materialised (decoded) only once their pack is chosen, and every skipped sample is counted.
+
+Saved state (per worker), all listed in ``_savable_fields``:
+
+* ``_buffer``: restore keys of every buffered sample (held by the packer or in a chosen pack
+  that has not been yielded yet), and ``_buffer_seqs``, their stream sequence numbers;
+* ``_packer``: the packer's JSON state (held candidates by sequence number, counters);
+* ``_pending``: chosen packs (sequence numbers) not yet yielded;
+* ``_next_seq``, the sample indices of materialisation and packing, and ``_counters``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Generic, TypeVar
+
+from megatron.energon.edataclass import edataclass
+from megatron.energon.flavors.base_dataset import Sample, SavableDataset, set_sample_restore_key
+from megatron.energon.savable import Savable
+from megatron.energon.state import FlexState
+from megatron.energon.worker import WorkerConfig
+from megatron.energon.wrappers.base import BaseWrapperDataset, SampleIndex, get_sample_restore_key
+from megatron.energon.wrappers.buffer import SavableSampleBuffer
+
+from energon_pack.binpack import Bin, OnlineBinPacker, Overlong, aligned_length
+
+logger = logging.getLogger("energon_pack.energon")
+
+T_sample = TypeVar("T_sample")
+T_pack = TypeVar("T_pack")
+
+
+class SkippedSample(Exception):
+    """Raised by ``materialize`` to skip one sample; the reason is counted in the stats."""
+
+    def __init__(self, key: str, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.reason = reason
+
+
+@edataclass
+class RejectedSample(Sample):
+    """Stands in the stream for a sample that could not be encoded; counted, never packed."""
+
+    reason: str
+    message: str
+
+
+@dataclass
+class PackingStats:
+    """Per-worker packing figures, attached to every emitted pack as ``packing_stats``."""
+
+    rank: int
+    worker: int
+    packs: int = 0
+    samples: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Skipped samples by reason (``overlong``, ``media``, ``decode``, ...)."""
+    bin_fill: float = 0.0
+    token_efficiency: float = 0.0
+    buffer_count: int = 0
+    buffer_bytes: int = 0
+    mean_wait: float = 0.0
+    max_wait: int = 0
+
+
+class _SavablePacker(Savable):
+    """The packer as an Energon savable field."""
+
+    def __init__(self, make: Callable[[], OnlineBinPacker]) -> None:
+        self._make = make
+        self.packer = make()
+
+    def save_state(self) -> FlexState:
+        return FlexState(self.packer.state_dict())
+
+    def restore_state(self, state: FlexState | None) -> None:
+        self.packer = self._make()
+        if state is not None:
+            self.packer.load_state_dict(dict(state))
+
+
+class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sample, T_pack]):
+    """Packs a stream of encoded samples into packs with a bounded, carry-over buffer.
+
+    Args:
+        dataset: the pre-encoded samples (each with ``__key__`` and ``__restore_key__``).
+        make_packer: builds a fresh :class:`OnlineBinPacker` (settings fixed per run).
+        length: token length of a sample.
+        nbytes: bytes a buffered sample holds (for ``max_bytes`` and the stats).
+        materialize: turns a chosen sample into its packable form (decodes media); may raise
+            :class:`SkippedSample`. Must be stateless (it runs again on restore).
+        pack: builds the packed sample from the materialised samples, in stream order.
+        overlong: a sample longer than the packer's capacity raises ValueError (``"error"``)
+            or is counted and skipped (``"skip"``).
+        max_consecutive_skips: stop with an error after this many skipped samples in a row
+            (0: never), since that means the data or the settings are broken.
+    """
+
+    _savable_fields = (
+        "_buffer",
+        "_buffer_seqs",
+        "_packer",
+        "_pending",
+        "_next_seq",
+        "_materialize_index",
+        "_pack_index",
+        "_counters",
+    )
+
+    def __init__(
+        self,
+        dataset: SavableDataset[T_sample],
+        *,
+        make_packer: Callable[[], OnlineBinPacker],
+        length: Callable[[T_sample], int],
+        nbytes: Callable[[T_sample], int],
+        materialize: Callable[[T_sample], T_sample],
+        pack: Callable[[list[T_sample]], T_pack],
+        overlong: Overlong = "error",
+        max_consecutive_skips: int = 100,
+        worker_config: WorkerConfig,
+    ) -> None:
+        super().__init__(dataset, worker_config=worker_config)
+        self._make_packer = make_packer
+        self._length = length
+        self._nbytes = nbytes
+        self._materialize = materialize
+        self._pack = pack
+        self.overlong: Overlong = overlong
+        self.max_consecutive_skips = max_consecutive_skips
+        self.reset_state_own()
+
+    def reset_state_own(self) -> None:
+        self._buffer: SavableSampleBuffer[T_sample] = SavableSampleBuffer(
+            self.dataset, worker_config=self.worker_config
+        )
+        self._buffer_seqs: list[int] = []
+        self._packer = _SavablePacker(self._make_packer)
+        self._pending: list[list[int]] = []
+        self._next_seq = 0
+        self._materialize_index = SampleIndex(self.worker_config, src=self)
+        self._pack_index = SampleIndex(self.worker_config, src=self)
+        self._counters: dict[str, Any] = {"samples": 0, "packs": 0, "skipped": {}, "in_a_row": 0}
+
+    def len_worker(self, worker_idx: int | None = None) -> int:
+        # Packs per worker depend on the packing; like Energon, report source samples.
+        return int(self.dataset.len_worker(worker_idx))
+
+    @property
+    def packer(self) -> OnlineBinPacker:
+        return self._packer.packer
+
+    def __iter__(self) -> Iterator[T_pack]:
+        self._buffer.worker_start()
+        yield from self._drain()
+        for sample in self.dataset:
+            if isinstance(sample, RejectedSample):
+                self._skip(SkippedSample(sample.__key__, sample.reason, sample.message))
+                continue
+            length = self._length(sample)
+            if self._overlong(sample, length):
+                continue
+            seq = self._next_seq
+            self._next_seq += 1
+            self._buffer.append(sample)
+            self._buffer_seqs.append(seq)
+            bins = self.packer.push(seq, length, nbytes=self._nbytes(sample))
+            self._pending += [self._seqs(b) for b in bins]
+            yield from self._drain()
+        self._pending += [self._seqs(b) for b in self.packer.flush()]
+        yield from self._drain()
+
+    def _overlong(self, sample: T_sample, length: int) -> bool:
+        """Whether the sample cannot fit a pack; raises or skips it per ``overlong``."""
+        packer = self.packer
+        aligned = aligned_length(length, packer.align)
+        if aligned <= packer.capacity:
+            return False
+        message = (
+            f"sample {_key(sample)!r} has {length} tokens ({aligned} aligned to "
+            f"pad_to_multiple_of={packer.align}), above seq_length={packer.capacity}"
+        )
+        if self.overlong == "error":
+            raise ValueError(
+                f"{message}. Raise seq_length, shorten or filter such samples, or pass "
+                "overlong='skip' to count and skip them."
+            )
+        self._skip(SkippedSample(_key(sample), "overlong", message))
+        return True
+
+    def _seqs(self, chosen: Bin) -> list[int]:
+        return [int(key) for key in chosen.keys]
+
+    def _drain(self) -> Iterator[T_pack]:
+        """Yield the chosen packs in order; the state stays consistent at every yield."""
+        while self._pending:
+            seqs = self._pending[0]
+            positions = [self._buffer_seqs.index(seq) for seq in seqs]
+            chosen = [self._buffer[p] for p in positions]
+            for position in sorted(positions, reverse=True):
+                del self._buffer[position]
+                del self._buffer_seqs[position]
+            del self._pending[0]
+            packed = self._pack_chosen(chosen)
+            if packed is not None:
+                yield packed
+
+    def _pack_chosen(self, chosen: list[T_sample]) -> T_pack | None:
+        ready: list[T_sample] = []
+        keys: list[Any] = []
+        for sample in chosen:
+            with self._materialize_index.ctx() as index:
+                try:
+                    ready.append(self._materialize(sample))
+                except SkippedSample as skipped:
+                    self._skip(skipped)
+                    continue
+            keys.append((index, get_sample_restore_key(sample)))
+        if not ready:
+            return None
+        with self._pack_index.ctx() as pack_index:
+            packed = self._pack(ready)
+        self._counters["samples"] += len(ready)
+        self._counters["packs"] += 1
+        self._counters["in_a_row"] = 0
+        packed = set_sample_restore_key(packed, pack_index, *keys, src=self)
+        if hasattr(packed, "packing_stats"):
+            packed.packing_stats = self.stats()
+        return packed
+
+    def _skip(self, skipped: SkippedSample) -> None:
+        counters = self._counters
+        counters["skipped"][skipped.reason] = counters["skipped"].get(skipped.reason, 0) + 1
+        counters["in_a_row"] += 1
+        logger.warning("skipping sample %r (%s): %s", skipped.key, skipped.reason, skipped)
+        if self.max_consecutive_skips and counters["in_a_row"] >= self.max_consecutive_skips:
+            raise RuntimeError(
+                f"{counters['in_a_row']} samples in a row were skipped (last: {skipped.key!r}, "
+                f"{skipped.reason}: {skipped}); the dataset or the packing settings are likely "
+                "wrong. See the log for each key, fix the data or settings, or raise "
+                "max_consecutive_skips."
+            )
+
+    def stats(self) -> PackingStats:
+        """Figures of this worker so far."""
+        packer_stats = self.packer.stats
+        return PackingStats(
+            rank=self.worker_config.rank,
+            worker=self.worker_config.rank_worker_id(),
+            packs=self._counters["packs"],
+            samples=self._counters["samples"],
+            skipped=dict(self._counters["skipped"]),
+            bin_fill=packer_stats.bin_fill,
+            token_efficiency=packer_stats.token_efficiency,
+            buffer_count=len(self._buffer_seqs),
+            buffer_bytes=self.packer.held_bytes,
+            mean_wait=packer_stats.mean_wait,
+            max_wait=packer_stats.max_wait,
+        )
+
+    def restore_sample(self, restore_key: tuple[Any, ...]) -> T_pack:
+        """Rebuild one pack from its restore key (re-reads and re-materialises its samples)."""
+        name, pack_index, *entries = restore_key
+        if name != type(self).__name__:
+            raise ValueError(f"restore key {restore_key!r} was not made by {type(self).__name__}")
+        ready = []
+        for index, inner in entries:
+            sample = self.dataset.restore_sample(inner)
+            with self._materialize_index.ctx(index):
+                ready.append(self._materialize(sample))
+        with self._pack_index.ctx(pack_index):
+            packed = self._pack(ready)
+        restored: T_pack = set_sample_restore_key(packed, pack_index, *entries, src=self)
+        return restored
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__qualname__,
+            "packer": self.packer.state_dict()["settings"],
+            "max_consecutive_skips": self.max_consecutive_skips,
+            "length": self._function_config(self._length),
+            "materialize": self._function_config(self._materialize),
+            "pack": self._function_config(self._pack),
+            "worker_config": self.worker_config.config(),
+            "dataset": self.dataset.config(),
+        }
+
+    def __str__(self) -> str:
+        return f"CarryOverPackingDataset(packer={self.packer.state_dict()['settings']})"
+
+
+def _key(sample: Any) -> str:
+    return str(getattr(sample, "__key__", "?"))
+
+
+def stats_dict(stats: PackingStats) -> dict[str, Any]:
+    """Plain dict of :class:`PackingStats` (for logs and JSON)."""
+    return asdict(stats)

@@ -1,0 +1,274 @@
+"""Energon task encoder for online packing of conversation samples (text, images, video).
+
+Data flow per worker::
+
+    CrudeWebdataset sample --cook--> ConversationSample (json + compressed media members)
+      --preencode_sample--> PreparedSample (token ids; media probed, still compressed)
+      --CarryOverPackingDataset (OnlineBinPacker picks packs; nothing dropped)-->
+      --postencode_sample--> media decoded for the chosen samples only
+      --pack_selected_samples--> PackedBatch (one THD row, micro-batch 1)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from megatron.energon import Cooker, DefaultTaskEncoder, basic_sample_keys, edataclass, stateless
+from megatron.energon.flavors.base_dataset import Sample, SavableDataset
+from megatron.energon.worker import WorkerConfig
+
+from energon_pack.binpack import OnlineBinPacker, Overlong
+from energon_pack.encode import ConversationEncoder, EncodedSample, LossOn, Tokenizer
+from energon_pack.energon.carry_over import (
+    CarryOverPackingDataset,
+    PackingStats,
+    RejectedSample,
+    SkippedSample,
+)
+from energon_pack.layout import PackedRow
+from energon_pack.media import MediaConfig, MediaError
+from energon_pack.packed import pack_samples
+from energon_pack.rope import MRopeConfig
+
+
+@edataclass
+class ConversationSample(Sample):
+    """A cooked sample: the WebDataset members (``json``, ``0.jpg``, ...) as raw bytes."""
+
+    members: dict[str, Any]
+
+
+@edataclass
+class PreparedSample(Sample):
+    """A pre-encoded sample waiting in the packing buffer (media still compressed)."""
+
+    encoded: EncodedSample
+
+
+@edataclass
+class PackedBatch(Sample):
+    """One packed row (physical micro-batch 1) with its segments' media.
+
+    Token-level tensors have shape ``[1, T]``; ``cu_seqlens`` / ``cu_seqlens_padded`` are
+    ``[N+1]`` int32 (real / physical boundaries); media are concatenated in segment order.
+    """
+
+    __keys__: list[str]
+    """Source sample keys in segment order."""
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cu_seqlens_padded: torch.Tensor
+    max_seqlen: int
+    seq_idx: torch.Tensor
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+    pixel_values_videos: torch.Tensor | None = None
+    video_grid_thw: torch.Tensor | None = None
+    second_per_grid_ts: torch.Tensor | None = None
+    mrope_position_ids: torch.Tensor | None = None
+    """``[3, 1, T]`` mRoPE ids (with ``position_ids="mrope"``); ``position_ids`` stays 1-D."""
+    rope_deltas: torch.Tensor | None = None
+    """``[N]`` per-segment rope deltas (with ``position_ids="mrope"``)."""
+    packing_stats: PackingStats | None = None
+    """This worker's packing figures when the batch left it."""
+
+    def row(self) -> PackedRow:
+        """The packed row without the micro-batch dimension (shares the tensors)."""
+        return PackedRow(
+            input_ids=self.input_ids[0],
+            labels=self.labels[0],
+            loss_mask=self.loss_mask[0],
+            position_ids=self.position_ids[0],
+            cu_seqlens=self.cu_seqlens,
+            cu_seqlens_padded=self.cu_seqlens_padded,
+            max_seqlen=self.max_seqlen,
+            seq_idx=self.seq_idx[0],
+        )
+
+
+@stateless
+def cook_conversation(raw: dict[str, Any]) -> ConversationSample:
+    """Cooker for the sample format in the README: keep every member as raw bytes."""
+    members = {name: value for name, value in raw.items() if not name.startswith("__")}
+    return ConversationSample(**basic_sample_keys(raw), members=members)
+
+
+def _length(sample: PreparedSample) -> int:
+    return sample.encoded.length
+
+
+def _nbytes(sample: PreparedSample) -> int:
+    return sample.encoded.nbytes
+
+
+class PackingTaskEncoder(DefaultTaskEncoder):
+    """Energon task encoder that packs conversation samples online into THD rows.
+
+    Use it with ``get_train_dataset(..., batch_size=1, packing_buffer_size=N,
+    task_encoder=PackingTaskEncoder(...))``. Samples the packer does not place yet are carried
+    to later packs (never dropped); media are decoded only for samples in a chosen pack.
+
+    Args:
+        tokenizer: an HF-style tokenizer, or None for the built-in ByteTokenizer.
+        seq_length: tokens per packed row (the packer's capacity).
+        pad_to_multiple_of: each segment is padded to this multiple (``pad_seq_to_mult``).
+        pad_to_max_length: rows of exactly ``seq_length`` tokens.
+        media: image/video preprocessing and limits.
+        overlong: ``"error"`` raises for a sample longer than ``seq_length``; ``"skip"``
+            counts it in ``packing_stats.skipped["overlong"]`` and logs its key.
+        max_wait: most packs a sample may wait in the buffer (None: unbounded).
+        packing_buffer_bytes: also bound the buffer by the bytes its samples hold.
+        min_fill: a pack leaves early once it can be filled to this fraction.
+        max_consecutive_skips: stop with an error after this many bad samples in a row.
+        position_ids: ``"1d"`` (default) or ``"mrope"``: batches also carry Qwen-VL 3-D
+            ``mrope_position_ids`` and ``rope_deltas``, computed per segment.
+        mrope: the mRoPE settings (default: from the tokenizer, Qwen2-VL behaviour; pass
+            ``MRopeConfig.from_tokenizer(tokenizer, tokens_per_second=2)`` for Qwen2.5-VL).
+        system_prompt, loss_on: see :class:`~energon_pack.encode.ConversationEncoder`.
+    """
+
+    cookers = (Cooker(cook_conversation),)
+    decoder = None  # members stay compressed bytes; media are probed, then decoded late
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None = None,
+        *,
+        seq_length: int,
+        pad_to_multiple_of: int = 1,
+        pad_to_max_length: bool = False,
+        media: MediaConfig | None = None,
+        overlong: Overlong = "error",
+        max_wait: int | None = 64,
+        packing_buffer_bytes: int | None = None,
+        min_fill: float = 0.999,
+        max_consecutive_skips: int = 100,
+        position_ids: Literal["1d", "mrope"] = "1d",
+        mrope: MRopeConfig | None = None,
+        system_prompt: str | None = None,
+        loss_on: LossOn = "assistant",
+    ) -> None:
+        super().__init__()
+        if position_ids not in ("1d", "mrope"):
+            raise ValueError(f"position_ids must be '1d' or 'mrope', got {position_ids!r}")
+        self.media = media or MediaConfig()
+        self.encoder = ConversationEncoder(
+            tokenizer, media=self.media, system_prompt=system_prompt, loss_on=loss_on
+        )
+        self.seq_length = seq_length
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.pad_to_max_length = pad_to_max_length
+        self.overlong: Overlong = overlong
+        self.max_wait = max_wait
+        self.packing_buffer_bytes = packing_buffer_bytes
+        self.min_fill = min_fill
+        self.max_consecutive_skips = max_consecutive_skips
+        pad = getattr(self.encoder.tokenizer, "pad_token_id", None)
+        self.pad_token_id = int(
+            pad
+            if pad is not None
+            else self.encoder.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        )
+        self.mrope = None
+        if position_ids == "mrope":
+            self.mrope = mrope or MRopeConfig.from_tokenizer(self.encoder.tokenizer)
+        self._make_packer(1)  # validates the packing settings now, not in a worker
+
+    def _make_packer(self, buffer_size: int) -> functools.partial[OnlineBinPacker]:
+        make = functools.partial(
+            OnlineBinPacker,
+            self.seq_length,
+            buffer_size,
+            align=self.pad_to_multiple_of,
+            max_wait=self.max_wait,
+            min_fill=self.min_fill,
+            max_bytes=self.packing_buffer_bytes,
+        )
+        make()
+        return make
+
+    @stateless
+    def preencode_sample(self, sample: ConversationSample) -> PreparedSample | RejectedSample:
+        """Tokenise and probe the media (header only); bad samples become RejectedSample."""
+        try:
+            encoded = self.encoder.encode_sample(sample.__key__, sample.members)
+        except MediaError as error:
+            rejected: RejectedSample = RejectedSample.derive_from(
+                sample, reason=error.kind, message=str(error)
+            )
+            return rejected
+        prepared: PreparedSample = PreparedSample.derive_from(sample, encoded=encoded)
+        return prepared
+
+    def postencode_sample(self, sample: PreparedSample) -> PreparedSample:
+        """Decode and patchify the media of a sample chosen for a pack."""
+        try:
+            encoded = sample.encoded.materialize(self.media)
+        except MediaError as error:
+            raise SkippedSample(sample.__key__, error.kind, str(error)) from error
+        materialized: PreparedSample = PreparedSample.derive_from(sample, encoded=encoded)
+        return materialized
+
+    def pack_selected_samples(self, samples: Sequence[PreparedSample]) -> PackedBatch:
+        """The THD row of the chosen samples, media concatenated in segment order."""
+        packed = pack_samples(
+            [s.encoded for s in samples],
+            seq_length=self.seq_length,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            pad_to_max_length=self.pad_to_max_length,
+            pad_token_id=self.pad_token_id,
+            media=self.media,
+            mrope=self.mrope,
+        )
+        row = packed.row
+        mrope = packed.mrope_position_ids
+        return PackedBatch(
+            __key__="+".join(packed.keys),
+            __restore_key__=(),
+            __keys__=list(packed.keys),
+            input_ids=row.input_ids.unsqueeze(0),
+            labels=row.labels.unsqueeze(0),
+            loss_mask=row.loss_mask.unsqueeze(0),
+            position_ids=row.position_ids.unsqueeze(0),
+            cu_seqlens=row.cu_seqlens,
+            cu_seqlens_padded=row.cu_seqlens_padded,
+            max_seqlen=row.max_seqlen,
+            seq_idx=row.seq_idx.unsqueeze(0),
+            mrope_position_ids=None if mrope is None else mrope.unsqueeze(1),
+            rope_deltas=packed.rope_deltas,
+            **packed.vision.tensors(),
+        )
+
+    def build_batch(
+        self,
+        dataset: SavableDataset[PreparedSample],
+        *,
+        batch_size: int | None,
+        batch_drop_last: bool = False,
+        packing_buffer_size: int | None = None,
+        worker_config: WorkerConfig,
+    ) -> SavableDataset[PackedBatch]:
+        """Pack with :class:`CarryOverPackingDataset` instead of Energon's PackingDataset."""
+        if batch_size != 1:
+            raise ValueError(
+                f"PackingTaskEncoder emits one packed row per batch, so batch_size must be 1, "
+                f"got batch_size={batch_size}. A packed row already holds several samples; use "
+                "seq_length (and packing_buffer_size) to control how many."
+            )
+        return CarryOverPackingDataset(
+            dataset,
+            make_packer=self._make_packer(packing_buffer_size or 1),
+            length=_length,
+            nbytes=_nbytes,
+            materialize=self.postencode_sample,
+            pack=self.pack_selected_samples,
+            overlong=self.overlong,
+            max_consecutive_skips=self.max_consecutive_skips,
+            worker_config=worker_config,
+        )
