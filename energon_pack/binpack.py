@@ -542,3 +542,87 @@ def groups_fill(
         return 0.0
     used = sum(aligned_length(lengths[i], align) for group in groups for i in group)
     return used / (len(groups) * capacity)
+
+
+_SEARCH_BUDGET = 10_000
+"""Nodes the exact search of :func:`fewest_bins` may visit before falling back to BFD."""
+
+
+def fewest_bins(
+    sizes: Sequence[int], capacity: int, *, max_items: int | None = None
+) -> list[list[int]]:
+    """Groups of indices of ``sizes`` into the fewest bins of ``capacity`` (and at most
+    ``max_items`` items each), for small inputs such as one micro-batch.
+
+    Exact (depth-first search with symmetry pruning) while the search visits at most
+    ``_SEARCH_BUDGET`` nodes; otherwise best-fit decreasing. Deterministic.
+    """
+    greedy = [
+        group[start : start + (max_items or len(group))]
+        for group in best_fit_decreasing(sizes, capacity)
+        for start in range(0, len(group), max_items or len(group))
+    ]
+    lower = math.ceil(sum(sizes) / capacity)
+    if max_items is not None:
+        lower = max(lower, math.ceil(len(sizes) / max_items))
+    search = _BinSearch(sizes, capacity, max_items or len(sizes))
+    for bins in range(lower, len(greedy)):
+        found = search.run(bins)
+        if found is None:
+            return greedy  # budget spent: keep the greedy answer
+        if found:
+            return [group for group in found if group]
+    return greedy
+
+
+class _BinSearch:
+    """Exact bin packing by depth-first search, items largest first, within a node budget."""
+
+    def __init__(self, sizes: Sequence[int], capacity: int, max_items: int) -> None:
+        self.sizes = list(sizes)
+        self.capacity = capacity
+        self.max_items = max_items
+        self.order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+        self.remaining = [sum(self.sizes[i] for i in self.order[j:]) for j in range(len(sizes))]
+        self.budget = _SEARCH_BUDGET
+        self.groups: list[list[int]] = []
+        self.loads: list[int] = []
+
+    def run(self, bins: int) -> list[list[int]] | None:
+        """A packing into ``bins`` bins, ``[]`` if there is none, None if the budget ran out."""
+        self.groups = [[] for _ in range(bins)]
+        self.loads = [0] * bins
+        try:
+            return self.groups if self._place(0) else []
+        except _BudgetSpent:
+            return None
+
+    def _place(self, j: int) -> bool:
+        if j == len(self.order):
+            return True
+        self.budget -= 1
+        if self.budget < 0:
+            raise _BudgetSpent
+        if self.remaining[j] > len(self.loads) * self.capacity - sum(self.loads):
+            return False
+        item = self.order[j]
+        size = self.sizes[item]
+        tried: set[tuple[int, int]] = set()
+        for b, group in enumerate(self.groups):
+            state = (self.loads[b], len(group))
+            if self.loads[b] + size > self.capacity or len(group) >= self.max_items:
+                continue
+            if state in tried:  # an identical bin was tried already
+                continue
+            tried.add(state)
+            self.loads[b] += size
+            group.append(item)
+            if self._place(j + 1):
+                return True
+            group.pop()
+            self.loads[b] -= size
+        return False
+
+
+class _BudgetSpent(Exception):
+    pass

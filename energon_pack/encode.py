@@ -143,6 +143,10 @@ class VisionInputs:
 
         return cls(**{f.name: cat(f.name) for f in fields(cls)})
 
+    def without_pixels(self) -> VisionInputs:
+        """The grids and timings only (``pixel_values*`` dropped)."""
+        return replace(self, pixel_values=None, pixel_values_videos=None)
+
     def tensors(self) -> dict[str, torch.Tensor]:
         """The fields that are set, by name."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}

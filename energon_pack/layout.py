@@ -315,7 +315,7 @@ def _read_sequences(
                 )
             hf_labels = _as_1d(raw_labels, "labels", sequence, index)
             _check_length(sequence, index, "labels", hf_labels, length)
-            mask = _mask_from_hf_labels(hf_labels, ids, sequence, index)
+            mask = loss_mask_from_labels(hf_labels, ids, _key(sequence, index))
         raw_pos = _field(sequence, "position_ids")
         pos = None
         if raw_pos is not None:
@@ -339,17 +339,16 @@ def _check_length(
         )
 
 
-def _mask_from_hf_labels(
-    labels: torch.Tensor, ids: torch.Tensor, sequence: Any, index: int
-) -> torch.Tensor:
+def loss_mask_from_labels(labels: torch.Tensor, input_ids: torch.Tensor, key: str) -> torch.Tensor:
+    """Input-aligned loss mask (bool) of unshifted HF ``labels``; rejects pre-shifted labels."""
     target = labels != IGNORE_INDEX
-    bad = target & (labels != ids)
+    bad = target & (labels != input_ids)
     if bool(bad.any()):
         t = int(bad.nonzero()[0, 0])
         raise ValueError(
-            f"sample {_key(sequence, index)}: labels[{t}]={int(labels[t])} differs from "
-            f"input_ids[{t}]={int(ids[t])}; labels must be unshifted HF labels (input_ids with "
-            "-100 where ignored). Pass loss_mask instead, or do not pre-shift the labels"
+            f"sample {key}: labels[{t}]={int(labels[t])} differs from input_ids[{t}]="
+            f"{int(input_ids[t])}; labels must be unshifted HF labels (input_ids with -100 where "
+            "ignored). Pass loss_mask instead, or do not pre-shift the labels"
         )
     return target
 

@@ -50,12 +50,15 @@ def pack_samples(
     pad_token_id: int = 0,
     media: MediaConfig | None = None,
     mrope: MRopeConfig | None = None,
+    with_pixels: bool = True,
 ) -> PackedSample:
     """Materialise ``samples`` (decode their media) and pack them, in order, into one row.
 
     The row options are those of :func:`~energon_pack.layout.build_packed_row`; ``media`` is
     the preprocessing used to decode; with ``mrope`` the 3-D position ids of every segment are
-    computed too. Raises ValueError (naming the keys) if the samples do not fit.
+    computed too. With ``with_pixels=False`` the result's media carry only the grids (for a
+    caller that concatenates the pixels of several rows itself, in one copy). Raises ValueError
+    (naming the keys) if the samples do not fit.
     """
     ready = [sample.materialize(media) for sample in samples]
     row = build_packed_row(
@@ -67,7 +70,8 @@ def pack_samples(
         max_segments=max_segments,
         pad_token_id=pad_token_id,
     )
-    vision = VisionInputs.concat([s.vision for s in ready if s.vision is not None])
+    parts = [s.vision for s in ready if s.vision is not None]
+    vision = VisionInputs.concat(parts if with_pixels else [v.without_pixels() for v in parts])
     keys = tuple(s.key for s in ready)
     if mrope is None:
         return PackedSample(keys=keys, row=row, vision=vision)

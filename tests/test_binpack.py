@@ -17,7 +17,7 @@ from energon_pack import (
     best_fit_decreasing,
     first_fit_decreasing,
 )
-from energon_pack.binpack import aligned_length, groups_fill
+from energon_pack.binpack import aligned_length, fewest_bins, groups_fill
 
 
 # ------------------------------------------------------------------------------------- offline
@@ -369,3 +369,15 @@ def test_targets_on_the_vlm_mix() -> None:
             packer.push(key, length)
         packer.flush()
         assert packer.stats.bin_fill >= target
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 20), min_size=1, max_size=8),
+    capacity=st.integers(20, 30),
+)
+def test_fewest_bins_is_optimal_on_small_inputs(lengths: list[int], capacity: int) -> None:
+    groups = fewest_bins(lengths, capacity)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in g) <= capacity for g in groups)
+    assert len(groups) == _optimal_bins(lengths, capacity)

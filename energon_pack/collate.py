@@ -1,0 +1,500 @@
+"""Collate-time packing: a picklable ``collate_fn`` that packs each micro-batch into THD rows.
+
+:class:`VLMPackingCollator` takes the items a ``torch.utils.data.DataLoader`` batches together
+(encoded samples, raw WebDataset samples, or an already padded HF batch dict) and returns a
+:class:`CollatedBatch`: ``R`` rows of ``T`` tokens in the Megatron Core / Transformer Engine THD
+form, with the media of all rows concatenated in row-then-segment order. Every row is built by
+:func:`~energon_pack.packed.pack_samples`.
+
+* Default (``pad_to_max_length=False``): the whole micro-batch becomes one row (``R == 1``), the
+  samples in micro-batch order (Megatron-Bridge's in-batch packing). If it does not fit
+  ``seq_length`` that is an error.
+* ``pad_to_max_length=True``: rows are exactly ``seq_length`` wide; a micro-batch that does not fit
+  one row is split into the fewest rows (an exact search for small micro-batches, bounded by a
+  fixed node budget, else best-fit decreasing). Within a row the samples keep their micro-batch
+  order; rows are ordered by their first sample.
+
+The collator keeps no state across batches (its output depends on the micro-batch alone), so
+resuming a ``DataLoader`` is exact by construction. Nothing is dropped silently: samples skipped by
+the ``overlong`` / ``on_media_error`` policies are listed in :attr:`CollatedBatch.skipped_keys` and
+logged (``energon_pack.collate``) with their key.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal, TypeAlias
+
+import torch
+
+from energon_pack.binpack import aligned_length, fewest_bins
+from energon_pack.encode import ConversationEncoder, EncodedSample, VisionInputs
+from energon_pack.layout import build_packed_row, loss_mask_from_labels
+from energon_pack.media import MediaError
+from energon_pack.packed import PackedSample, pack_samples
+from energon_pack.rope import MRopeConfig
+
+logger = logging.getLogger("energon_pack.collate")
+
+Overlong = Literal["error", "skip", "truncate"]
+OnMediaError = Literal["error", "skip"]
+CollateItem: TypeAlias = "EncodedSample | Mapping[str, Any] | tuple[str, Mapping[str, Any]]"
+"""A micro-batch item: an encoded sample, a raw sample dict with ``__key__``, or ``(key, raw)``."""
+
+_PADDED_FIELDS = frozenset({"input_ids", "attention_mask", "labels"})
+
+
+class PackingWarning(UserWarning):
+    """A packing setting that works but probably does not do what was meant."""
+
+
+@dataclass(frozen=True, eq=False)
+class CollatedBatch:
+    """``R`` packed THD rows of ``T`` tokens each (``R == 1`` unless a micro-batch was split).
+
+    Per-row tensors are stacked ``[R, T]``. ``cu_seqlens[r]`` / ``cu_seqlens_padded[r]`` are row
+    ``r``'s boundaries (see :class:`~energon_pack.layout.PackedRow`). The ``*_flat`` forms index
+    the flattened ``R*T`` token dimension (``input_ids.view(1, -1)``): the real segments of all
+    rows one after another, so one THD call covers the whole batch; with ``pad_cu_seqlens`` they
+    are padded to ``R * max_segments + 1`` entries by repeating the last boundary.
+    """
+
+    input_ids: torch.Tensor
+    """``[R, T]`` long."""
+    labels: torch.Tensor
+    """``[R, T]`` long, shifted within each segment, ``-100`` where there is no target."""
+    loss_mask: torch.Tensor
+    """``[R, T]`` float32, aligned with ``labels``."""
+    position_ids: torch.Tensor
+    """``[R, T]`` long, restarting at 0 per segment."""
+    seq_idx: torch.Tensor
+    """``[R, T]`` int32 segment index of each position within its row."""
+    cu_seqlens: tuple[torch.Tensor, ...]
+    """Per row: ``[N_r + 1]`` int32 cumulative real lengths."""
+    cu_seqlens_padded: tuple[torch.Tensor, ...]
+    """Per row: ``[N_r + 1]`` int32 cumulative physical lengths (offsets in the row)."""
+    cu_seqlens_flat: torch.Tensor
+    """``[N + 1]`` int32 cumulative real lengths of all rows' segments, in row order."""
+    cu_seqlens_padded_flat: torch.Tensor
+    """``[N + 1]`` int32 offsets of all rows' segments in the flattened ``R*T`` dimension."""
+    row_offsets: torch.Tensor
+    """``[R + 1]`` int32: row ``r``'s segments are flat segments ``row_offsets[r]`` up to
+    ``row_offsets[r+1]`` (row ``r`` itself starts at token ``r * T`` of the flattened batch)."""
+    max_seqlen: int
+    """Largest physical segment length over all rows (``seq_length`` with static metadata)."""
+    vision: VisionInputs
+    """Media of all rows, concatenated in row-then-segment order."""
+    mrope_position_ids: torch.Tensor | None
+    """``[3, R, T]`` long Qwen-VL mRoPE ids (with ``position_ids="mrope"``)."""
+    rope_deltas: torch.Tensor | None
+    """``[N]`` long rope deltas of all rows' segments, in flat order (with mRoPE)."""
+    keys: tuple[tuple[str, ...], ...]
+    """Sample keys of each row, in segment order."""
+    skipped_keys: tuple[str, ...] = ()
+    """Keys of this micro-batch's samples that were skipped (``overlong`` / ``on_media_error``)."""
+    truncated_keys: tuple[str, ...] = ()
+    """Keys of samples cut to fit ``seq_length`` (``overlong="truncate"``)."""
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_real_tokens(self) -> int:
+        """Tokens of the packed samples, padding excluded."""
+        return int(self.cu_seqlens_flat[-1])
+
+    def to_packed_seq_params_kwargs(self) -> dict[str, Any]:
+        """Megatron Core ``PackedSeqParams`` kwargs (``qkv_format="thd"``), flattened batch."""
+        return {
+            "cu_seqlens_q": self.cu_seqlens_flat,
+            "cu_seqlens_kv": self.cu_seqlens_flat,
+            "cu_seqlens_q_padded": self.cu_seqlens_padded_flat,
+            "cu_seqlens_kv_padded": self.cu_seqlens_padded_flat,
+            "max_seqlen_q": self.max_seqlen,
+            "max_seqlen_kv": self.max_seqlen,
+            "qkv_format": "thd",
+        }
+
+    def to_hf_varlen_kwargs(self) -> dict[str, Any]:
+        """transformers varlen flash-attention kwargs for ``input_ids.view(1, -1)``.
+
+        The boundaries are the physical (padded) ones since they index the physical tokens.
+        """
+        return {
+            "position_ids": self.position_ids.reshape(1, -1),
+            "cu_seq_lens_q": self.cu_seqlens_padded_flat,
+            "cu_seq_lens_k": self.cu_seqlens_padded_flat,
+            "max_length_q": self.max_seqlen,
+            "max_length_k": self.max_seqlen,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat mapping: every field except ``vision``, plus the media tensors that are set."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "vision"}
+        return {**out, **self.vision.tensors()}
+
+
+class VLMPackingCollator:
+    """Picklable ``collate_fn`` packing a micro-batch into THD rows; see the module docstring.
+
+    Args:
+        seq_length: row capacity in tokens.
+        pad_to_multiple_of: each segment's physical span is a multiple of this (e.g.
+            :func:`~energon_pack.topology.pad_seq_to_mult`).
+        pad_to_max_length: fixed-width rows of ``seq_length``; a micro-batch that does not fit
+            one row is split into several.
+        pad_cu_seqlens: static-shape ``cu_seqlens`` (needs ``pad_to_max_length`` and
+            ``max_segments``); rows then hold at most ``max_segments`` samples.
+        max_segments: segment slots per row for ``pad_cu_seqlens``.
+        pad_token_id: id written into padding positions.
+        encoder: encodes raw samples and gives the media preprocessing used to decode; it must be
+            the encoder (tokenizer) that produced any :class:`EncodedSample` given directly.
+            Default: ``ConversationEncoder()``.
+        overlong: a sample longer than ``seq_length`` (after alignment): ``"error"`` raises,
+            ``"skip"`` skips it, ``"truncate"`` cuts text tokens after its last vision block
+            (all media kept); if the cut would enter a vision block the sample is skipped.
+        on_media_error: a sample whose media cannot be parsed, probed or decoded
+            (:class:`~energon_pack.media.MediaError`): ``"error"`` re-raises, ``"skip"`` skips it.
+        position_ids: ``"1d"`` (default) or ``"mrope"``: batches also carry Qwen-VL 3-D
+            ``mrope_position_ids`` and ``rope_deltas``, computed per segment.
+        mrope: the mRoPE settings (default: from the encoder's tokenizer, Qwen2-VL behaviour).
+    """
+
+    def __init__(
+        self,
+        seq_length: int,
+        *,
+        pad_to_multiple_of: int = 1,
+        pad_to_max_length: bool = False,
+        pad_cu_seqlens: bool = False,
+        max_segments: int | None = None,
+        pad_token_id: int = 0,
+        encoder: ConversationEncoder | None = None,
+        overlong: Overlong = "error",
+        on_media_error: OnMediaError = "error",
+        position_ids: Literal["1d", "mrope"] = "1d",
+        mrope: MRopeConfig | None = None,
+    ) -> None:
+        _check_options(
+            seq_length,
+            pad_to_multiple_of,
+            pad_to_max_length,
+            pad_cu_seqlens,
+            max_segments,
+            pad_token_id,
+        )
+        if overlong not in ("error", "skip", "truncate"):
+            raise ValueError(f"overlong must be 'error', 'skip' or 'truncate', got {overlong!r}")
+        if on_media_error not in ("error", "skip"):
+            raise ValueError(f"on_media_error must be 'error' or 'skip', got {on_media_error!r}")
+        if position_ids not in ("1d", "mrope"):
+            raise ValueError(f"position_ids must be '1d' or 'mrope', got {position_ids!r}")
+        self.seq_length = seq_length
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.pad_to_max_length = pad_to_max_length
+        self.pad_cu_seqlens = pad_cu_seqlens
+        self.max_segments = max_segments
+        self.pad_token_id = pad_token_id
+        self.encoder = encoder if encoder is not None else ConversationEncoder()
+        self.overlong: Overlong = overlong
+        self.on_media_error: OnMediaError = on_media_error
+        self.mrope = None
+        if position_ids == "mrope":
+            self.mrope = mrope or MRopeConfig.from_tokenizer(self.encoder.tokenizer)
+        self._vision_end = self.encoder.tokenizer.convert_tokens_to_ids("<|vision_end|>")
+        self._warned_single = False
+
+    def __call__(self, batch: Sequence[CollateItem] | Mapping[str, Any]) -> CollatedBatch:
+        """Pack one micro-batch (a list of items, or a padded HF batch dict)."""
+        if isinstance(batch, Mapping):
+            return self.collate_padded(batch)
+        if len(batch) == 0:
+            raise ValueError("the micro-batch is empty; give the collator at least one sample")
+        skipped: list[str] = []
+        samples = []
+        for index, item in enumerate(batch):
+            sample = self._encode(item, index, skipped)
+            if sample is not None:
+                samples.append(sample)
+        return self._pack(samples, skipped, single=len(batch) == 1)
+
+    def collate_padded(self, batch: Mapping[str, Any]) -> CollatedBatch:
+        """Pack a right-padded HF batch: ``input_ids [B, L]``, optional ``attention_mask [B, L]``
+        (1 on real tokens; default all real) and optional unshifted ``labels [B, L]`` (``-100``
+        where ignored; default every token is a target). Row ``b`` gets key ``"padded[b]"``."""
+        unknown = sorted(set(batch) - _PADDED_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"padded batch has fields {unknown} besides input_ids/attention_mask/labels; "
+                "media or extra fields cannot be re-packed from a padded batch. Give the "
+                "collator EncodedSamples (or raw samples) for VLM data, or drop those fields"
+            )
+        if "input_ids" not in batch:
+            raise ValueError("padded batch has no input_ids; pass input_ids [B, L]")
+        ids = torch.as_tensor(batch["input_ids"])
+        if ids.ndim != 2 or ids.shape[0] == 0:
+            raise ValueError(
+                f"padded batch input_ids must be [B, L] with B >= 1, got shape {tuple(ids.shape)}"
+            )
+        attention = torch.as_tensor(batch.get("attention_mask", torch.ones_like(ids)))
+        labels = torch.as_tensor(batch.get("labels", ids))
+        for name, tensor in (("attention_mask", attention), ("labels", labels)):
+            if tensor.shape != ids.shape:
+                raise ValueError(
+                    f"padded batch {name} has shape {tuple(tensor.shape)} but input_ids has "
+                    f"{tuple(ids.shape)}; they must match"
+                )
+        samples = []
+        for row in range(ids.shape[0]):
+            key = f"padded[{row}]"
+            real = attention[row] != 0
+            length = int(real.sum())
+            if not bool(real[:length].all()):
+                raise ValueError(
+                    f"sample {key!r}: attention_mask is not right-padded (zeros before ones); "
+                    "pad on the right (tokenizer.padding_side='right')"
+                )
+            row_ids, row_labels = ids[row, :length].long(), labels[row, :length].long()
+            target = loss_mask_from_labels(row_labels, row_ids, repr(key))
+            samples.append(EncodedSample(key, row_ids, target.long()))
+        return self._pack(samples, [], single=ids.shape[0] == 1)
+
+    def _encode(self, item: Any, index: int, skipped: list[str]) -> EncodedSample | None:
+        if isinstance(item, EncodedSample):
+            return item
+        if (
+            isinstance(item, tuple)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], Mapping)
+        ):
+            key, raw = item
+        elif isinstance(item, Mapping) and "__key__" in item:
+            key, raw = str(item["__key__"]), item
+        else:
+            raise ValueError(
+                f"micro-batch item #{index} is a {type(item).__name__}; the collator takes "
+                "EncodedSample, a raw WebDataset sample dict with '__key__', or a (key, "
+                "raw_sample) pair (pass a padded HF batch dict itself, not a list of them)"
+            )
+        try:
+            return self.encoder.encode_sample(key, raw)
+        except MediaError as error:
+            self._media_failed(key, error, skipped)
+            return None
+
+    def _pack(
+        self, samples: list[EncodedSample], skipped: list[str], single: bool
+    ) -> CollatedBatch:
+        if single and not self._warned_single:
+            self._warned_single = True
+            warnings.warn(
+                "VLMPackingCollator got a micro-batch of 1 sample: nothing is packed. Raise the "
+                "DataLoader batch_size, or use the Energon online packer for packing at "
+                "micro-batch size 1",
+                PackingWarning,
+                stacklevel=3,
+            )
+        truncated: list[str] = []
+        ready: list[EncodedSample] = []
+        for sample in samples:
+            fitted = self._fit(sample, skipped, truncated)
+            if fitted is None:
+                continue
+            try:
+                ready.append(fitted.materialize(self.encoder.media))
+            except MediaError as error:
+                self._media_failed(fitted.key, error, skipped)
+        if not ready:
+            raise ValueError(
+                f"every sample of the micro-batch was skipped ({skipped}; see the "
+                "energon_pack.collate log for why); fix or filter those samples, or use "
+                "overlong='truncate' / a larger seq_length"
+            )
+        groups = self._groups(ready)
+        single_row = len(groups) == 1
+        packs = [
+            pack_samples(
+                [ready[i] for i in group],
+                seq_length=self.seq_length,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                pad_to_max_length=self.pad_to_max_length,
+                pad_cu_seqlens=self.pad_cu_seqlens,
+                max_segments=self.max_segments,
+                pad_token_id=self.pad_token_id,
+                media=self.encoder.media,
+                mrope=self.mrope,
+                with_pixels=single_row,
+            )
+            for group in groups
+        ]
+        # Several rows: the pixels are concatenated once, over all rows in row order.
+        vision = (
+            packs[0].vision
+            if single_row
+            else VisionInputs.concat(
+                [v for g in groups for i in g if (v := ready[i].vision) is not None]
+            )
+        )
+        static = self.max_segments if self.pad_cu_seqlens else None
+        return _assemble(packs, vision, static, skipped, truncated)
+
+    def _fit(
+        self, sample: EncodedSample, skipped: list[str], truncated: list[str]
+    ) -> EncodedSample | None:
+        """``sample`` as it goes into a row under the ``overlong`` policy, or None if skipped."""
+        if sample.length == 0:
+            raise ValueError(
+                f"sample {sample.key!r} is empty (0 tokens); drop empty samples before the "
+                "DataLoader"
+            )
+        limit = self.seq_length // self.pad_to_multiple_of * self.pad_to_multiple_of
+        if sample.length <= limit:
+            return sample
+        reason = (
+            f"{sample.length} tokens (aligned to "
+            f"{aligned_length(sample.length, self.pad_to_multiple_of)} with pad_to_multiple_of="
+            f"{self.pad_to_multiple_of}) exceed seq_length={self.seq_length}"
+        )
+        if self.overlong == "error":
+            raise ValueError(
+                f"sample {sample.key!r}: {reason}; raise seq_length, or pass overlong='skip' or "
+                "overlong='truncate'"
+            )
+        if self.overlong == "truncate":
+            media_end = self._media_end(sample)
+            if media_end <= limit:
+                truncated.append(sample.key)
+                logger.warning("truncating sample %r to %d tokens: %s", sample.key, limit, reason)
+                return replace(
+                    sample, input_ids=sample.input_ids[:limit], loss_mask=sample.loss_mask[:limit]
+                )
+            reason += f", and its last vision block ends at token {media_end}, past the cut"
+        skipped.append(sample.key)
+        logger.warning("skipping sample %r: %s", sample.key, reason)
+        return None
+
+    def _media_end(self, sample: EncodedSample) -> int:
+        """Tokens up to the end of the sample's last vision block (0 without media)."""
+        if not sample.media and sample.vision is None:
+            return 0
+        ends = (sample.input_ids == self._vision_end).nonzero()
+        if ends.numel() == 0:
+            raise ValueError(
+                f"sample {sample.key!r} has media but no <|vision_end|> token (id "
+                f"{self._vision_end}); pass the collator the encoder (tokenizer) that encoded it"
+            )
+        return int(ends[-1, 0]) + 1
+
+    def _media_failed(self, key: str, error: MediaError, skipped: list[str]) -> None:
+        if self.on_media_error == "error":
+            raise error
+        skipped.append(key)
+        logger.warning("skipping sample %r: %s", key, error)
+
+    def _groups(self, samples: list[EncodedSample]) -> list[list[int]]:
+        """Indices of the samples of each row: rows by first sample, samples in batch order."""
+        align = self.pad_to_multiple_of
+        units = [aligned_length(s.length, align) // align for s in samples]
+        capacity = self.seq_length // align
+        if not self.pad_to_max_length:
+            if sum(units) > capacity:
+                listing = ", ".join(f"{s.key!r}={s.length}" for s in samples)
+                raise ValueError(
+                    f"the micro-batch needs {sum(units) * align} tokens after padding each "
+                    f"sample to a multiple of {align} (lengths: {listing}) but seq_length="
+                    f"{self.seq_length}; pass pad_to_max_length=True to split it into several "
+                    "rows, or raise seq_length"
+                )
+            return [list(range(len(samples)))]
+        max_items = self.max_segments if self.pad_cu_seqlens else None
+        groups = fewest_bins(units, capacity, max_items=max_items)
+        return sorted(sorted(group) for group in groups)
+
+
+def _assemble(
+    packs: list[PackedSample],
+    vision: VisionInputs,
+    static_segments: int | None,
+    skipped: list[str],
+    truncated: list[str],
+) -> CollatedBatch:
+    """Stack the rows and build the flattened boundaries (real segments only, then padding)."""
+    width = int(packs[0].row.input_ids.shape[0])
+    real: list[torch.Tensor] = [torch.zeros(1, dtype=torch.int32)]
+    physical: list[torch.Tensor] = [torch.zeros(1, dtype=torch.int32)]
+    row_offsets = [0]
+    real_total = 0
+    for index, pack in enumerate(packs):
+        count = len(pack.keys)
+        real.append(pack.row.cu_seqlens[1 : count + 1] + real_total)
+        physical.append(pack.row.cu_seqlens_padded[1 : count + 1] + index * width)
+        real_total += int(pack.row.cu_seqlens[count])
+        row_offsets.append(row_offsets[-1] + count)
+    cu_flat, cu_padded_flat = torch.cat(real), torch.cat(physical)
+    if static_segments is not None:
+        fill = len(packs) * static_segments + 1 - cu_flat.numel()
+        cu_flat = torch.cat((cu_flat, cu_flat[-1:].expand(fill)))
+        cu_padded_flat = torch.cat((cu_padded_flat, cu_padded_flat[-1:].expand(fill)))
+    rows = [pack.row for pack in packs]
+    return CollatedBatch(
+        input_ids=torch.stack([r.input_ids for r in rows]),
+        labels=torch.stack([r.labels for r in rows]),
+        loss_mask=torch.stack([r.loss_mask for r in rows]),
+        position_ids=torch.stack([r.position_ids for r in rows]),
+        seq_idx=torch.stack([r.seq_idx for r in rows]),
+        cu_seqlens=tuple(r.cu_seqlens for r in rows),
+        cu_seqlens_padded=tuple(r.cu_seqlens_padded for r in rows),
+        cu_seqlens_flat=cu_flat,
+        cu_seqlens_padded_flat=cu_padded_flat,
+        row_offsets=torch.tensor(row_offsets, dtype=torch.int32),
+        max_seqlen=max(r.max_seqlen for r in rows),
+        vision=vision,
+        mrope_position_ids=_stack_optional([p.mrope_position_ids for p in packs], dim=1),
+        rope_deltas=_cat_optional([p.rope_deltas for p in packs]),
+        keys=tuple(pack.keys for pack in packs),
+        skipped_keys=tuple(skipped),
+        truncated_keys=tuple(truncated),
+    )
+
+
+def _stack_optional(tensors: list[torch.Tensor | None], dim: int) -> torch.Tensor | None:
+    present = [t for t in tensors if t is not None]
+    return torch.stack(present, dim=dim) if present else None
+
+
+def _cat_optional(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+    present = [t for t in tensors if t is not None]
+    return torch.cat(present) if present else None
+
+
+def _check_options(
+    seq_length: int,
+    pad_to_multiple_of: int,
+    pad_to_max_length: bool,
+    pad_cu_seqlens: bool,
+    max_segments: int | None,
+    pad_token_id: int,
+) -> None:
+    """Fail at construction, not at the first batch: the row builder's own checks on one token."""
+    for name, value in (("seq_length", seq_length), ("pad_to_multiple_of", pad_to_multiple_of)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if pad_to_multiple_of > seq_length:
+        raise ValueError(
+            f"pad_to_multiple_of={pad_to_multiple_of} is larger than seq_length={seq_length}; "
+            "no sample would fit. Use a seq_length that is a multiple of pad_to_multiple_of"
+        )
+    build_packed_row(
+        [{"input_ids": [0], "loss_mask": [0]}],
+        seq_length=seq_length,
+        pad_to_multiple_of=pad_to_multiple_of,
+        pad_to_max_length=pad_to_max_length,
+        pad_cu_seqlens=pad_cu_seqlens,
+        max_segments=max_segments,
+        pad_token_id=pad_token_id,
+    )
