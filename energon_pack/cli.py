@@ -4,17 +4,41 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
+import psutil
 import yaml
+from tqdm import tqdm
 
 from energon_pack.binpack import OnlineBinPacker, best_fit_decreasing, groups_fill
+from energon_pack.memory import (
+    MB,
+    SUMMARY_HEADERS,
+    load_report,
+    plot_report,
+    summarize,
+    summary_rows,
+)
 from energon_pack.offline import PackingSpec, pack_offline
 from energon_pack.synthetic import DISTRIBUTIONS, lengths_for
 from energon_pack.tables import format_table
 from energon_pack.topology import MODES, PackingConfig
+from energon_pack.tune import (
+    TUNE_HEADERS,
+    Decode,
+    TuneResult,
+    TuneSettings,
+    default_dataset,
+    plot_results,
+    projected_rss_mb,
+    recommend,
+    run_once,
+    tune_row,
+)
 
 
 def _int_list(text: str) -> list[int]:
@@ -192,6 +216,77 @@ def _cmd_offline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    dataset = Path(args.dataset) if args.dataset else default_dataset()
+    if not (dataset / ".nv-meta").is_dir():
+        raise ValueError(
+            f"{dataset} is not a prepared Energon dataset (no .nv-meta/); prepare it with "
+            "'energon prepare' or pass the path of one"
+        )
+    decodes: list[Decode] = ["lazy"] if args.lazy or not args.eager else []
+    if args.eager:
+        decodes.append("eager")
+    settings = TuneSettings(
+        dataset=str(dataset),
+        seq_length=args.seq_length,
+        pad_to_multiple_of=args.pad_to_multiple_of,
+        num_workers=args.num_workers,
+        max_samples=args.max_samples,
+    )
+    budget = args.rss_budget_mb or psutil.virtual_memory().total / MB / 2
+    out = Path(args.out)
+    results: list[TuneResult] = []
+    try:
+        for decode in decodes:
+            for buffer_size in args.buffer_sizes:
+                report_dir = out / "reports" / f"{decode}-buffer{buffer_size}"
+                shutil.rmtree(report_dir, ignore_errors=True)
+                description = f"{decode} buffer {buffer_size}"
+                with tqdm(desc=description, unit=" samples", total=args.max_samples) as bar:
+                    result = run_once(settings, buffer_size, decode, report_dir, bar.update)
+                results.append(result)
+                if result.interrupted:
+                    raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        print("\ninterrupted: reporting the runs measured so far", file=sys.stderr)
+    if not results:
+        return 130
+    print(f"\n{dataset}: seq_length {settings.seq_length}, {settings.num_workers} workers")
+    print(format_table(TUNE_HEADERS, [tune_row(r) for r in results]))
+    best = recommend(results, num_workers=args.num_workers, rss_budget_mb=budget)
+    if best is None:
+        print(
+            f"\nno measured buffer fits {budget:.0f} MiB for {args.num_workers} workers; "
+            "lower --num-workers or the image/video pixel limits"
+        )
+    else:
+        projected = projected_rss_mb(best, args.num_workers)
+        print(
+            f"\nrecommended: packing_buffer_size={best.buffer_size} ({best.decode} decode): "
+            f"bin fill {best.bin_fill:.4f}, {args.num_workers} workers x "
+            f"{best.peak_worker_rss_mb:.0f} MiB = {projected:.0f} MiB of {budget:.0f} MiB"
+        )
+    plots = plot_results(results, out)
+    report = {
+        "settings": asdict(settings),
+        "rss_budget_mb": budget,
+        "results": [asdict(r) for r in results],
+        "recommendation": None if best is None else asdict(best),
+        "plots": [str(p) for p in plots],
+    }
+    (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out / 'tune.json'} and {', '.join(str(p) for p in plots)}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    readings = load_report(args.report_dir)
+    print(format_table(SUMMARY_HEADERS, summary_rows(summarize(readings))))
+    png = plot_report(readings, args.png or Path(args.report_dir) / "rss.png")
+    print(f"wrote {png}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="energon-pack", description="Online sequence packing for Megatron-Energon."
@@ -258,6 +353,33 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_argument("--seed", type=int, default=0, help="seed of the pack order shuffle")
     offline.add_argument("--force", action="store_true", help="rebuild a stale OUT_DIR")
     offline.set_defaults(run=_cmd_offline)
+
+    tune = commands.add_parser(
+        "tune",
+        help="measure bin fill, worker RSS and throughput per packing_buffer_size on a dataset",
+    )
+    tune.add_argument(
+        "dataset", nargs="?", help="prepared Energon dataset (default: the shipped fixtures)"
+    )
+    tune.add_argument("--buffer-sizes", type=_int_list, default=[4, 8, 16, 32, 64])
+    tune.add_argument("--seq-length", type=int, default=8192)
+    tune.add_argument("--pad-to-multiple-of", type=int, default=1)
+    tune.add_argument("--num-workers", type=int, default=2, help="loader workers per rank")
+    tune.add_argument("--max-samples", type=int, help="samples per run (default: one epoch)")
+    tune.add_argument(
+        "--rss-budget-mb", type=float, help="worker memory budget (default: half of this RAM)"
+    )
+    tune.add_argument("--lazy", action="store_true", help="decode media after selection")
+    tune.add_argument("--eager", action="store_true", help="decode media before the buffer")
+    tune.add_argument("--out", default="tune-out", help="directory for JSON, plots, reports")
+    tune.set_defaults(run=_cmd_tune)
+
+    report = commands.add_parser(
+        "report", help="summarise a memory report directory and plot RSS over time"
+    )
+    report.add_argument("report_dir")
+    report.add_argument("--png", help="plot path (default: REPORT_DIR/rss.png)")
+    report.set_defaults(run=_cmd_report)
     return parser
 
 

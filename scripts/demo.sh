@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/venv.sh
-exec .venv/bin/energon-pack demo "$@"
+exec .venv/bin/energon-pack tune --lazy --eager "$@"

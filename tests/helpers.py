@@ -12,6 +12,17 @@ import av
 import numpy as np
 from PIL import Image
 
+from energon_pack.media import MediaConfig
+
+# Small vision budgets keep decoding cheap; the token layout rules are the same.
+SMALL_MEDIA = MediaConfig(
+    max_pixels=28 * 28 * 64,
+    video_min_pixels=28 * 28 * 4,
+    video_max_pixels=28 * 28 * 16,
+    video_total_pixels=28 * 28 * 256,
+    video_fps=1.0,
+)
+
 T = TypeVar("T")
 Step = Callable[[T], Any]
 

@@ -14,22 +14,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import assert_resume_equivalent
+from helpers import SMALL_MEDIA, assert_resume_equivalent
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
 
 from energon_pack.encode import ConversationEncoder
 from energon_pack.energon import CarryOverPackingDataset, PackedBatch, PackingTaskEncoder
-from energon_pack.media import MediaConfig
 from energon_pack.rope import MRopeConfig, mrope_position_ids
-
-# Small vision budgets keep decoding cheap; the token layout rules are the same.
-SMALL_MEDIA = MediaConfig(
-    max_pixels=28 * 28 * 64,
-    video_min_pixels=28 * 28 * 4,
-    video_max_pixels=28 * 28 * 16,
-    video_total_pixels=28 * 28 * 256,
-    video_fps=1.0,
-)
 
 
 def make_encoder(**overrides: Any) -> PackingTaskEncoder:

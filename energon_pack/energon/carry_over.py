@@ -29,6 +29,7 @@ from megatron.energon.wrappers.base import BaseWrapperDataset, SampleIndex, get_
 from megatron.energon.wrappers.buffer import SavableSampleBuffer
 
 from energon_pack.binpack import Bin, OnlineBinPacker, Overlong, aligned_length
+from energon_pack.memory import BufferSnapshot, MonitorConfig, RSSMonitor
 
 logger = logging.getLogger("energon_pack.energon")
 
@@ -62,7 +63,7 @@ class PackingStats:
     packs: int = 0
     samples: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
-    """Skipped samples by reason (``overlong``, ``media``, ``decode``, ...)."""
+    """Skipped samples by reason: ``overlong`` or the :class:`MediaError` kind."""
     bin_fill: float = 0.0
     token_efficiency: float = 0.0
     buffer_count: int = 0
@@ -95,6 +96,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         make_packer: builds a fresh :class:`OnlineBinPacker` (settings fixed per run).
         length: token length of a sample.
         nbytes: bytes a buffered sample holds (for ``max_bytes`` and the stats).
+        decoded_nbytes: the part of ``nbytes`` that is decoded media (for the memory monitor).
         materialize: turns a chosen sample into its packable form (decodes media); may raise
             :class:`SkippedSample`. Must be stateless (it runs again on restore).
         pack: builds the packed sample from the materialised samples, in stream order.
@@ -102,6 +104,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             or is counted and skipped (``"skip"``).
         max_consecutive_skips: stop with an error after this many skipped samples in a row
             (0: never), since that means the data or the settings are broken.
+        monitor: if set, each worker runs an :class:`~energon_pack.memory.RSSMonitor`.
     """
 
     _savable_fields = (
@@ -122,16 +125,20 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         make_packer: Callable[[], OnlineBinPacker],
         length: Callable[[T_sample], int],
         nbytes: Callable[[T_sample], int],
+        decoded_nbytes: Callable[[T_sample], int],
         materialize: Callable[[T_sample], T_sample],
         pack: Callable[[list[T_sample]], T_pack],
         overlong: Overlong = "error",
         max_consecutive_skips: int = 100,
+        monitor: MonitorConfig | None = None,
         worker_config: WorkerConfig,
     ) -> None:
         super().__init__(dataset, worker_config=worker_config)
         self._make_packer = make_packer
         self._length = length
         self._nbytes = nbytes
+        self._decoded_nbytes = decoded_nbytes
+        self.monitor_config = monitor
         self._materialize = materialize
         self._pack = pack
         self.overlong: Overlong = overlong
@@ -160,6 +167,10 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
 
     def __iter__(self) -> Iterator[T_pack]:
         self._buffer.worker_start()
+        monitor = None
+        if self.monitor_config is not None:
+            worker = self.worker_config.rank_worker_id()
+            monitor = RSSMonitor(self.monitor_config, self.worker_config.rank, worker)
         yield from self._drain()
         for sample in self.dataset:
             if isinstance(sample, RejectedSample):
@@ -174,6 +185,14 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             self._buffer_seqs.append(seq)
             bins = self.packer.push(seq, length, nbytes=self._nbytes(sample))
             self._pending += [self._seqs(b) for b in bins]
+            if monitor is not None:
+                counters = self._counters
+                monitor.observe(
+                    self._snapshot,
+                    samples=counters["samples"],
+                    packs=counters["packs"],
+                    bin_fill=self.packer.stats.bin_fill,
+                )
             yield from self._drain()
         self._pending += [self._seqs(b) for b in self.packer.flush()]
         yield from self._drain()
@@ -195,6 +214,16 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             )
         self._skip(SkippedSample(_key(sample), "overlong", message))
         return True
+
+    def _snapshot(self) -> BufferSnapshot:
+        sizes = [(_key(s), self._nbytes(s)) for s in self._buffer.buffer]
+        return BufferSnapshot(
+            count=len(sizes),
+            capacity=self.packer.buffer_size,
+            bytes=sum(size for _, size in sizes),
+            decoded_bytes=sum(self._decoded_nbytes(s) for s in self._buffer.buffer),
+            biggest=tuple(sorted(sizes, key=lambda item: -item[1])[:3]),
+        )
 
     def _seqs(self, chosen: Bin) -> list[int]:
         return [int(key) for key in chosen.keys]

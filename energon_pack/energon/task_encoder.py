@@ -30,6 +30,7 @@ from energon_pack.energon.carry_over import (
 )
 from energon_pack.layout import PackedRow
 from energon_pack.media import MediaConfig, MediaError
+from energon_pack.memory import MonitorConfig
 from energon_pack.packed import pack_samples
 from energon_pack.rope import MRopeConfig
 
@@ -107,6 +108,11 @@ def _nbytes(sample: PreparedSample) -> int:
     return sample.encoded.nbytes
 
 
+def _decoded_nbytes(sample: PreparedSample) -> int:
+    vision = sample.encoded.vision
+    return 0 if vision is None else vision.nbytes
+
+
 class PackingTaskEncoder(DefaultTaskEncoder):
     """Energon task encoder that packs conversation samples online into THD rows.
 
@@ -126,6 +132,9 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         packing_buffer_bytes: also bound the buffer by the bytes its samples hold.
         min_fill: a pack leaves early once it can be filled to this fraction.
         max_consecutive_skips: stop with an error after this many bad samples in a row.
+        decode: ``"lazy"`` (default) decodes media after a sample is chosen for a pack;
+            ``"eager"`` decodes before the buffer (as Megatron-Bridge does), for comparison.
+        monitor: run an :class:`~energon_pack.memory.RSSMonitor` in every worker.
         position_ids: ``"1d"`` (default) or ``"mrope"``: batches also carry Qwen-VL 3-D
             ``mrope_position_ids`` and ``rope_deltas``, computed per segment.
         mrope: the mRoPE settings (default: from the tokenizer, Qwen2-VL behaviour; pass
@@ -149,12 +158,16 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         packing_buffer_bytes: int | None = None,
         min_fill: float = 0.999,
         max_consecutive_skips: int = 100,
+        decode: Literal["lazy", "eager"] = "lazy",
+        monitor: MonitorConfig | None = None,
         position_ids: Literal["1d", "mrope"] = "1d",
         mrope: MRopeConfig | None = None,
         system_prompt: str | None = None,
         loss_on: LossOn = "assistant",
     ) -> None:
         super().__init__()
+        if decode not in ("lazy", "eager"):
+            raise ValueError(f"decode must be 'lazy' or 'eager', got {decode!r}")
         if position_ids not in ("1d", "mrope"):
             raise ValueError(f"position_ids must be '1d' or 'mrope', got {position_ids!r}")
         self.media = media or MediaConfig()
@@ -169,6 +182,8 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         self.packing_buffer_bytes = packing_buffer_bytes
         self.min_fill = min_fill
         self.max_consecutive_skips = max_consecutive_skips
+        self.decode = decode
+        self.monitor = monitor
         pad = getattr(self.encoder.tokenizer, "pad_token_id", None)
         self.pad_token_id = int(
             pad
@@ -198,6 +213,8 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         """Tokenise and probe the media (header only); bad samples become RejectedSample."""
         try:
             encoded = self.encoder.encode_sample(sample.__key__, sample.members)
+            if self.decode == "eager":
+                encoded = encoded.materialize(self.media)
         except MediaError as error:
             rejected: RejectedSample = RejectedSample.derive_from(
                 sample, reason=error.kind, message=str(error)
@@ -266,9 +283,11 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             make_packer=self._make_packer(packing_buffer_size or 1),
             length=_length,
             nbytes=_nbytes,
+            decoded_nbytes=_decoded_nbytes,
             materialize=self.postencode_sample,
             pack=self.pack_selected_samples,
             overlong=self.overlong,
             max_consecutive_skips=self.max_consecutive_skips,
+            monitor=self.monitor,
             worker_config=worker_config,
         )

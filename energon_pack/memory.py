@@ -1,0 +1,332 @@
+"""Worker memory: a psutil RSS monitor, buffer-growth warnings and a JSON-lines report.
+
+:class:`RSSMonitor` runs inside each loader worker (the packing wrapper calls
+:meth:`RSSMonitor.observe` after every sample) or in the main process. Every ``every_samples``
+observations or ``every_seconds`` it reads the process RSS (and USS where the platform has it)
+and writes one JSON line to ``report_dir/rss-rank{R}-worker{W}.jsonl``. It warns with a
+:class:`BufferMemoryWarning` (once per threshold and worker) when
+
+* RSS passes ``warn_rss_mb``;
+* RSS grows more than ``warn_growth`` times over the worker's first reading with a full buffer,
+  while the buffer is full;
+* the buffered samples hold more than ``warn_buffer_mb``.
+
+Monitoring only reads: it never changes which packs are emitted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+logger = logging.getLogger("energon_pack.memory")
+
+MB = 1024 * 1024
+
+
+class BufferMemoryWarning(UserWarning):
+    """A packing buffer's memory passed a configured threshold."""
+
+
+@dataclass(frozen=True)
+class BufferSnapshot:
+    """What a packing buffer holds at one moment."""
+
+    count: int
+    capacity: int
+    """The buffer's size limit (packing_buffer_size)."""
+    bytes: int
+    """Bytes held by the buffered samples (compressed media plus any decoded tensors)."""
+    decoded_bytes: int
+    """The part of ``bytes`` that is decoded pixel data (0 when decoding is lazy)."""
+    biggest: tuple[tuple[str, int], ...] = ()
+    """``(key, bytes)`` of the largest buffered samples."""
+
+    @property
+    def full(self) -> bool:
+        return self.count >= max(1, self.capacity - 1)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One JSON line of the report."""
+
+    time: float
+    rank: int
+    worker: int
+    pid: int
+    rss: int
+    uss: int | None
+    buffer_count: int
+    buffer_bytes: int
+    buffer_decoded_bytes: int
+    samples: int
+    packs: int
+    bin_fill: float
+
+
+@dataclass
+class MonitorConfig:
+    """Settings of :class:`RSSMonitor`; picklable, so it can travel into loader workers.
+
+    Args:
+        report_dir: where each worker appends its JSON lines (None: no report).
+        every_samples: read memory every this many observed samples ...
+        every_seconds: ... or when this much time passed since the last reading.
+        warn_rss_mb: warn when a worker's RSS passes this many MiB.
+        warn_growth: warn when RSS exceeds this multiple of the first full-buffer reading.
+        warn_buffer_mb: warn when buffered samples hold more than this many MiB.
+    """
+
+    report_dir: str | None = None
+    every_samples: int = 32
+    every_seconds: float = 2.0
+    warn_rss_mb: float | None = None
+    warn_growth: float | None = 1.5
+    warn_buffer_mb: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.every_samples < 1:
+            raise ValueError(f"every_samples must be >= 1, got {self.every_samples}")
+        if self.every_seconds <= 0:
+            raise ValueError(f"every_seconds must be > 0, got {self.every_seconds}")
+        for name in ("warn_rss_mb", "warn_buffer_mb"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be None or > 0, got {value}")
+        if self.warn_growth is not None and self.warn_growth <= 1:
+            raise ValueError(f"warn_growth must be None or > 1, got {self.warn_growth}")
+
+
+@dataclass
+class RSSMonitor:
+    """Samples this process's memory and the buffer it is told about; see the module doc."""
+
+    config: MonitorConfig
+    rank: int = 0
+    worker: int = 0
+    readings: list[Reading] = field(default_factory=list)
+    _observed: int = 0
+    _last_time: float = 0.0
+    _steady_rss: int | None = None
+    _fired: set[str] = field(default_factory=set)
+
+    def observe(
+        self, snapshot: Callable[[], BufferSnapshot], *, samples: int, packs: int, bin_fill: float
+    ) -> Reading | None:
+        """Count one sample; when a reading is due, take it (calling ``snapshot``) and return it."""
+        self._observed += 1
+        now = time.monotonic()
+        due = self._observed >= self.config.every_samples
+        if not due and now - self._last_time < self.config.every_seconds:
+            return None
+        self._observed = 0
+        self._last_time = now
+        return self.read(snapshot(), samples=samples, packs=packs, bin_fill=bin_fill)
+
+    def read(self, buffer: BufferSnapshot, *, samples: int, packs: int, bin_fill: float) -> Reading:
+        """Take a reading now, warn if a threshold is passed, and append it to the report."""
+        rss, uss = _memory()
+        reading = Reading(
+            time=time.time(),
+            rank=self.rank,
+            worker=self.worker,
+            pid=os.getpid(),
+            rss=rss,
+            uss=uss,
+            buffer_count=buffer.count,
+            buffer_bytes=buffer.bytes,
+            buffer_decoded_bytes=buffer.decoded_bytes,
+            samples=samples,
+            packs=packs,
+            bin_fill=bin_fill,
+        )
+        self.readings.append(reading)
+        if buffer.full and self._steady_rss is None:
+            self._steady_rss = rss
+        self._check(reading, buffer)
+        if self.config.report_dir is not None:
+            path = Path(self.config.report_dir) / f"rss-rank{self.rank}-worker{self.worker}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as report:
+                report.write(json.dumps(asdict(reading)) + "\n")
+        return reading
+
+    def _check(self, reading: Reading, buffer: BufferSnapshot) -> None:
+        config = self.config
+        rss_mb, buffer_mb = reading.rss / MB, buffer.bytes / MB
+        if config.warn_rss_mb is not None and rss_mb > config.warn_rss_mb:
+            room = config.warn_rss_mb * MB - (reading.rss - buffer.bytes)
+            self._warn("rss", f"RSS {rss_mb:.0f} MiB passed warn_rss_mb={config.warn_rss_mb}",
+                       buffer, room)  # fmt: skip
+        if (
+            config.warn_growth is not None
+            and self._steady_rss is not None
+            and buffer.full
+            and reading.rss > config.warn_growth * self._steady_rss
+        ):
+            steady_mb = self._steady_rss / MB
+            self._warn(
+                "growth",
+                f"RSS {rss_mb:.0f} MiB grew over {config.warn_growth}x the first full-buffer "
+                f"reading of {steady_mb:.0f} MiB",
+                buffer,
+                self._steady_rss - (reading.rss - buffer.bytes),
+            )
+        if config.warn_buffer_mb is not None and buffer_mb > config.warn_buffer_mb:
+            self._warn(
+                "buffer",
+                f"buffered samples hold {buffer_mb:.1f} MiB, above warn_buffer_mb="
+                f"{config.warn_buffer_mb}",
+                buffer,
+                config.warn_buffer_mb * MB,
+            )
+
+    def _warn(self, threshold: str, what: str, buffer: BufferSnapshot, room: float) -> None:
+        if threshold in self._fired:
+            return
+        self._fired.add(threshold)
+        biggest = ", ".join(f"{key} ({size / MB:.1f} MiB)" for key, size in buffer.biggest)
+        message = (
+            f"rank {self.rank} worker {self.worker}: {what}; the packing buffer holds "
+            f"{buffer.count} samples, {buffer.bytes / MB:.1f} MiB (largest: {biggest or '-'}). "
+            f"A packing_buffer_size of {suggest_buffer_size(buffer, room)} would fit; "
+            "or decode media lazily, or lower the image/video pixel limits."
+        )
+        logger.warning("%s", message)
+        warnings.warn(message, BufferMemoryWarning, stacklevel=2)
+
+
+def suggest_buffer_size(buffer: BufferSnapshot, room_bytes: float) -> int:
+    """Largest buffer size whose samples, at the current mean size, fit in ``room_bytes``."""
+    if buffer.count == 0 or buffer.bytes == 0:
+        return buffer.capacity
+    per_sample = buffer.bytes / buffer.count
+    return max(1, min(buffer.capacity, int(room_bytes // per_sample)))
+
+
+def _memory() -> tuple[int, int | None]:
+    process = psutil.Process()
+    try:
+        full = process.memory_full_info()
+    except (psutil.AccessDenied, NotImplementedError):
+        return process.memory_info().rss, None
+    return full.rss, getattr(full, "uss", None)
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerSummary:
+    """Memory of one worker over a run (bytes)."""
+
+    rank: int
+    worker: int
+    readings: int
+    peak_rss: int
+    steady_rss: int
+    """Median RSS over the second half of the readings."""
+    growth: float
+    """Peak over the first reading."""
+    peak_buffer_bytes: int
+    peak_uss: int | None
+
+
+def load_report(report_dir: str | Path) -> list[Reading]:
+    """Every reading of every worker in ``report_dir``, in time order."""
+    readings = []
+    files = sorted(Path(report_dir).glob("rss-rank*-worker*.jsonl"))
+    if not files:
+        raise ValueError(
+            f"no rss-rank*-worker*.jsonl files in {report_dir}; point to the report_dir of a "
+            "run with MonitorConfig(report_dir=...) or energon-pack tune --out"
+        )
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            try:
+                readings.append(Reading(**json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as error:
+                raise ValueError(f"{path}:{number}: not a report line ({error})") from None
+    return sorted(readings, key=lambda r: r.time)
+
+
+def summarize(readings: Sequence[Reading]) -> list[WorkerSummary]:
+    """Per-worker peak, steady and growth of RSS."""
+    by_worker: dict[tuple[int, int], list[Reading]] = {}
+    for reading in readings:
+        by_worker.setdefault((reading.rank, reading.worker), []).append(reading)
+    summaries = []
+    for (rank, worker), own in sorted(by_worker.items()):
+        rss = [r.rss for r in own]
+        later = sorted(rss[len(rss) // 2 :])
+        uss = [r.uss for r in own if r.uss is not None]
+        summaries.append(
+            WorkerSummary(
+                rank=rank,
+                worker=worker,
+                readings=len(own),
+                peak_rss=max(rss),
+                steady_rss=later[len(later) // 2],
+                growth=max(rss) / rss[0],
+                peak_buffer_bytes=max(r.buffer_bytes for r in own),
+                peak_uss=max(uss) if uss else None,
+            )
+        )
+    return summaries
+
+
+def plot_report(readings: Sequence[Reading], path: str | Path) -> Path:
+    """PNG of RSS and buffer bytes over time, one line per worker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    start = min(r.time for r in readings)
+    figure, (rss_axis, buffer_axis) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
+    by_worker: dict[tuple[int, int], list[Reading]] = {}
+    for reading in readings:
+        by_worker.setdefault((reading.rank, reading.worker), []).append(reading)
+    for (rank, worker), own in sorted(by_worker.items()):
+        seconds = [r.time - start for r in own]
+        label = f"rank {rank} worker {worker}"
+        rss_axis.plot(seconds, [r.rss / MB for r in own], label=label)
+        buffer_axis.plot(seconds, [r.buffer_bytes / MB for r in own], label=label)
+    rss_axis.set_ylabel("RSS (MiB)")
+    buffer_axis.set_ylabel("buffered samples (MiB)")
+    buffer_axis.set_xlabel("seconds")
+    rss_axis.legend(loc="upper left", fontsize="small")
+    figure.tight_layout()
+    out = Path(path)
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return out
+
+
+def summary_rows(summaries: Sequence[WorkerSummary]) -> list[list[Any]]:
+    """Table rows (MiB) for :func:`energon_pack.tables.format_table`."""
+    return [
+        [
+            s.rank,
+            s.worker,
+            s.readings,
+            round(s.peak_rss / MB, 1),
+            round(s.steady_rss / MB, 1),
+            round(s.growth, 3),
+            round(s.peak_buffer_bytes / MB, 2),
+        ]
+        for s in summaries
+    ]
+
+
+SUMMARY_HEADERS = ["rank", "worker", "readings", "peak MiB", "steady MiB", "growth", "buffer MiB"]

@@ -1,0 +1,192 @@
+"""Memory monitor, warnings, report and ``energon-pack tune`` on the shipped fixtures."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import SMALL_MEDIA
+from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
+
+from energon_pack.cli import main
+from energon_pack.energon import PackingTaskEncoder
+from energon_pack.memory import (
+    MB,
+    BufferMemoryWarning,
+    BufferSnapshot,
+    MonitorConfig,
+    RSSMonitor,
+    load_report,
+    suggest_buffer_size,
+    summarize,
+)
+
+
+def run_loader(path: Path, monitor: MonitorConfig | None, **encoder: Any) -> list[list[str]]:
+    dataset = get_train_dataset(
+        path,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+        batch_size=1,
+        packing_buffer_size=16,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        task_encoder=PackingTaskEncoder(seq_length=8192, monitor=monitor, **encoder),
+        repeat=False,
+    )
+    return [list(batch.__keys__) for batch in get_savable_loader(dataset)]
+
+
+def buffer_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, BufferMemoryWarning)]
+
+
+def test_buffer_warning_fires_once_and_names_worker_and_keys(vlm_demo_path: Path) -> None:
+    monitor = MonitorConfig(warn_buffer_mb=5, warn_growth=None, every_samples=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_loader(vlm_demo_path, monitor, decode="eager")
+    messages = buffer_warnings(caught)
+    assert len(messages) == 1
+    message = messages[0]
+    assert message.startswith("rank 0 worker 0: buffered samples hold")
+    assert "above warn_buffer_mb=5" in message
+    assert "largest: demo" in message
+    assert "A packing_buffer_size of" in message
+
+
+def test_no_warning_under_the_thresholds(vlm_demo_path: Path) -> None:
+    monitor = MonitorConfig(warn_buffer_mb=5, warn_rss_mb=100_000, every_samples=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_loader(vlm_demo_path, monitor, media=SMALL_MEDIA)  # lazy: compressed bytes only
+    assert buffer_warnings(caught) == []
+
+
+def test_rss_warning_fires_once(vlm_demo_path: Path) -> None:
+    monitor = MonitorConfig(warn_rss_mb=1, warn_growth=None, every_samples=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_loader(vlm_demo_path, monitor, media=SMALL_MEDIA)
+    messages = buffer_warnings(caught)
+    assert len(messages) == 1
+    assert "passed warn_rss_mb=1" in messages[0]
+
+
+def test_growth_warning_on_real_allocation() -> None:
+    monitor = RSSMonitor(MonitorConfig(warn_growth=1.2))
+    full = BufferSnapshot(count=8, capacity=8, bytes=8 * MB, decoded_bytes=0)
+    first = monitor.read(full, samples=8, packs=1, bin_fill=1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor.read(full, samples=9, packs=1, bin_fill=1.0)
+        ballast = np.ones(int(first.rss * 0.4) // 8)  # written, so resident
+        monitor.read(full, samples=10, packs=1, bin_fill=1.0)
+        monitor.read(full, samples=11, packs=1, bin_fill=1.0)
+        del ballast
+    messages = buffer_warnings(caught)
+    assert len(messages) == 1
+    assert "grew over 1.2x the first full-buffer reading" in messages[0]
+
+
+def test_suggested_buffer_size() -> None:
+    buffer = BufferSnapshot(count=10, capacity=16, bytes=100 * MB, decoded_bytes=100 * MB)
+    assert suggest_buffer_size(buffer, 35 * MB) == 3
+    assert suggest_buffer_size(buffer, 10_000 * MB) == 16
+    assert suggest_buffer_size(buffer, 0) == 1
+
+
+def test_monitoring_does_not_change_the_packs(vlm_demo_path: Path, tmp_path: Path) -> None:
+    plain = run_loader(vlm_demo_path, None, media=SMALL_MEDIA)
+    monitor = MonitorConfig(report_dir=str(tmp_path), every_samples=1, warn_growth=1.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BufferMemoryWarning)
+        watched = run_loader(vlm_demo_path, monitor, media=SMALL_MEDIA)
+    assert watched == plain
+
+
+def test_report_files_summary_and_plot(
+    vlm_demo_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_loader(
+        vlm_demo_path, MonitorConfig(report_dir=str(tmp_path), every_samples=5), media=SMALL_MEDIA
+    )
+    lines = (tmp_path / "rss-rank0-worker0.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 60  # 300 samples, one reading every 5
+    assert {"time", "rss", "uss", "buffer_count", "buffer_bytes", "packs", "bin_fill"} <= set(
+        records[0]
+    )
+    (summary,) = summarize(load_report(tmp_path))
+    rss = [r["rss"] for r in records]
+    assert summary.readings == 60
+    assert summary.peak_rss == max(rss)
+    assert summary.steady_rss == statistics.median_high(rss[30:])
+    assert summary.growth == pytest.approx(max(rss) / rss[0])
+    assert summary.peak_buffer_bytes == max(r["buffer_bytes"] for r in records)
+
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{max(rss) / MB:.1f}" in out
+    assert (tmp_path / "rss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_of_an_empty_directory_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no rss-rank*-worker*.jsonl files" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"every_samples": 0}, "every_samples must be >= 1"),
+        ({"warn_rss_mb": 0}, "warn_rss_mb must be None or > 0"),
+        ({"warn_growth": 1.0}, "warn_growth must be None or > 1"),
+    ],
+)
+def test_bad_monitor_settings(settings: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        MonitorConfig(**settings)
+
+
+def test_tune_runs_and_recommends_within_budget(
+    vlm_demo_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["tune", str(vlm_demo_path), "--buffer-sizes", "4,16", "--num-workers", "1"]
+    args += ["--max-samples", "40", "--out", str(tmp_path), "--rss-budget-mb", "100000"]
+    assert main(args) == 0
+    report = json.loads((tmp_path / "tune.json").read_text())
+    fields = {
+        "buffer_size", "decode", "samples", "packs", "bin_fill", "token_efficiency",
+        "first_pack_seconds", "packs_per_second", "samples_per_second", "peak_worker_rss_mb",
+        "steady_worker_rss_mb", "peak_buffer_mb", "interrupted",
+    }  # fmt: skip
+    assert [r["buffer_size"] for r in report["results"]] == [4, 16]
+    for result in report["results"]:
+        assert set(result) == fields
+        assert result["samples"] >= 40
+        assert 0 < result["bin_fill"] <= 1
+        assert result["peak_worker_rss_mb"] > 50
+    best = report["recommendation"]
+    assert best["buffer_size"] == 16
+    assert best["peak_worker_rss_mb"] * 1 <= report["rss_budget_mb"]
+    for name in ("bin_fill.png", "rss.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    assert "recommended: packing_buffer_size=16" in capsys.readouterr().out
+
+    assert main([*args[:-2], "--rss-budget-mb", "1"]) == 0
+    assert json.loads((tmp_path / "tune.json").read_text())["recommendation"] is None
+    assert "no measured buffer fits 1 MiB" in capsys.readouterr().out
+
+
+def test_tune_refuses_an_unprepared_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["tune", str(tmp_path)]) == 2
+    assert "is not a prepared Energon dataset" in capsys.readouterr().err
