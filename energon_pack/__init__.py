@@ -7,10 +7,12 @@ from energon_pack.binpack import (
     best_fit_decreasing,
     first_fit_decreasing,
 )
+from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
 from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSample
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
 from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
 from energon_pack.media import MediaConfig, MediaError
+from energon_pack.memory import BufferMemoryWarning, MonitorConfig, RSSMonitor
 from energon_pack.offline import (
     OfflinePackResult,
     PackedDataset,
@@ -37,13 +39,16 @@ from energon_pack.topology import (
 __all__ = [
     "IGNORE_INDEX",
     "Bin",
+    "BufferMemoryWarning",
     "ByteTokenizer",
+    "CollatedBatch",
     "ConversationEncoder",
     "DerivedValues",
     "EncodedSample",
     "MRopeConfig",
     "MediaConfig",
     "MediaError",
+    "MonitorConfig",
     "OfflinePackResult",
     "OnlineBinPacker",
     "PackMetadata",
@@ -56,8 +61,11 @@ __all__ = [
     "PackingSpec",
     "PackingStats",
     "PackingTaskEncoder",
+    "PackingWarning",
+    "RSSMonitor",
     "RawSample",
     "TokenSlotRow",
+    "VLMPackingCollator",
     "best_fit_decreasing",
     "build_packed_row",
     "equal_token_slot_table",
