@@ -31,8 +31,13 @@ from typing import Any, Literal, TypeAlias
 import torch
 
 from energon_pack.binpack import aligned_length, fewest_bins
-from energon_pack.encode import ConversationEncoder, EncodedSample, VisionInputs
-from energon_pack.layout import build_packed_row, loss_mask_from_labels
+from energon_pack.encode import ConversationEncoder, EncodedSample, VisionInputs, decode_vision
+from energon_pack.layout import (
+    build_packed_row,
+    hf_varlen_kwargs,
+    loss_mask_from_labels,
+    packed_seq_params_kwargs,
+)
 from energon_pack.media import MediaError
 from energon_pack.packed import PackedSample, pack_samples
 from energon_pack.rope import MRopeConfig
@@ -109,28 +114,13 @@ class CollatedBatch:
 
     def to_packed_seq_params_kwargs(self) -> dict[str, Any]:
         """Megatron Core ``PackedSeqParams`` kwargs (``qkv_format="thd"``), flattened batch."""
-        return {
-            "cu_seqlens_q": self.cu_seqlens_flat,
-            "cu_seqlens_kv": self.cu_seqlens_flat,
-            "cu_seqlens_q_padded": self.cu_seqlens_padded_flat,
-            "cu_seqlens_kv_padded": self.cu_seqlens_padded_flat,
-            "max_seqlen_q": self.max_seqlen,
-            "max_seqlen_kv": self.max_seqlen,
-            "qkv_format": "thd",
-        }
+        return packed_seq_params_kwargs(
+            self.cu_seqlens_flat, self.cu_seqlens_padded_flat, self.max_seqlen
+        )
 
     def to_hf_varlen_kwargs(self) -> dict[str, Any]:
-        """transformers varlen flash-attention kwargs for ``input_ids.view(1, -1)``.
-
-        The boundaries are the physical (padded) ones since they index the physical tokens.
-        """
-        return {
-            "position_ids": self.position_ids.reshape(1, -1),
-            "cu_seq_lens_q": self.cu_seqlens_padded_flat,
-            "cu_seq_lens_k": self.cu_seqlens_padded_flat,
-            "max_length_q": self.max_seqlen,
-            "max_length_k": self.max_seqlen,
-        }
+        """transformers varlen flash-attention kwargs for ``input_ids.view(1, -1)``."""
+        return hf_varlen_kwargs(self.position_ids, self.cu_seqlens_padded_flat, self.max_seqlen)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat mapping: every field except ``vision``, plus the media tensors that are set."""
@@ -332,14 +322,9 @@ class VLMPackingCollator:
             )
             for group in groups
         ]
-        # Several rows: the pixels are concatenated once, over all rows in row order.
-        vision = (
-            packs[0].vision
-            if single_row
-            else VisionInputs.concat(
-                [v for g in groups for i in g if (v := ready[i].vision) is not None]
-            )
-        )
+        # Several rows: the pixels of all rows are gathered once, in row order.
+        in_row_order = [ready[i] for group in groups for i in group]
+        vision = packs[0].vision if single_row else decode_vision(in_row_order, self.encoder.media)
         static = self.max_segments if self.pad_cu_seqlens else None
         return _assemble(packs, vision, static, skipped, truncated)
 

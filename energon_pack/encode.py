@@ -10,6 +10,7 @@ patchifies them, which the packers call only for samples they selected.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
@@ -197,31 +198,76 @@ class EncodedSample:
         """
         if self.is_materialized:
             return self
-        parts = []
-        for item in self.media:
+        return replace(self, vision=decode_vision([self], config))
+
+
+def decode_vision(
+    samples: Sequence[EncodedSample], config: MediaConfig | None = None, *, shared: bool = False
+) -> VisionInputs:
+    """The media of ``samples``, in order, decoded straight into one tensor per field.
+
+    Each image and video is patchified into its slice of ``pixel_values`` /
+    ``pixel_values_videos``, sized from the probed grids, so a packed row's pixels exist once.
+    Already materialised samples are copied in. ``shared=True`` allocates the pixels in shared
+    memory (where a DataLoader worker would copy the batch anyway).
+    Raises :class:`~energon_pack.media.MediaError` naming the sample and member on bad media.
+    """
+    cfg = config or MediaConfig()
+    items = [(s, item) for s in samples for item in s.media]
+    pixels = {kind: _alloc([i for _, i in items if i.kind == kind], cfg, shared)
+              for kind in ("image", "video")}  # fmt: skip
+    offsets = {"image": 0, "video": 0}
+    seconds: list[torch.Tensor] = []
+    for sample in samples:
+        vision = sample.vision
+        if vision is not None:  # materialised already: copy its blocks in
+            for kind, block in (
+                ("image", vision.pixel_values),
+                ("video", vision.pixel_values_videos),
+            ):
+                if block is not None:
+                    start = offsets[kind]
+                    _slot(pixels[kind], start, block.shape[0]).copy_(block)
+                    offsets[kind] += block.shape[0]
+            if vision.second_per_grid_ts is not None:
+                seconds.append(vision.second_per_grid_ts)
+            continue
+        for item in sample.media:
+            rows = math.prod(item.grid_thw)
+            slot = _slot(pixels[item.kind], offsets[item.kind], rows)
+            offsets[item.kind] += rows
             if item.kind == "image":
-                pixels, grid = process_image(item.data, config, key=self.key, member=item.member)
-                part = VisionInputs(pixel_values=pixels, image_grid_thw=grid)
+                process_image(item.data, cfg, key=sample.key, member=item.member, out=slot)
             else:
-                pixels, grid, seconds = process_video(
-                    item.data, config, key=self.key, member=item.member
+                _, _, second = process_video(
+                    item.data, cfg, key=sample.key, member=item.member, out=slot
                 )
-                part = VisionInputs(
-                    pixel_values_videos=pixels,
-                    video_grid_thw=grid,
-                    second_per_grid_ts=torch.tensor([seconds], dtype=torch.float32),
-                )
-            if tuple(grid[0].tolist()) != item.grid_thw:
-                raise MediaError(
-                    self.key,
-                    item.member,
-                    "corrupt",
-                    f"decoded grid {tuple(grid[0].tolist())} differs from the probed grid "
-                    f"{item.grid_thw}; the file's header does not match its pixels",
-                )
-            parts.append(part)
-        vision = VisionInputs.concat(parts)
-        return replace(self, vision=vision)
+                seconds.append(torch.tensor([second], dtype=torch.float32))
+    return VisionInputs(
+        pixel_values=pixels["image"],
+        image_grid_thw=_grids([i for _, i in items if i.kind == "image"]),
+        pixel_values_videos=pixels["video"],
+        video_grid_thw=_grids([i for _, i in items if i.kind == "video"]),
+        second_per_grid_ts=torch.cat(seconds) if seconds else None,
+    )
+
+
+def _alloc(items: list[MediaItem], cfg: MediaConfig, shared: bool) -> torch.Tensor | None:
+    if not items:
+        return None
+    out = torch.empty((sum(math.prod(i.grid_thw) for i in items), cfg.patch_dim))
+    if shared:
+        out.share_memory_()  # type: ignore[no-untyped-call]
+    return out
+
+
+def _slot(pixels: torch.Tensor | None, start: int, rows: int) -> torch.Tensor:
+    assert pixels is not None  # allocated from the same items
+    return pixels[start : start + rows]
+
+
+def _grids(items: list[MediaItem]) -> torch.Tensor | None:
+    return torch.tensor([list(i.grid_thw) for i in items], dtype=torch.long) if items else None
 
 
 class ConversationEncoder:

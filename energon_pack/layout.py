@@ -66,28 +66,40 @@ class PackedRow:
 
     def to_packed_seq_params_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for Megatron Core ``PackedSeqParams`` (``qkv_format="thd"``)."""
-        return {
-            "cu_seqlens_q": self.cu_seqlens,
-            "cu_seqlens_kv": self.cu_seqlens,
-            "cu_seqlens_q_padded": self.cu_seqlens_padded,
-            "cu_seqlens_kv_padded": self.cu_seqlens_padded,
-            "max_seqlen_q": self.max_seqlen,
-            "max_seqlen_kv": self.max_seqlen,
-            "qkv_format": "thd",
-        }
+        return packed_seq_params_kwargs(self.cu_seqlens, self.cu_seqlens_padded, self.max_seqlen)
 
     def to_hf_varlen_kwargs(self) -> dict[str, Any]:
-        """transformers varlen flash-attention kwargs.
+        """transformers varlen flash-attention kwargs (physical boundaries)."""
+        return hf_varlen_kwargs(self.position_ids, self.cu_seqlens_padded, self.max_seqlen)
 
-        The boundaries are the physical (padded) ones since they index the physical row.
-        """
-        return {
-            "position_ids": self.position_ids.unsqueeze(0),
-            "cu_seq_lens_q": self.cu_seqlens_padded,
-            "cu_seq_lens_k": self.cu_seqlens_padded,
-            "max_length_q": self.max_seqlen,
-            "max_length_k": self.max_seqlen,
-        }
+
+def packed_seq_params_kwargs(
+    cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor, max_seqlen: int
+) -> dict[str, Any]:
+    """Megatron Core ``PackedSeqParams`` fields for THD attention (no megatron-core import)."""
+    return {
+        "cu_seqlens_q": cu_seqlens,
+        "cu_seqlens_kv": cu_seqlens,
+        "cu_seqlens_q_padded": cu_seqlens_padded,
+        "cu_seqlens_kv_padded": cu_seqlens_padded,
+        "max_seqlen_q": max_seqlen,
+        "max_seqlen_kv": max_seqlen,
+        "qkv_format": "thd",
+    }
+
+
+def hf_varlen_kwargs(
+    position_ids: torch.Tensor, cu_seqlens_padded: torch.Tensor, max_seqlen: int
+) -> dict[str, Any]:
+    """transformers varlen flash-attention kwargs. The boundaries are the physical (padded) ones,
+    since they index the physical tokens; ``position_ids`` gets a leading batch dim of 1."""
+    return {
+        "position_ids": position_ids.reshape(1, -1),
+        "cu_seq_lens_q": cu_seqlens_padded,
+        "cu_seq_lens_k": cu_seqlens_padded,
+        "max_length_q": max_seqlen,
+        "max_length_k": max_seqlen,
+    }
 
 
 def build_packed_row(

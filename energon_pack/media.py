@@ -274,11 +274,18 @@ def probe_image(
 
 
 def process_image(
-    data: bytes, config: MediaConfig | None = None, *, key: str = "?", member: str = "?"
+    data: bytes,
+    config: MediaConfig | None = None,
+    *,
+    key: str = "?",
+    member: str = "?",
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode, resize, normalise and patchify an image.
 
     Returns ``pixel_values [t*h*w, 3*temporal_patch*p*p] float32`` and ``image_grid_thw [1, 3]``.
+    With ``out`` (a float32 ``[t*h*w, patch_dim]`` tensor, e.g. a slice of a packed row's
+    buffer) the patches are written there and ``out`` is returned.
     """
     cfg = config or _DEFAULT
     with _open_image(data, cfg, key, member) as img:
@@ -292,8 +299,9 @@ def process_image(
         except (OSError, ValueError, SyntaxError) as exc:
             raise MediaError(key, member, "corrupt", f"cannot decode image: {exc}") from exc
     frame = torch.from_numpy(np.array(resized, dtype=np.uint8)).permute(2, 0, 1)
-    frames = frame.unsqueeze(0).expand(cfg.temporal_patch_size, -1, -1, -1)
-    pixels = _patchify(_normalize(frames, cfg), cfg)
+    normalized = _normalize(frame.unsqueeze(0), cfg)  # a still: one frame, repeated as a view
+    still = normalized.expand(cfg.temporal_patch_size, -1, -1, -1)
+    pixels = _patchify(still, cfg, _checked_out(out, gh * gw, cfg, key, member))
     return pixels, torch.tensor([[1, gh, gw]], dtype=torch.long)
 
 
@@ -313,7 +321,12 @@ def probe_video(
 
 
 def process_video(
-    data: bytes, config: MediaConfig | None = None, *, key: str = "?", member: str = "?"
+    data: bytes,
+    config: MediaConfig | None = None,
+    *,
+    key: str = "?",
+    member: str = "?",
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Decode sampled frames, resize, normalise and patchify a video.
 
@@ -345,7 +358,8 @@ def process_video(
         [np.asarray(Image.fromarray(f).resize(size, Image.Resampling.BICUBIC)) for f in batch]
     )
     frames = torch.from_numpy(resized).permute(0, 3, 1, 2)
-    pixels = _patchify(_normalize(frames, cfg), cfg)
+    rows = plan.grid_thw[0] * plan.grid_thw[1] * plan.grid_thw[2]
+    pixels = _patchify(_normalize(frames, cfg), cfg, _checked_out(out, rows, cfg, key, member))
     grid = torch.tensor([list(plan.grid_thw)], dtype=torch.long)
     return pixels, grid, plan.second_per_grid_t
 
@@ -420,21 +434,46 @@ def _tokens(grid: tuple[int, int, int], cfg: MediaConfig) -> int:
 
 
 def _normalize(frames: torch.Tensor, cfg: MediaConfig) -> torch.Tensor:
-    """uint8 ``[T, C, H, W]`` -> float32, rounded like transformers (float64 rescale first)."""
-    scaled = (frames.to(torch.float64) * (1 / 255)).to(torch.float32)
-    mean = torch.tensor(cfg.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
-    std = torch.tensor(cfg.image_std, dtype=torch.float32).view(1, 3, 1, 1)
-    return (scaled - mean) / std
+    """uint8 ``[T, C, H, W]`` -> float32, rounded like transformers (float64 rescale first).
+
+    One frame and channel at a time, so the float64 scratch stays one plane, not the clip.
+    """
+    out = torch.empty(frames.shape, dtype=torch.float32)
+    for t in range(frames.shape[0]):
+        for c, (mean, std) in enumerate(zip(cfg.image_mean, cfg.image_std, strict=True)):
+            plane = (frames[t, c].to(torch.float64) * (1 / 255)).to(torch.float32)
+            torch.div(plane.sub_(mean), std, out=out[t, c])
+    return out
 
 
-def _patchify(frames: torch.Tensor, cfg: MediaConfig) -> torch.Tensor:
-    """Float ``[T, C, H, W]`` (T a multiple of temporal_patch_size) -> ``[t*h*w, patch_dim]``."""
+def _patchify(
+    frames: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Float ``[T, C, H, W]`` (T a multiple of temporal_patch_size) -> ``[t*h*w, patch_dim]``,
+    written into ``out`` when given (one copy, no intermediate)."""
     n, c, height, width = frames.shape
     tp, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
     gt, gh, gw = n // tp, height // p, width // p
     patches = frames.reshape(gt, tp, c, gh // m, m, p, gw // m, m, p)
     patches = patches.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return patches.reshape(gt * gh * gw, c * tp * p * p).contiguous()
+    if out is None:
+        return patches.reshape(gt * gh * gw, c * tp * p * p).contiguous()
+    out.view(patches.shape).copy_(patches)
+    return out
+
+
+def _checked_out(
+    out: torch.Tensor | None, rows: int, cfg: MediaConfig, key: str, member: str
+) -> torch.Tensor | None:
+    if out is None or (out.shape == (rows, cfg.patch_dim) and out.dtype == torch.float32):
+        return out
+    raise MediaError(
+        key,
+        member,
+        "corrupt",
+        f"decodes to {rows} patches of {cfg.patch_dim} values but its slot holds "
+        f"{tuple(out.shape)} {out.dtype}; the probe and the decode disagree (same MediaConfig?)",
+    )
 
 
 def _open_video(data: bytes, key: str, member: str) -> Any:

@@ -7,15 +7,16 @@ with :func:`pack_samples`, so the row layout and the media order are defined onc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
+from torch.utils.data import get_worker_info
 
-from energon_pack.encode import EncodedSample, VisionInputs
+from energon_pack.encode import EncodedSample, VisionInputs, decode_vision
 from energon_pack.layout import PackedRow, build_packed_row
 from energon_pack.media import MediaConfig
-from energon_pack.rope import MRopeConfig, packed_mrope_position_ids
+from energon_pack.rope import MRopeConfig, mrope_for_packed
 
 
 @dataclass(frozen=True)
@@ -52,17 +53,18 @@ def pack_samples(
     mrope: MRopeConfig | None = None,
     with_pixels: bool = True,
 ) -> PackedSample:
-    """Materialise ``samples`` (decode their media) and pack them, in order, into one row.
+    """Pack ``samples``, in order, into one row and decode their media into it.
 
     The row options are those of :func:`~energon_pack.layout.build_packed_row`; ``media`` is
-    the preprocessing used to decode; with ``mrope`` the 3-D position ids of every segment are
-    computed too. With ``with_pixels=False`` the result's media carry only the grids (for a
-    caller that concatenates the pixels of several rows itself, in one copy). Raises ValueError
-    (naming the keys) if the samples do not fit.
+    the preprocessing used to decode (each image/video is patchified straight into its slice of
+    the row's pixel tensors, see :func:`~energon_pack.encode.decode_vision`); with ``mrope`` the
+    3-D position ids of every segment are computed too. With ``with_pixels=False`` (samples
+    already materialised) the result's media carry only the grids, for a caller that gathers
+    the pixels of several rows itself. Raises ValueError (naming the keys) if the samples do not
+    fit, and :class:`~energon_pack.media.MediaError` on bad media.
     """
-    ready = [sample.materialize(media) for sample in samples]
     row = build_packed_row(
-        [{"key": s.key, "input_ids": s.input_ids, "loss_mask": s.loss_mask} for s in ready],
+        [{"key": s.key, "input_ids": s.input_ids, "loss_mask": s.loss_mask} for s in samples],
         seq_length=seq_length,
         pad_to_multiple_of=pad_to_multiple_of,
         pad_to_max_length=pad_to_max_length,
@@ -70,18 +72,14 @@ def pack_samples(
         max_segments=max_segments,
         pad_token_id=pad_token_id,
     )
-    parts = [s.vision for s in ready if s.vision is not None]
-    vision = VisionInputs.concat(parts if with_pixels else [v.without_pixels() for v in parts])
-    keys = tuple(s.key for s in ready)
+    if with_pixels:
+        # In a DataLoader worker the batch goes through shared memory: decode it there.
+        vision = decode_vision(samples, media, shared=get_worker_info() is not None)
+    else:
+        grids = [s.vision.without_pixels() for s in samples if s.vision is not None]
+        vision = VisionInputs.concat(grids)
+    packed = PackedSample(keys=tuple(s.key for s in samples), row=row, vision=vision)
     if mrope is None:
-        return PackedSample(keys=keys, row=row, vision=vision)
-    positions, deltas = packed_mrope_position_ids(
-        row.input_ids,
-        row.cu_seqlens_padded,
-        row.cu_seqlens,
-        vision.image_grid_thw,
-        vision.video_grid_thw,
-        vision.second_per_grid_ts,
-        mrope,
-    )
-    return PackedSample(keys, row, vision, mrope_position_ids=positions, rope_deltas=deltas)
+        return packed
+    positions, deltas = mrope_for_packed(packed, mrope)
+    return replace(packed, mrope_position_ids=positions, rope_deltas=deltas)

@@ -187,6 +187,8 @@ def plot_results(results: Sequence[TuneResult], out_dir: Path) -> list[Path]:
             if own:
                 axis.plot([r.buffer_size for r in own], [value(r) for r in own], "o-", label=decode)
         axis.set_xscale("log", base=2)
+        sizes = sorted({r.buffer_size for r in results})
+        axis.set_xticks(sizes, labels=[str(size) for size in sizes])
         axis.set_xlabel("packing_buffer_size")
         axis.set_ylabel(label)
         axis.legend()

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Sequence
+import tarfile
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, TypeVar
 
 import av
 import numpy as np
+from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 from PIL import Image
 
+from energon_pack.energon import PackedBatch, PackingTaskEncoder
 from energon_pack.media import MediaConfig
 
 # Small vision budgets keep decoding cheap; the token layout rules are the same.
@@ -22,6 +26,23 @@ SMALL_MEDIA = MediaConfig(
     video_total_pixels=28 * 28 * 256,
     video_fps=1.0,
 )
+
+Samples = dict[str, dict[str, bytes]]
+"""``{sample key: {member name: bytes}}`` of a WebDataset dataset."""
+
+
+def read_samples(path: Path) -> Samples:
+    """Every sample of the ``*.tar`` shards in ``path``, members by name (``json``, ``0.jpg``)."""
+    samples: Samples = {}
+    for shard in sorted(path.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for info in tar.getmembers():
+                key, _, member = info.name.partition(".")
+                handle = tar.extractfile(info)
+                assert handle is not None
+                samples.setdefault(key, {})[member] = handle.read()
+    return samples
+
 
 T = TypeVar("T")
 Step = Callable[[T], Any]
@@ -79,3 +100,34 @@ def video_bytes(width: int = 96, height: int = 64, frames: int = 8, fps: int = 4
             container.mux(stream.encode(frame))
         container.mux(stream.encode())
     return out.getvalue()
+
+
+def make_encoder(**overrides: Any) -> PackingTaskEncoder:
+    settings: dict[str, Any] = {"seq_length": 8192, "pad_to_multiple_of": 8, "media": SMALL_MEDIA}
+    return PackingTaskEncoder(**{**settings, **overrides})
+
+
+def train_dataset(
+    path: Path,
+    buffer: int | None,
+    *,
+    workers: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    repeat: bool = False,
+    **overrides: Any,
+) -> Any:
+    return get_train_dataset(
+        path,
+        worker_config=WorkerConfig(rank=rank, world_size=world_size, num_workers=workers),
+        batch_size=1,
+        packing_buffer_size=buffer,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        task_encoder=make_encoder(**overrides),
+        repeat=repeat,
+    )
+
+
+def batches(dataset: Any) -> Iterator[PackedBatch]:
+    yield from get_savable_loader(dataset)

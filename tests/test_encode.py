@@ -196,3 +196,12 @@ def test_hf_tokenizer_is_accepted() -> None:
     start, end = hf.convert_tokens_to_ids("<|im_start|>"), hf.convert_tokens_to_ids("<|im_end|>")
     assert encoded.input_ids.tolist() == [start, 1, 5, 3, end, 5, start, 2, 5, 4, end, 5]
     assert encoded.loss_mask.tolist() == [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0]
+
+
+def test_parse_sample_takes_media_in_index_order_without_a_list() -> None:
+    turns = [{"from": "human", "value": "<image>\n<image>\nHi"}]
+    raw = parse_sample("k", {"json": {"conversations": turns}, "10.png": b"p", "2.jpg": b"j"})
+    assert [(member, kind) for member, kind, _ in raw.media] == [
+        ("2.jpg", "image"),
+        ("10.png", "image"),
+    ]

@@ -6,7 +6,6 @@ import json
 import pickle
 import subprocess
 import sys
-import tarfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,60 +13,24 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import SMALL_MEDIA, assert_resume_equivalent
+from helpers import (
+    SMALL_MEDIA,
+    assert_resume_equivalent,
+    batches,
+    make_encoder,
+    read_samples,
+    train_dataset,
+)
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
 
 from energon_pack.encode import ConversationEncoder
-from energon_pack.energon import CarryOverPackingDataset, PackedBatch, PackingTaskEncoder
+from energon_pack.energon import CarryOverPackingDataset, PackedBatch
 from energon_pack.rope import MRopeConfig, mrope_position_ids
-
-
-def make_encoder(**overrides: Any) -> PackingTaskEncoder:
-    settings: dict[str, Any] = {"seq_length": 8192, "pad_to_multiple_of": 8, "media": SMALL_MEDIA}
-    return PackingTaskEncoder(**{**settings, **overrides})
-
-
-def train_dataset(
-    path: Path,
-    buffer: int | None,
-    *,
-    workers: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    repeat: bool = False,
-    **overrides: Any,
-) -> Any:
-    return get_train_dataset(
-        path,
-        worker_config=WorkerConfig(rank=rank, world_size=world_size, num_workers=workers),
-        batch_size=1,
-        packing_buffer_size=buffer,
-        shuffle_buffer_size=None,
-        max_samples_per_sequence=None,
-        task_encoder=make_encoder(**overrides),
-        repeat=repeat,
-    )
-
-
-def batches(dataset: Any) -> Iterator[PackedBatch]:
-    yield from get_savable_loader(dataset)
-
-
-def raw_samples(path: Path) -> dict[str, dict[str, bytes]]:
-    samples: dict[str, dict[str, bytes]] = {}
-    for shard in sorted(path.glob("*.tar")):
-        with tarfile.open(shard) as tar:
-            for info in tar.getmembers():
-                key, _, member = info.name.partition(".")
-                handle = tar.extractfile(info)
-                assert handle is not None
-                samples.setdefault(key, {})[member] = handle.read()
-    return samples
 
 
 @pytest.fixture(scope="module")
 def demo_samples(vlm_demo_path: Path) -> dict[str, dict[str, bytes]]:
-    return raw_samples(vlm_demo_path)
+    return read_samples(vlm_demo_path)
 
 
 def emitted_keys(dataset: Any) -> Counter[str]:

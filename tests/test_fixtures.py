@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers import Samples, read_samples
 
 from energon_pack import media
 from energon_pack.sample import parse_sample
@@ -30,18 +31,14 @@ def _load_generator(fixtures_dir: Path) -> ModuleType:
     return module
 
 
-def _samples(path: Path) -> dict[str, dict[str, bytes]]:
-    samples: dict[str, dict[str, bytes]] = {}
+def _samples(path: Path) -> Samples:
+    """The samples, after checking the tar members carry no machine-specific metadata."""
     for shard in sorted(path.glob("*.tar")):
         with tarfile.open(shard) as tar:
             for info in tar.getmembers():
                 assert info.mtime == 0
                 assert (info.uid, info.gid, info.uname) == (0, 0, "")
-                key, _, ext = info.name.partition(".")
-                handle = tar.extractfile(info)
-                assert handle is not None
-                samples.setdefault(key, {})[ext] = handle.read()
-    return samples
+    return read_samples(path)
 
 
 def test_fixtures_fit_the_size_budget(fixtures_dir: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import pickle
-import tarfile
 import warnings
 from collections.abc import Iterator
 from functools import cache
@@ -15,6 +14,7 @@ import decord
 import numpy as np
 import pytest
 import torch
+from helpers import Samples, read_samples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -24,25 +24,16 @@ from energon_pack.media import MediaConfig, MediaError
 from energon_pack.sample import parse_sample
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-Samples = dict[str, dict[str, bytes]]
 
 
 @cache
-def read_samples(dataset: str) -> Samples:
-    """``{key: {ext: bytes}}`` of every shard of a fixture dataset."""
-    samples: Samples = {}
-    for shard in sorted((FIXTURES / dataset).glob("*.tar")):
-        with tarfile.open(shard) as tar:
-            for info in tar.getmembers():
-                key, _, ext = info.name.partition(".")
-                handle = tar.extractfile(info)
-                assert handle is not None
-                samples.setdefault(key, {})[ext] = handle.read()
-    return samples
+def fixture_samples(dataset: str) -> Samples:
+    """The samples of a shipped fixture dataset (read once per test session)."""
+    return read_samples(FIXTURES / dataset)
 
 
 def demo_media(kind: str) -> Iterator[tuple[str, str, bytes]]:
-    for key, sample in read_samples("vlm_demo").items():
+    for key, sample in fixture_samples("vlm_demo").items():
         for member, member_kind, data in parse_sample(key, sample).media:
             if member_kind == kind:
                 yield key, member, data
@@ -131,7 +122,7 @@ def test_images_match_transformers_and_probe() -> None:
 
 def test_probe_reads_only_the_header() -> None:
     """A truncated JPEG probes fine (header intact) and fails only when decoded."""
-    samples = read_samples("broken")
+    samples = fixture_samples("broken")
     data = samples["bad_truncated_jpeg"]["0.jpg"]
     probe = media.probe_image(data)
     assert (probe.width, probe.height) == (320, 240)
@@ -141,7 +132,7 @@ def test_probe_reads_only_the_header() -> None:
 
 
 def test_720p_image_footprint() -> None:
-    key, sample = "demo00000", read_samples("vlm_demo")["demo00000"]
+    key, sample = "demo00000", fixture_samples("vlm_demo")["demo00000"]
     data = sample["0.jpg"]
     probe = media.probe_image(data, key=key, member="0.jpg")
     assert (probe.width, probe.height) == (1280, 720)
@@ -154,7 +145,7 @@ def test_720p_image_footprint() -> None:
 
 
 def test_image_pixel_limit_is_checked_before_decoding() -> None:
-    data = read_samples("broken")["good_image"]["0.jpg"]
+    data = fixture_samples("broken")["good_image"]["0.jpg"]
     with pytest.raises(MediaError, match=r"max_image_pixels=1000") as info:
         media.probe_image(data, MediaConfig(max_image_pixels=1000), key="k", member="0.jpg")
     assert info.value.kind == "too_large"
@@ -289,7 +280,7 @@ def _run_stage(stage: str, key: str, sample: dict[str, bytes]) -> None:
 
 def test_broken_fixtures_give_documented_errors() -> None:
     manifest = json.loads((FIXTURES / "broken" / "expected.json").read_text())
-    samples = read_samples("broken")
+    samples = fixture_samples("broken")
     assert set(samples) == set(manifest["samples"])
     stages = ["sample", "probe", "process"]
     for key, expected in manifest["samples"].items():

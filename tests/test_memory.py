@@ -10,11 +10,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import SMALL_MEDIA
-from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
+from helpers import SMALL_MEDIA, batches, train_dataset
 
 from energon_pack.cli import main
-from energon_pack.energon import PackingTaskEncoder
+from energon_pack.media import MediaConfig
 from energon_pack.memory import (
     MB,
     BufferMemoryWarning,
@@ -28,17 +27,8 @@ from energon_pack.memory import (
 
 
 def run_loader(path: Path, monitor: MonitorConfig | None, **encoder: Any) -> list[list[str]]:
-    dataset = get_train_dataset(
-        path,
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
-        batch_size=1,
-        packing_buffer_size=16,
-        shuffle_buffer_size=None,
-        max_samples_per_sequence=None,
-        task_encoder=PackingTaskEncoder(seq_length=8192, monitor=monitor, **encoder),
-        repeat=False,
-    )
-    return [list(batch.__keys__) for batch in get_savable_loader(dataset)]
+    dataset = train_dataset(path, 16, monitor=monitor, **{"media": MediaConfig(), **encoder})
+    return [list(batch.__keys__) for batch in batches(dataset)]
 
 
 def buffer_warnings(caught: list[warnings.WarningMessage]) -> list[str]:

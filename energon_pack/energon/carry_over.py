@@ -10,7 +10,7 @@ Saved state (per worker), all listed in ``_savable_fields``:
   that has not been yielded yet), and ``_buffer_seqs``, their stream sequence numbers;
 * ``_packer``: the packer's JSON state (held candidates by sequence number, counters);
 * ``_pending``: chosen packs (sequence numbers) not yet yielded;
-* ``_next_seq``, the sample indices of materialisation and packing, and ``_counters``.
+* ``_next_seq``, the packing sample index and ``_counters``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ T_pack = TypeVar("T_pack")
 
 
 class SkippedSample(Exception):
-    """Raised by ``materialize`` to skip one sample; the reason is counted in the stats."""
+    """Raised by ``pack`` to drop one sample of a pack; the reason is counted in the stats."""
 
     def __init__(self, key: str, reason: str, message: str) -> None:
         super().__init__(message)
@@ -97,9 +97,10 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         length: token length of a sample.
         nbytes: bytes a buffered sample holds (for ``max_bytes`` and the stats).
         decoded_nbytes: the part of ``nbytes`` that is decoded media (for the memory monitor).
-        materialize: turns a chosen sample into its packable form (decodes media); may raise
-            :class:`SkippedSample`. Must be stateless (it runs again on restore).
-        pack: builds the packed sample from the materialised samples, in stream order.
+        pack: builds the packed sample from the chosen samples, in stream order, decoding
+            their media. It may raise :class:`SkippedSample` for a sample that cannot be
+            decoded: that sample is skipped and the pack is built from the others. Must be
+            stateless (it runs again on restore).
         overlong: a sample longer than the packer's capacity raises ValueError (``"error"``)
             or is counted and skipped (``"skip"``).
         max_consecutive_skips: stop with an error after this many skipped samples in a row
@@ -113,7 +114,6 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         "_packer",
         "_pending",
         "_next_seq",
-        "_materialize_index",
         "_pack_index",
         "_counters",
     )
@@ -126,7 +126,6 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         length: Callable[[T_sample], int],
         nbytes: Callable[[T_sample], int],
         decoded_nbytes: Callable[[T_sample], int],
-        materialize: Callable[[T_sample], T_sample],
         pack: Callable[[list[T_sample]], T_pack],
         overlong: Overlong = "error",
         max_consecutive_skips: int = 100,
@@ -139,7 +138,6 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         self._nbytes = nbytes
         self._decoded_nbytes = decoded_nbytes
         self.monitor_config = monitor
-        self._materialize = materialize
         self._pack = pack
         self.overlong: Overlong = overlong
         self.max_consecutive_skips = max_consecutive_skips
@@ -153,7 +151,6 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         self._packer = _SavablePacker(self._make_packer)
         self._pending: list[list[int]] = []
         self._next_seq = 0
-        self._materialize_index = SampleIndex(self.worker_config, src=self)
         self._pack_index = SampleIndex(self.worker_config, src=self)
         self._counters: dict[str, Any] = {"samples": 0, "packs": 0, "skipped": {}, "in_a_row": 0}
 
@@ -181,6 +178,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                 continue
             seq = self._next_seq
             self._next_seq += 1
+            self._counters["in_a_row"] = 0
             self._buffer.append(sample)
             self._buffer_seqs.append(seq)
             bins = self.packer.push(seq, length, nbytes=self._nbytes(sample))
@@ -243,23 +241,22 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                 yield packed
 
     def _pack_chosen(self, chosen: list[T_sample]) -> T_pack | None:
-        ready: list[T_sample] = []
-        keys: list[Any] = []
-        for sample in chosen:
-            with self._materialize_index.ctx() as index:
-                try:
-                    ready.append(self._materialize(sample))
-                except SkippedSample as skipped:
-                    self._skip(skipped)
-                    continue
-            keys.append((index, get_sample_restore_key(sample)))
-        if not ready:
+        """The pack of ``chosen``; a sample whose media fail is skipped and the rest packed."""
+        while chosen:
+            try:
+                with self._pack_index.ctx() as pack_index:
+                    packed = self._pack(chosen)
+                break
+            except SkippedSample as skipped:
+                self._skip(skipped)
+                failed = next(i for i, s in enumerate(chosen) if _key(s) == skipped.key)
+                chosen = chosen[:failed] + chosen[failed + 1 :]
+        else:
             return None
-        with self._pack_index.ctx() as pack_index:
-            packed = self._pack(ready)
-        self._counters["samples"] += len(ready)
+        self._counters["samples"] += len(chosen)
         self._counters["packs"] += 1
         self._counters["in_a_row"] = 0
+        keys = [get_sample_restore_key(sample) for sample in chosen]
         packed = set_sample_restore_key(packed, pack_index, *keys, src=self)
         if hasattr(packed, "packing_stats"):
             packed.packing_stats = self.stats()
@@ -296,17 +293,13 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         )
 
     def restore_sample(self, restore_key: tuple[Any, ...]) -> T_pack:
-        """Rebuild one pack from its restore key (re-reads and re-materialises its samples)."""
+        """Rebuild one pack from its restore key (re-reads its samples, decodes them again)."""
         name, pack_index, *entries = restore_key
         if name != type(self).__name__:
             raise ValueError(f"restore key {restore_key!r} was not made by {type(self).__name__}")
-        ready = []
-        for index, inner in entries:
-            sample = self.dataset.restore_sample(inner)
-            with self._materialize_index.ctx(index):
-                ready.append(self._materialize(sample))
+        samples = [self.dataset.restore_sample(inner) for inner in entries]
         with self._pack_index.ctx(pack_index):
-            packed = self._pack(ready)
+            packed = self._pack(samples)
         restored: T_pack = set_sample_restore_key(packed, pack_index, *entries, src=self)
         return restored
 
@@ -316,7 +309,6 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             "packer": self.packer.state_dict()["settings"],
             "max_consecutive_skips": self.max_consecutive_skips,
             "length": self._function_config(self._length),
-            "materialize": self._function_config(self._materialize),
             "pack": self._function_config(self._pack),
             "worker_config": self.worker_config.config(),
             "dataset": self.dataset.config(),

@@ -5,8 +5,8 @@ Data flow per worker::
     CrudeWebdataset sample --cook--> ConversationSample (json + compressed media members)
       --preencode_sample--> PreparedSample (token ids; media probed, still compressed)
       --CarryOverPackingDataset (OnlineBinPacker picks packs; nothing dropped)-->
-      --postencode_sample--> media decoded for the chosen samples only
-      --pack_selected_samples--> PackedBatch (one THD row, micro-batch 1)
+      --pack_selected_samples--> PackedBatch (one THD row, micro-batch 1): the chosen
+        samples' media are decoded now, straight into the row's pixel tensors
 """
 
 from __future__ import annotations
@@ -223,26 +223,22 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         prepared: PreparedSample = PreparedSample.derive_from(sample, encoded=encoded)
         return prepared
 
-    def postencode_sample(self, sample: PreparedSample) -> PreparedSample:
-        """Decode and patchify the media of a sample chosen for a pack."""
-        try:
-            encoded = sample.encoded.materialize(self.media)
-        except MediaError as error:
-            raise SkippedSample(sample.__key__, error.kind, str(error)) from error
-        materialized: PreparedSample = PreparedSample.derive_from(sample, encoded=encoded)
-        return materialized
-
     def pack_selected_samples(self, samples: Sequence[PreparedSample]) -> PackedBatch:
-        """The THD row of the chosen samples, media concatenated in segment order."""
-        packed = pack_samples(
-            [s.encoded for s in samples],
-            seq_length=self.seq_length,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            pad_to_max_length=self.pad_to_max_length,
-            pad_token_id=self.pad_token_id,
-            media=self.media,
-            mrope=self.mrope,
-        )
+        """The THD row of the chosen samples; their media are decoded only now, straight into
+        the row's pixel tensors, in segment order. A sample whose media fail raises
+        :class:`SkippedSample` (the wrapper then packs the others)."""
+        try:
+            packed = pack_samples(
+                [s.encoded for s in samples],
+                seq_length=self.seq_length,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                pad_to_max_length=self.pad_to_max_length,
+                pad_token_id=self.pad_token_id,
+                media=self.media,
+                mrope=self.mrope,
+            )
+        except MediaError as error:
+            raise SkippedSample(error.key, error.kind, str(error)) from error
         row = packed.row
         mrope = packed.mrope_position_ids
         return PackedBatch(
@@ -284,7 +280,6 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             length=_length,
             nbytes=_nbytes,
             decoded_nbytes=_decoded_nbytes,
-            materialize=self.postencode_sample,
             pack=self.pack_selected_samples,
             overlong=self.overlong,
             max_consecutive_skips=self.max_consecutive_skips,
