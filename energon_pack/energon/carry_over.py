@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from megatron.energon.edataclass import edataclass
@@ -320,8 +320,3 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
 
 def _key(sample: Any) -> str:
     return str(getattr(sample, "__key__", "?"))
-
-
-def stats_dict(stats: PackingStats) -> dict[str, Any]:
-    """Plain dict of :class:`PackingStats` (for logs and JSON)."""
-    return asdict(stats)
