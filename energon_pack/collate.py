@@ -33,7 +33,7 @@ import torch
 from energon_pack.binpack import aligned_length, fewest_bins
 from energon_pack.encode import ConversationEncoder, EncodedSample, VisionInputs, decode_vision
 from energon_pack.layout import (
-    build_packed_row,
+    check_row_options,
     hf_varlen_kwargs,
     loss_mask_from_labels,
     packed_seq_params_kwargs,
@@ -169,7 +169,7 @@ class VLMPackingCollator:
         position_ids: Literal["1d", "mrope"] = "1d",
         mrope: MRopeConfig | None = None,
     ) -> None:
-        _check_options(
+        check_row_options(
             seq_length,
             pad_to_multiple_of,
             pad_to_max_length,
@@ -455,31 +455,3 @@ def _stack_optional(tensors: list[torch.Tensor | None], dim: int) -> torch.Tenso
 def _cat_optional(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
     present = [t for t in tensors if t is not None]
     return torch.cat(present) if present else None
-
-
-def _check_options(
-    seq_length: int,
-    pad_to_multiple_of: int,
-    pad_to_max_length: bool,
-    pad_cu_seqlens: bool,
-    max_segments: int | None,
-    pad_token_id: int,
-) -> None:
-    """Fail at construction, not at the first batch: the row builder's own checks on one token."""
-    for name, value in (("seq_length", seq_length), ("pad_to_multiple_of", pad_to_multiple_of)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if pad_to_multiple_of > seq_length:
-        raise ValueError(
-            f"pad_to_multiple_of={pad_to_multiple_of} is larger than seq_length={seq_length}; "
-            "no sample would fit. Use a seq_length that is a multiple of pad_to_multiple_of"
-        )
-    build_packed_row(
-        [{"input_ids": [0], "loss_mask": [0]}],
-        seq_length=seq_length,
-        pad_to_multiple_of=pad_to_multiple_of,
-        pad_to_max_length=pad_to_max_length,
-        pad_cu_seqlens=pad_cu_seqlens,
-        max_segments=max_segments,
-        pad_token_id=pad_token_id,
-    )

@@ -120,7 +120,7 @@ def build_packed_row(
     ``max_segments``) gives ``cu_seqlens*`` a fixed length ``max_segments + 1`` and fixes
     ``max_seqlen`` to ``seq_length``. Raises ``ValueError`` on bad input or an overlong group.
     """
-    _check_options(
+    check_row_options(
         seq_length,
         pad_to_multiple_of,
         pad_to_max_length,
@@ -211,7 +211,7 @@ def unpack(row: PackedRow, *, position_ids: bool = False) -> list[dict[str, torc
     return out
 
 
-def _check_options(
+def check_row_options(
     seq_length: int,
     pad_to_multiple_of: int,
     pad_to_max_length: bool,
@@ -219,9 +219,15 @@ def _check_options(
     max_segments: int | None,
     pad_token_id: int,
 ) -> None:
+    """Validate the row options of :func:`build_packed_row` (ValueError naming the setting)."""
     for name, value in (("seq_length", seq_length), ("pad_to_multiple_of", pad_to_multiple_of)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if pad_to_multiple_of > seq_length:
+        raise ValueError(
+            f"pad_to_multiple_of={pad_to_multiple_of} is larger than seq_length={seq_length}; "
+            "no sample would fit. Use a seq_length that is a multiple of pad_to_multiple_of"
+        )
     if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
         raise ValueError(f"pad_token_id must be an int token id, got {pad_token_id!r}")
     if pad_to_max_length and seq_length % pad_to_multiple_of:
