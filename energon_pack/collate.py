@@ -40,7 +40,7 @@ from energon_pack.layout import (
 )
 from energon_pack.media import MediaError
 from energon_pack.packed import PackedSample, pack_samples
-from energon_pack.rope import MRopeConfig
+from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
 
 logger = logging.getLogger("energon_pack.collate")
 
@@ -166,7 +166,7 @@ class VLMPackingCollator:
         encoder: ConversationEncoder | None = None,
         overlong: Overlong = "error",
         on_media_error: OnMediaError = "error",
-        position_ids: Literal["1d", "mrope"] = "1d",
+        position_ids: PositionIds = "1d",
         mrope: MRopeConfig | None = None,
     ) -> None:
         check_row_options(
@@ -181,8 +181,6 @@ class VLMPackingCollator:
             raise ValueError(f"overlong must be 'error', 'skip' or 'truncate', got {overlong!r}")
         if on_media_error not in ("error", "skip"):
             raise ValueError(f"on_media_error must be 'error' or 'skip', got {on_media_error!r}")
-        if position_ids not in ("1d", "mrope"):
-            raise ValueError(f"position_ids must be '1d' or 'mrope', got {position_ids!r}")
         self.seq_length = seq_length
         self.pad_to_multiple_of = pad_to_multiple_of
         self.pad_to_max_length = pad_to_max_length
@@ -192,9 +190,7 @@ class VLMPackingCollator:
         self.encoder = encoder if encoder is not None else ConversationEncoder()
         self.overlong: Overlong = overlong
         self.on_media_error: OnMediaError = on_media_error
-        self.mrope = None
-        if position_ids == "mrope":
-            self.mrope = mrope or MRopeConfig.from_tokenizer(self.encoder.tokenizer)
+        self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer)
         self._vision_end = self.encoder.tokenizer.convert_tokens_to_ids("<|vision_end|>")
         self._warned_single = False
 
@@ -290,21 +286,25 @@ class VLMPackingCollator:
                 stacklevel=3,
             )
         truncated: list[str] = []
-        ready: list[EncodedSample] = []
-        for sample in samples:
-            fitted = self._fit(sample, skipped, truncated)
-            if fitted is None:
-                continue
+        ready = [f for s in samples if (f := self._fit(s, skipped, truncated)) is not None]
+        while True:
+            if not ready:
+                raise ValueError(
+                    f"every sample of the micro-batch was skipped ({skipped}; see the "
+                    "energon_pack.collate log for why); fix or filter those samples, or use "
+                    "overlong='truncate' / a larger seq_length"
+                )
             try:
-                ready.append(fitted.materialize(self.encoder.media))
-            except MediaError as error:
-                self._media_failed(fitted.key, error, skipped)
-        if not ready:
-            raise ValueError(
-                f"every sample of the micro-batch was skipped ({skipped}; see the "
-                "energon_pack.collate log for why); fix or filter those samples, or use "
-                "overlong='truncate' / a larger seq_length"
-            )
+                return self._assemble_rows(ready, skipped, truncated)
+            except MediaError as error:  # decoding failed: skip that sample, pack the others
+                self._media_failed(error.key, error, skipped)
+                failed = next(i for i, s in enumerate(ready) if s.key == error.key)
+                ready = ready[:failed] + ready[failed + 1 :]
+
+    def _assemble_rows(
+        self, ready: list[EncodedSample], skipped: list[str], truncated: list[str]
+    ) -> CollatedBatch:
+        """Rows of ``ready``; their media are decoded once, straight into the batch tensors."""
         groups = self._groups(ready)
         single_row = len(groups) == 1
         packs = [
@@ -322,7 +322,7 @@ class VLMPackingCollator:
             )
             for group in groups
         ]
-        # Several rows: the pixels of all rows are gathered once, in row order.
+        # Several rows: the pixels of all rows are decoded once, in row order.
         in_row_order = [ready[i] for group in groups for i in group]
         vision = packs[0].vision if single_row else decode_vision(in_row_order, self.encoder.media)
         static = self.max_segments if self.pad_cu_seqlens else None

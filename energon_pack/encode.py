@@ -119,6 +119,8 @@ class MediaItem:
     data: bytes
     grid_thw: tuple[int, int, int]
     tokens: int
+    second_per_grid_t: float | None = None
+    """Seconds covered by one temporal patch (videos only)."""
 
 
 @dataclass(frozen=True)
@@ -143,10 +145,6 @@ class VisionInputs:
             return torch.cat(tensors) if tensors else None
 
         return cls(**{f.name: cat(f.name) for f in fields(cls)})
-
-    def without_pixels(self) -> VisionInputs:
-        """The grids and timings only (``pixel_values*`` dropped)."""
-        return replace(self, pixel_values=None, pixel_values_videos=None)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The fields that are set, by name."""
@@ -213,11 +211,12 @@ def decode_vision(
     Raises :class:`~energon_pack.media.MediaError` naming the sample and member on bad media.
     """
     cfg = config or MediaConfig()
-    items = [(s, item) for s in samples for item in s.media]
-    pixels = {kind: _alloc([i for _, i in items if i.kind == kind], cfg, shared)
-              for kind in ("image", "video")}  # fmt: skip
+    items = [item for s in samples for item in s.media]
+    pixels = {
+        kind: _alloc([i for i in items if i.kind == kind], cfg, shared)
+        for kind in ("image", "video")
+    }
     offsets = {"image": 0, "video": 0}
-    seconds: list[torch.Tensor] = []
     for sample in samples:
         vision = sample.vision
         if vision is not None:  # materialised already: copy its blocks in
@@ -229,26 +228,26 @@ def decode_vision(
                     start = offsets[kind]
                     _slot(pixels[kind], start, block.shape[0]).copy_(block)
                     offsets[kind] += block.shape[0]
-            if vision.second_per_grid_ts is not None:
-                seconds.append(vision.second_per_grid_ts)
             continue
         for item in sample.media:
             rows = math.prod(item.grid_thw)
             slot = _slot(pixels[item.kind], offsets[item.kind], rows)
             offsets[item.kind] += rows
-            if item.kind == "image":
-                process_image(item.data, cfg, key=sample.key, member=item.member, out=slot)
-            else:
-                _, _, second = process_video(
-                    item.data, cfg, key=sample.key, member=item.member, out=slot
-                )
-                seconds.append(torch.tensor([second], dtype=torch.float32))
+            decode = process_image if item.kind == "image" else process_video
+            decode(item.data, cfg, key=sample.key, member=item.member, out=slot)
+    grids = media_grids(samples)
+    return replace(grids, pixel_values=pixels["image"], pixel_values_videos=pixels["video"])
+
+
+def media_grids(samples: Sequence[EncodedSample]) -> VisionInputs:
+    """The grids and video timings of ``samples``' media, in order, from their probes only."""
+    images = [item for s in samples for item in s.media if item.kind == "image"]
+    videos = [item for s in samples for item in s.media if item.kind == "video"]
+    seconds = [item.second_per_grid_t or 0.0 for item in videos]
     return VisionInputs(
-        pixel_values=pixels["image"],
-        image_grid_thw=_grids([i for _, i in items if i.kind == "image"]),
-        pixel_values_videos=pixels["video"],
-        video_grid_thw=_grids([i for _, i in items if i.kind == "video"]),
-        second_per_grid_ts=torch.cat(seconds) if seconds else None,
+        image_grid_thw=_grids(images),
+        video_grid_thw=_grids(videos),
+        second_per_grid_ts=torch.tensor(seconds, dtype=torch.float32) if videos else None,
     )
 
 
@@ -367,4 +366,4 @@ class ConversationEncoder:
             probe = probe_image(data, self.media, key=key, member=member)
             return MediaItem(member, kind, data, probe.grid_thw, probe.tokens)
         video = probe_video(data, self.media, key=key, member=member)
-        return MediaItem(member, kind, data, video.grid_thw, video.tokens)
+        return MediaItem(member, kind, data, video.grid_thw, video.tokens, video.second_per_grid_t)

@@ -166,8 +166,8 @@ class RSSMonitor:
         rss_mb, buffer_mb = reading.rss / MB, buffer.bytes / MB
         if config.warn_rss_mb is not None and rss_mb > config.warn_rss_mb:
             room = config.warn_rss_mb * MB - (reading.rss - buffer.bytes)
-            self._warn("rss", f"RSS {rss_mb:.0f} MiB passed warn_rss_mb={config.warn_rss_mb}",
-                       buffer, room)  # fmt: skip
+            what = f"RSS {rss_mb:.0f} MiB passed warn_rss_mb={config.warn_rss_mb}"
+            self._warn("rss", what, buffer, room)
         if (
             config.warn_growth is not None
             and self._steady_rss is not None

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
-from energon_pack.encode import EncodedSample, VisionInputs, decode_vision
+from energon_pack.encode import EncodedSample, VisionInputs, decode_vision, media_grids
 from energon_pack.layout import PackedRow, build_packed_row
 from energon_pack.media import MediaConfig
 from energon_pack.rope import MRopeConfig, mrope_for_packed
@@ -58,9 +58,9 @@ def pack_samples(
     The row options are those of :func:`~energon_pack.layout.build_packed_row`; ``media`` is
     the preprocessing used to decode (each image/video is patchified straight into its slice of
     the row's pixel tensors, see :func:`~energon_pack.encode.decode_vision`); with ``mrope`` the
-    3-D position ids of every segment are computed too. With ``with_pixels=False`` (samples
-    already materialised) the result's media carry only the grids, for a caller that gathers
-    the pixels of several rows itself. Raises ValueError (naming the keys) if the samples do not
+    3-D position ids of every segment are computed too. With ``with_pixels=False`` nothing is
+    decoded and the result's media carry only the grids, for a caller that decodes the pixels
+    of several rows itself. Raises ValueError (naming the keys) if the samples do not
     fit, and :class:`~energon_pack.media.MediaError` on bad media.
     """
     row = build_packed_row(
@@ -76,8 +76,7 @@ def pack_samples(
         # In a DataLoader worker the batch goes through shared memory: decode it there.
         vision = decode_vision(samples, media, shared=get_worker_info() is not None)
     else:
-        grids = [s.vision.without_pixels() for s in samples if s.vision is not None]
-        vision = VisionInputs.concat(grids)
+        vision = media_grids(samples)
     packed = PackedSample(keys=tuple(s.key for s in samples), row=row, vision=vision)
     if mrope is None:
         return packed

@@ -100,6 +100,21 @@ class MRopeConfig:
         )
 
 
+PositionIds = Literal["1d", "mrope"]
+
+
+def mrope_setting(
+    position_ids: PositionIds, mrope: MRopeConfig | None, tokenizer: _SpecialTokens
+) -> MRopeConfig | None:
+    """The mRoPE config a packer uses for its ``position_ids`` option (None for ``"1d"``):
+    ``mrope`` if given, else Qwen2-VL behaviour with the tokenizer's special-token ids."""
+    if position_ids not in ("1d", "mrope"):
+        raise ValueError(f"position_ids must be '1d' or 'mrope', got {position_ids!r}")
+    if position_ids == "1d":
+        return None
+    return mrope or MRopeConfig.from_tokenizer(tokenizer)
+
+
 def mrope_position_ids(
     input_ids: torch.Tensor,
     image_grid_thw: torch.Tensor | None,

@@ -32,7 +32,7 @@ from energon_pack.layout import PackedRow
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.memory import MonitorConfig
 from energon_pack.packed import pack_samples
-from energon_pack.rope import MRopeConfig
+from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
 
 
 @edataclass
@@ -160,7 +160,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         max_consecutive_skips: int = 100,
         decode: Literal["lazy", "eager"] = "lazy",
         monitor: MonitorConfig | None = None,
-        position_ids: Literal["1d", "mrope"] = "1d",
+        position_ids: PositionIds = "1d",
         mrope: MRopeConfig | None = None,
         system_prompt: str | None = None,
         loss_on: LossOn = "assistant",
@@ -168,8 +168,6 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         super().__init__()
         if decode not in ("lazy", "eager"):
             raise ValueError(f"decode must be 'lazy' or 'eager', got {decode!r}")
-        if position_ids not in ("1d", "mrope"):
-            raise ValueError(f"position_ids must be '1d' or 'mrope', got {position_ids!r}")
         self.media = media or MediaConfig()
         self.encoder = ConversationEncoder(
             tokenizer, media=self.media, system_prompt=system_prompt, loss_on=loss_on
@@ -190,9 +188,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             if pad is not None
             else self.encoder.tokenizer.convert_tokens_to_ids("<|endoftext|>")
         )
-        self.mrope = None
-        if position_ids == "mrope":
-            self.mrope = mrope or MRopeConfig.from_tokenizer(self.encoder.tokenizer)
+        self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer)
         self._make_packer(1)  # validates the packing settings now, not in a worker
 
     def _make_packer(self, buffer_size: int) -> functools.partial[OnlineBinPacker]:
