@@ -10,6 +10,7 @@ from energon_pack.binpack import (
 from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
 from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSample
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
+from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.memory import BufferMemoryWarning, MonitorConfig, RSSMonitor
@@ -45,6 +46,7 @@ __all__ = [
     "ConversationEncoder",
     "DerivedValues",
     "EncodedSample",
+    "HFTarget",
     "MRopeConfig",
     "MediaConfig",
     "MediaError",
@@ -70,6 +72,7 @@ __all__ = [
     "build_packed_row",
     "equal_token_slot_table",
     "first_fit_decreasing",
+    "hf_model_inputs",
     "mrope_for_packed",
     "mrope_position_ids",
     "pack_offline",

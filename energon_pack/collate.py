@@ -32,6 +32,7 @@ import torch
 
 from energon_pack.binpack import aligned_length, fewest_bins
 from energon_pack.encode import ConversationEncoder, EncodedSample, VisionInputs, decode_vision
+from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import (
     check_row_options,
     hf_varlen_kwargs,
@@ -46,6 +47,7 @@ logger = logging.getLogger("energon_pack.collate")
 
 Overlong = Literal["error", "skip", "truncate"]
 OnMediaError = Literal["error", "skip"]
+Output = Literal["batch", "hf"]
 CollateItem: TypeAlias = "EncodedSample | Mapping[str, Any] | tuple[str, Mapping[str, Any]]"
 """A micro-batch item: an encoded sample, a raw sample dict with ``__key__``, or ``(key, raw)``."""
 
@@ -95,7 +97,8 @@ class CollatedBatch:
     mrope_position_ids: torch.Tensor | None
     """``[3, R, T]`` long Qwen-VL mRoPE ids (with ``position_ids="mrope"``)."""
     rope_deltas: torch.Tensor | None
-    """``[N]`` long rope deltas of all rows' segments, in flat order (with mRoPE)."""
+    """``[N]`` long rope deltas of all rows' real segments, in flat order (with mRoPE): entry ``i``
+    belongs to the segment that ``cu_seqlens_flat[i:i+2]`` bounds (static slots have none)."""
     keys: tuple[tuple[str, ...], ...]
     """Sample keys of each row, in segment order."""
     skipped_keys: tuple[str, ...] = ()
@@ -121,6 +124,22 @@ class CollatedBatch:
     def to_hf_varlen_kwargs(self) -> dict[str, Any]:
         """transformers varlen flash-attention kwargs for ``input_ids.view(1, -1)``."""
         return hf_varlen_kwargs(self.position_ids, self.cu_seqlens_padded_flat, self.max_seqlen)
+
+    def hf_model_inputs(self, model: Any = None) -> dict[str, Any]:
+        """Keyword arguments for ``model(**batch.hf_model_inputs(model))`` of a transformers
+        causal LM or Qwen2-VL / Qwen2.5-VL model (``model``: the model, its config, an
+        :class:`~energon_pack.hf.HFTarget`, or None for sdpa/eager); see
+        :func:`energon_pack.hf.hf_model_inputs`."""
+        return hf_model_inputs(
+            input_ids=self.input_ids,
+            labels=self.labels,
+            position_ids=self.position_ids,
+            mrope_position_ids=self.mrope_position_ids,
+            cu_seqlens_padded_flat=self.cu_seqlens_padded_flat,
+            max_seqlen=self.max_seqlen,
+            media=self.vision.tensors(),
+            target=HFTarget.of(model),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Flat mapping: every field except ``vision``, plus the media tensors that are set."""
@@ -152,6 +171,12 @@ class VLMPackingCollator:
         position_ids: ``"1d"`` (default) or ``"mrope"``: batches also carry Qwen-VL 3-D
             ``mrope_position_ids`` and ``rope_deltas``, computed per segment.
         mrope: the mRoPE settings (default: from the encoder's tokenizer, Qwen2-VL behaviour).
+        output: ``"batch"`` (default): a :class:`CollatedBatch`; ``"hf"``: its
+            :meth:`CollatedBatch.hf_model_inputs` dict, so the collator can be the
+            ``data_collator`` of transformers' ``Trainer`` or TRL's ``SFTTrainer``.
+        hf_model: with ``output="hf"``, the transformers model or config the inputs are for
+            (its model type and attention implementation are kept, not the model); see
+            :class:`~energon_pack.hf.HFTarget`. Default: sdpa/eager form.
     """
 
     def __init__(
@@ -168,6 +193,8 @@ class VLMPackingCollator:
         on_media_error: OnMediaError = "error",
         position_ids: PositionIds = "1d",
         mrope: MRopeConfig | None = None,
+        output: Output = "batch",
+        hf_model: Any = None,
     ) -> None:
         check_row_options(
             seq_length,
@@ -181,6 +208,8 @@ class VLMPackingCollator:
             raise ValueError(f"overlong must be 'error', 'skip' or 'truncate', got {overlong!r}")
         if on_media_error not in ("error", "skip"):
             raise ValueError(f"on_media_error must be 'error' or 'skip', got {on_media_error!r}")
+        if output not in ("batch", "hf"):
+            raise ValueError(f"output must be 'batch' or 'hf', got {output!r}")
         self.seq_length = seq_length
         self.pad_to_multiple_of = pad_to_multiple_of
         self.pad_to_max_length = pad_to_max_length
@@ -192,9 +221,20 @@ class VLMPackingCollator:
         self.on_media_error: OnMediaError = on_media_error
         self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer)
         self._vision_end = self.encoder.tokenizer.convert_tokens_to_ids("<|vision_end|>")
+        self.output: Output = output
+        self.hf_target = HFTarget.of(hf_model)
         self._warned_single = False
 
-    def __call__(self, batch: Sequence[CollateItem] | Mapping[str, Any]) -> CollatedBatch:
+    def __call__(
+        self, batch: Sequence[CollateItem] | Mapping[str, Any]
+    ) -> CollatedBatch | dict[str, Any]:
+        """Pack one micro-batch: :meth:`collate`, as the ``output`` setting asks."""
+        collated = self.collate(batch)
+        if self.output == "hf":
+            return collated.hf_model_inputs(self.hf_target)
+        return collated
+
+    def collate(self, batch: Sequence[CollateItem] | Mapping[str, Any]) -> CollatedBatch:
         """Pack one micro-batch (a list of items, or a padded HF batch dict)."""
         if isinstance(batch, Mapping):
             return self.collate_padded(batch)
@@ -440,7 +480,9 @@ def _assemble(
         max_seqlen=max(r.max_seqlen for r in rows),
         vision=vision,
         mrope_position_ids=_stack_optional([p.mrope_position_ids for p in packs], dim=1),
-        rope_deltas=_cat_optional([p.rope_deltas for p in packs]),
+        rope_deltas=_cat_optional(
+            [None if p.rope_deltas is None else p.rope_deltas[: len(p.keys)] for p in packs]
+        ),
         keys=tuple(pack.keys for pack in packs),
         skipped_keys=tuple(skipped),
         truncated_keys=tuple(truncated),

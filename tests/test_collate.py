@@ -491,10 +491,12 @@ def test_padded_batch_errors(batch: dict[str, Any], match: str) -> None:
         VLMPackingCollator(16)(batch)
 
 
-def test_mrope_ids_per_segment_in_split_rows(demo: FixtureDataset) -> None:
+@pytest.mark.parametrize("static", [False, True])
+def test_mrope_ids_per_segment_in_split_rows(demo: FixtureDataset, static: bool) -> None:
     items = [demo[i] for i in range(8)]
+    slots = {"pad_cu_seqlens": True, "max_segments": 5} if static else {}
     collate = VLMPackingCollator(
-        4096, pad_to_multiple_of=8, pad_to_max_length=True, position_ids="mrope"
+        4096, pad_to_multiple_of=8, pad_to_max_length=True, position_ids="mrope", **slots
     )
     batch = collate(items)
     assert batch.num_rows == 2
@@ -519,5 +521,8 @@ def test_mrope_ids_per_segment_in_split_rows(demo: FixtureDataset) -> None:
             got = batch.mrope_position_ids[:, row, starts[index] : starts[index] + single.length]
             assert torch.equal(got, expected), key
             assert int(batch.rope_deltas[flat]) == delta
+            # Delta i belongs to the flat segment that cu_seqlens_flat[i:i+2] bounds.
+            real = batch.cu_seqlens_flat[flat : flat + 2].tolist()
+            assert real[1] - real[0] == single.length
             flat += 1
     assert flat == batch.rope_deltas.numel()

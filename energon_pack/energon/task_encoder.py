@@ -28,6 +28,7 @@ from energon_pack.energon.carry_over import (
     RejectedSample,
     SkippedSample,
 )
+from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import PackedRow
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.memory import MonitorConfig
@@ -90,6 +91,27 @@ class PackedBatch(Sample):
             cu_seqlens_padded=self.cu_seqlens_padded,
             max_seqlen=self.max_seqlen,
             seq_idx=self.seq_idx[0],
+        )
+
+    def hf_model_inputs(self, model: Any = None) -> dict[str, Any]:
+        """Keyword arguments for ``model(**batch.hf_model_inputs(model))`` of a transformers
+        model; see :meth:`energon_pack.collate.CollatedBatch.hf_model_inputs`."""
+        media = {
+            "pixel_values": self.pixel_values,
+            "image_grid_thw": self.image_grid_thw,
+            "pixel_values_videos": self.pixel_values_videos,
+            "video_grid_thw": self.video_grid_thw,
+            "second_per_grid_ts": self.second_per_grid_ts,
+        }
+        return hf_model_inputs(
+            input_ids=self.input_ids,
+            labels=self.labels,
+            position_ids=self.position_ids,
+            mrope_position_ids=self.mrope_position_ids,
+            cu_seqlens_padded_flat=self.cu_seqlens_padded,
+            max_seqlen=self.max_seqlen,
+            media=media,
+            target=HFTarget.of(model),
         )
 
 
