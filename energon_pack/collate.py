@@ -122,7 +122,8 @@ class CollatedBatch:
         )
 
     def to_hf_varlen_kwargs(self) -> dict[str, Any]:
-        """transformers varlen flash-attention kwargs for ``input_ids.view(1, -1)``."""
+        """transformers varlen flash-attention kwargs for ``input_ids.view(1, -1)`` (1-D
+        ``position_ids``; for a whole forward, mRoPE included, use :meth:`hf_model_inputs`)."""
         return hf_varlen_kwargs(self.position_ids, self.cu_seqlens_padded_flat, self.max_seqlen)
 
     def hf_model_inputs(self, model: Any = None) -> dict[str, Any]:

@@ -126,7 +126,8 @@ def hf_model_inputs(
         # attention sets its own cu_seq_lens: the model derives the same boundaries from the
         # text position row of the single flattened row instead.
         return out
-    boundaries = cu_seqlens_padded_flat.to(torch.int32)
+    # Static-shape slots (a repeated last boundary) would be empty sequences: drop them.
+    boundaries = torch.unique_consecutive(cu_seqlens_padded_flat).to(torch.int32)
     out.update(
         cu_seq_lens_q=boundaries,
         cu_seq_lens_k=boundaries,
