@@ -20,13 +20,8 @@ from energon_pack.offline import (
     PackMetadata,
     pack_offline,
 )
-from energon_pack.packed import PackedSample, pack_samples
-from energon_pack.rope import (
-    MRopeConfig,
-    mrope_for_packed,
-    mrope_position_ids,
-    packed_mrope_position_ids,
-)
+from energon_pack.packed import PackedSample, mrope_for_packed, pack_samples
+from energon_pack.rope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
 from energon_pack.sample import RawSample, parse_sample
 from energon_pack.topology import (
     DerivedValues,

@@ -31,14 +31,14 @@ from typing import Any, Literal, TypeAlias
 import torch
 
 from energon_pack.binpack import aligned_length, fewest_bins
-from energon_pack.encode import ConversationEncoder, EncodedSample, VisionInputs, decode_vision
+from energon_pack.encode import ConversationEncoder, EncodedSample
 from energon_pack.layout import (
     check_row_options,
     hf_varlen_kwargs,
     loss_mask_from_labels,
     packed_seq_params_kwargs,
 )
-from energon_pack.media import MediaError
+from energon_pack.media import MediaError, VisionInputs, decode_vision
 from energon_pack.packed import PackedSample, pack_samples
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
 

@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from energon_pack.binpack import aligned_length
 from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
-from energon_pack.encode import ConversationEncoder, EncodedSample, MediaItem
+from energon_pack.encode import ConversationEncoder, EncodedSample
 from energon_pack.layout import IGNORE_INDEX, PackedRow
-from energon_pack.media import MediaError
+from energon_pack.media import MediaError, MediaItem
 from energon_pack.rope import MRopeConfig, mrope_position_ids
 
 VLM_DEMO = Path(__file__).resolve().parent.parent / "fixtures" / "vlm_demo"
