@@ -91,7 +91,9 @@ class CollatedBatch:
     max_seqlen: int
     """Largest physical segment length over all rows (``seq_length`` with static metadata)."""
     vision: VisionInputs
-    """Media of all rows, concatenated in row-then-segment order."""
+    """Media of all rows, concatenated in row-then-segment order. With the encoder's
+    ``MediaConfig(pixel_dtype="uint8")`` its pixel tensors are uint8 raw pixels: the training
+    step calls :func:`~energon_pack.media.normalize_pixels` on them (same values as float32)."""
     mrope_position_ids: torch.Tensor | None
     """``[3, R, T]`` long Qwen-VL mRoPE ids (with ``position_ids="mrope"``)."""
     rope_deltas: torch.Tensor | None
