@@ -10,10 +10,11 @@ normalisation, and a patch layout ``[grid_t * grid_h * grid_w, 3 * temporal_patc
 A still image is repeated to ``temporal_patch_size`` frames (``grid_t == 1``). Grids are returned
 as ``long`` tensors of shape ``[1, 3]`` so that they concatenate to ``[num_media, 3]``.
 
-Pixels are uint8, so normalisation is a 256-entry table per channel, computed once per mean/std
-exactly as transformers rounds (float64 rescale, then float32 normalise). With
-``MediaConfig(pixel_dtype="uint8")`` the patches stay uint8 (4x smaller) and the training step
-turns them into the very same float values with :func:`normalize_pixels`.
+Normalisation gives transformers' values bit for bit (float64 rescale, then float32 normalise):
+pixels are uint8, so every value is one of 256 per channel. The worker normalises each decoded
+pixel once, in float32, before the patchify copy. With ``MediaConfig(pixel_dtype="uint8")`` the
+patches stay uint8 (4x smaller) and the training step turns them into the very same values with
+:func:`normalize_pixels`, one gather from a 256-entry table per channel.
 
 :func:`decode_vision` decodes the media of the samples of a pack straight into one tensor per
 field (:class:`VisionInputs`), from the compressed bytes and probed grids (:class:`MediaItem`).
@@ -336,9 +337,8 @@ def process_image(
             )
         except (OSError, ValueError, SyntaxError) as exc:
             raise MediaError(key, member, "corrupt", f"cannot decode image: {exc}") from exc
-    planes = _pixel_planes([resized], cfg)  # a still: one frame, repeated below as a view
-    still = planes.expand(cfg.temporal_patch_size, -1, -1, -1)
-    pixels = _patchify(still, cfg, _checked_out(out, gh * gw, cfg, key, member))
+    still = _pixel_planes([resized])  # one frame, repeated to temporal_patch_size by _patchify
+    pixels = _patches(still, cfg, _checked_out(out, gh * gw, cfg, key, member))
     return pixels, torch.tensor([[1, gh, gw]], dtype=torch.long)
 
 
@@ -394,7 +394,7 @@ def process_video(
     size = (gw * cfg.patch_size, gh * cfg.patch_size)
     resized = [Image.fromarray(f).resize(size, Image.Resampling.BICUBIC) for f in batch]
     rows = plan.grid_thw[0] * plan.grid_thw[1] * plan.grid_thw[2]
-    pixels = _patchify(_pixel_planes(resized, cfg), cfg, _checked_out(out, rows, cfg, key, member))
+    pixels = _patches(_pixel_planes(resized), cfg, _checked_out(out, rows, cfg, key, member))
     grid = torch.tensor([list(plan.grid_thw)], dtype=torch.long)
     return pixels, grid, plan.second_per_grid_t
 
@@ -430,12 +430,8 @@ def normalize_pixels(
             "pixel_values of MediaConfig(pixel_dtype='uint8') with the same MediaConfig"
         )
     target = torch.device(device) if device is not None else pixels.device
-    table = torch.from_numpy(_normalization_table(config.image_mean, config.image_std))
-    table = table.to(device=target, dtype=dtype).flatten()
-    values = pixels.to(target, non_blocking=True).view(pixels.shape[0], 3, -1)
-    channel_base = torch.arange(0, 3 * 256, 256, dtype=torch.int32, device=target)
-    index = values.to(torch.int32).add_(channel_base.view(1, 3, 1))
-    return table.index_select(0, index.flatten()).view(pixels.shape)
+    levels = pixels.to(target, non_blocking=True).to(torch.int32)
+    return _look_up(levels, config, dtype)
 
 
 @dataclass(frozen=True)
@@ -642,39 +638,67 @@ def _normalization_table(
     return table
 
 
-def _pixel_planes(frames: Sequence[Image.Image], cfg: MediaConfig) -> torch.Tensor:
-    """RGB frames -> ``[T, C, H, W]`` planes of ``cfg.pixel_dtype`` (float32: normalised).
-
-    Each channel plane is looked up in the normalisation table straight from the decoded band,
-    contiguous in and out, so the only other pass over the values is the patchify copy.
-    """
+def _pixel_planes(frames: Sequence[Image.Image]) -> torch.Tensor:
+    """RGB frames -> uint8 ``[T, C, H, W]`` planes."""
     width, height = frames[0].size
-    planes = np.empty((len(frames), 3, height, width), dtype=cfg.pixel_dtype)
-    table = None
-    if cfg.pixel_dtype == "float32":
-        table = _normalization_table(cfg.image_mean, cfg.image_std)
+    planes = np.empty((len(frames), 3, height, width), dtype=np.uint8)
     for t, frame in enumerate(frames):
         for c, band in enumerate(frame.split()):
-            if table is None:
-                planes[t, c] = np.asarray(band)
-            else:
-                np.take(table[c], np.asarray(band), out=planes[t, c], mode="clip")
+            planes[t, c] = np.asarray(band)
     return torch.from_numpy(planes)
 
 
+def _patches(planes: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None) -> torch.Tensor:
+    """uint8 ``[T, C, H, W]`` planes -> patches of ``cfg.pixel_dtype`` (float32: normalised).
+
+    float32: rescale and mean run on the planes (before a still's temporal repeat, so once per
+    pixel) and the division by std is the patchify copy itself, three passes in all. ``x / 255``
+    in float32 equals transformers' float32(float64(x) * (1/255)) for every 8-bit level and
+    the mean/std steps are the same float32 operations, so the values are those of
+    :func:`_normalization_table` (checked level by level in the tests); on CPU this vectorised
+    arithmetic beats a table gather.
+    """
+    if cfg.pixel_dtype == "uint8":
+        return _patchify(planes, cfg, out)
+    mean = torch.tensor(cfg.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
+    std = torch.tensor(cfg.image_std, dtype=torch.float32)
+    values = torch.div(planes, 255.0).sub_(mean)
+    return _patchify(values, cfg, out, divisor=std)
+
+
+def _look_up(levels: torch.Tensor, cfg: MediaConfig, dtype: torch.dtype) -> torch.Tensor:
+    """int32 levels ``[P, patch_dim]`` (overwritten) -> normalised values, on their device."""
+    table = torch.from_numpy(_normalization_table(cfg.image_mean, cfg.image_std))
+    table = table.to(device=levels.device, dtype=dtype).flatten()
+    channel_base = torch.arange(0, 3 * 256, 256, dtype=torch.int32, device=levels.device)
+    levels.view(levels.shape[0], 3, -1).add_(channel_base.view(1, 3, 1))
+    return torch.index_select(table, 0, levels.view(-1)).view(levels.shape)
+
+
 def _patchify(
-    frames: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None = None
+    frames: torch.Tensor,
+    cfg: MediaConfig,
+    out: torch.Tensor | None = None,
+    divisor: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[T, C, H, W]`` (T a multiple of temporal_patch_size) -> ``[t*h*w, patch_dim]``,
-    written into ``out`` when given (one copy, no intermediate)."""
+    """``[T, C, H, W]`` (T a multiple of temporal_patch_size, or 1 for a still, repeated) ->
+    ``[t*h*w, patch_dim]``, written into ``out`` when given (one copy, no intermediate).
+
+    With ``divisor`` (``[C]``) the copy divides each channel by it on the way.
+    """
+    if frames.shape[0] == 1:
+        frames = frames.expand(cfg.temporal_patch_size, -1, -1, -1)
     n, c, height, width = frames.shape
     tp, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
     gt, gh, gw = n // tp, height // p, width // p
     patches = frames.reshape(gt, tp, c, gh // m, m, p, gw // m, m, p)
     patches = patches.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
     if out is None:
-        return patches.reshape(gt * gh * gw, c * tp * p * p).contiguous()
-    out.view(patches.shape).copy_(patches)
+        out = torch.empty((gt * gh * gw, c * tp * p * p), dtype=frames.dtype)
+    if divisor is None:
+        out.view(patches.shape).copy_(patches)
+    else:
+        torch.div(patches, divisor.view(1, 1, 1, 1, 1, c, 1, 1, 1), out=out.view(patches.shape))
     return out
 
 
