@@ -23,6 +23,7 @@ import statistics
 import tarfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -131,17 +132,21 @@ def image_floor(data: bytes) -> np.ndarray[Any, Any]:
         return np.asarray(img.convert("RGB").resize(size, Image.Resampling.BICUBIC))
 
 
-def video_floor(data: bytes) -> np.ndarray[Any, Any]:
-    """decord decode of the frames process_video samples + pillow resize of each."""
-    probe = media.probe_video(data)
+def video_floor(data: bytes, indices: list[int], size: tuple[int, int]) -> np.ndarray[Any, Any]:
+    """decord decode of the given frames + pillow resize of each (frames and size planned
+    beforehand, outside the timing): what any video processor must do."""
     reader = decord.VideoReader(io.BytesIO(data), num_threads=1)
+    frames = reader.get_batch(indices).asnumpy()
+    resized = [Image.fromarray(f).resize(size, Image.Resampling.BICUBIC) for f in frames]
+    return np.stack([np.asarray(frame) for frame in resized])
+
+
+def video_plan(data: bytes) -> tuple[list[int], tuple[int, int]]:
+    """The frame indices and the resized ``(width, height)`` that process_video uses."""
+    probe = media.probe_video(data)
     indices = [i * probe.source_frames // probe.frames for i in range(probe.frames)]
     _, gh, gw = probe.grid_thw
-    size = (gw * FLOAT.patch_size, gh * FLOAT.patch_size)
-    frames = reader.get_batch(indices).asnumpy()
-    return np.stack(
-        [np.asarray(Image.fromarray(f).resize(size, Image.Resampling.BICUBIC)) for f in frames]
-    )
+    return indices, (gw * FLOAT.patch_size, gh * FLOAT.patch_size)
 
 
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
@@ -187,17 +192,17 @@ def versus_references(rows: list[dict[str, Any]], rounds: int) -> list[dict[str,
         if kind == "image":
             check_uint8(media.process_image(data, FLOAT)[0], media.process_image(data, UINT8)[0])
             fns: dict[str, Callable[[], object]] = {
-                "reference": lambda data=data: hf_image(data),
-                "float32": lambda data=data: media.process_image(data, FLOAT),
-                "uint8": lambda data=data: media.process_image(data, UINT8),
-                "floor": lambda data=data: image_floor(data),
+                "reference": partial(hf_image, data),
+                "float32": partial(media.process_image, data, FLOAT),
+                "uint8": partial(media.process_image, data, UINT8),
+                "floor": partial(image_floor, data),
             }
         else:
             check_uint8(media.process_video(data, FLOAT)[0], media.process_video(data, UINT8)[0])
             fns = {
-                "float32": lambda data=data: media.process_video(data, FLOAT),
-                "uint8": lambda data=data: media.process_video(data, UINT8),
-                "floor": lambda data=data: video_floor(data),
+                "float32": partial(media.process_video, data, FLOAT),
+                "uint8": partial(media.process_video, data, UINT8),
+                "floor": partial(video_floor, data, *video_plan(data)),
             }
         times = interleaved(fns, rounds)
         result: dict[str, Any] = {"kind": kind, "width": width, "height": height}

@@ -11,10 +11,11 @@ A still image is repeated to ``temporal_patch_size`` frames (``grid_t == 1``). G
 as ``long`` tensors of shape ``[1, 3]`` so that they concatenate to ``[num_media, 3]``.
 
 Normalisation gives transformers' values bit for bit (float64 rescale, then float32 normalise):
-pixels are uint8, so every value is one of 256 per channel. The worker normalises each decoded
-pixel once, in float32, before the patchify copy. With ``MediaConfig(pixel_dtype="uint8")`` the
-patches stay uint8 (4x smaller) and the training step turns them into the very same values with
-:func:`normalize_pixels`, one gather from a 256-entry table per channel.
+pixels are uint8, so every value is one of 256 per channel. The worker patchifies the uint8
+pixels, then normalises the contiguous patches in place in float32. With
+``MediaConfig(pixel_dtype="uint8")`` the patches stay uint8 (4x smaller) and the training step
+turns them into the very same values with :func:`normalize_pixels`, one gather from a 256-entry
+table per channel.
 
 :func:`decode_vision` decodes the media of the samples of a pack straight into one tensor per
 field (:class:`VisionInputs`), from the compressed bytes and probed grids (:class:`MediaItem`).
@@ -651,19 +652,21 @@ def _pixel_planes(frames: Sequence[Image.Image]) -> torch.Tensor:
 def _patches(planes: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None) -> torch.Tensor:
     """uint8 ``[T, C, H, W]`` planes -> patches of ``cfg.pixel_dtype`` (float32: normalised).
 
-    float32: rescale and mean run on the planes (before a still's temporal repeat, so once per
-    pixel) and the division by std is the patchify copy itself, three passes in all. ``x / 255``
-    in float32 equals transformers' float32(float64(x) * (1/255)) for every 8-bit level and
-    the mean/std steps are the same float32 operations, so the values are those of
-    :func:`_normalization_table` (checked level by level in the tests); on CPU this vectorised
-    arithmetic beats a table gather.
+    The permuting patchify copy moves uint8 (a quarter of the bytes); float32 values are then
+    made in place on the contiguous patches, where torch's kernels vectorise. ``x / 255`` in
+    float32 equals transformers' float32(float64(x) * (1/255)) for every 8-bit level and the
+    mean/std steps are the same float32 operations, so the values are those of
+    :func:`_normalization_table` (checked level by level in the tests).
     """
     if cfg.pixel_dtype == "uint8":
         return _patchify(planes, cfg, out)
-    mean = torch.tensor(cfg.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
-    std = torch.tensor(cfg.image_std, dtype=torch.float32)
-    values = torch.div(planes, 255.0).sub_(mean)
-    return _patchify(values, cfg, out, divisor=std)
+    levels = _patchify(planes, cfg)
+    values = torch.empty(levels.shape, dtype=torch.float32) if out is None else out
+    per_channel = values.copy_(levels).view(levels.shape[0], 3, -1)
+    mean = torch.tensor(cfg.image_mean, dtype=torch.float32).view(1, 3, 1)
+    std = torch.tensor(cfg.image_std, dtype=torch.float32).view(1, 3, 1)
+    per_channel.div_(255.0).sub_(mean).div_(std)
+    return values
 
 
 def _look_up(levels: torch.Tensor, cfg: MediaConfig, dtype: torch.dtype) -> torch.Tensor:
@@ -676,16 +679,10 @@ def _look_up(levels: torch.Tensor, cfg: MediaConfig, dtype: torch.dtype) -> torc
 
 
 def _patchify(
-    frames: torch.Tensor,
-    cfg: MediaConfig,
-    out: torch.Tensor | None = None,
-    divisor: torch.Tensor | None = None,
+    frames: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``[T, C, H, W]`` (T a multiple of temporal_patch_size, or 1 for a still, repeated) ->
-    ``[t*h*w, patch_dim]``, written into ``out`` when given (one copy, no intermediate).
-
-    With ``divisor`` (``[C]``) the copy divides each channel by it on the way.
-    """
+    ``[t*h*w, patch_dim]``, written into ``out`` when given (one copy, no intermediate)."""
     if frames.shape[0] == 1:
         frames = frames.expand(cfg.temporal_patch_size, -1, -1, -1)
     n, c, height, width = frames.shape
@@ -694,11 +691,8 @@ def _patchify(
     patches = frames.reshape(gt, tp, c, gh // m, m, p, gw // m, m, p)
     patches = patches.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
     if out is None:
-        out = torch.empty((gt * gh * gw, c * tp * p * p), dtype=frames.dtype)
-    if divisor is None:
-        out.view(patches.shape).copy_(patches)
-    else:
-        torch.div(patches, divisor.view(1, 1, 1, 1, 1, c, 1, 1, 1), out=out.view(patches.shape))
+        return patches.reshape(gt * gh * gw, c * tp * p * p).contiguous()
+    out.view(patches.shape).copy_(patches)
     return out
 
 
