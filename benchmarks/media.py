@@ -5,7 +5,7 @@ time (median of repeats), compressed bytes (what a lazy packing buffer holds) an
 tensor bytes (what an eager buffer holds). Prints one row per distinct (kind, size, format) and
 totals.
 
-Then, per distinct size, side by side and interleaved (median of per-round ratios): images
+Then, per distinct size, side by side and interleaved (CPU time, median of per-round ratios): images
 against transformers' ``Qwen2VLImageProcessorPil`` and against their floor (pillow decode + RGB +
 bicubic resize), both pixel dtypes; videos against their floor (decord decode of the same frames
 + pillow resize). Every uint8 result, after ``normalize_pixels``, is checked to equal the
@@ -150,13 +150,17 @@ def video_plan(data: bytes) -> tuple[list[int], tuple[int, int]]:
 
 
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    """Seconds of each function per round, the functions run one after another every round."""
+    """CPU seconds of each function per round, the functions run one after another every round.
+
+    CPU time of this process (all threads), not wall time: on a shared machine the time spent
+    waiting for a core would otherwise dominate the differences.
+    """
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = time.process_time()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(time.process_time() - start)
     return times
 
 

@@ -11,7 +11,7 @@ from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollat
 from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSample
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
 from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
-from energon_pack.media import MediaConfig, MediaError
+from energon_pack.media import MediaConfig, MediaError, normalize_pixels
 from energon_pack.memory import BufferMemoryWarning, MonitorConfig, RSSMonitor
 from energon_pack.offline import (
     OfflinePackResult,
@@ -67,6 +67,7 @@ __all__ = [
     "first_fit_decreasing",
     "mrope_for_packed",
     "mrope_position_ids",
+    "normalize_pixels",
     "pack_offline",
     "pack_samples",
     "packed_mrope_position_ids",

@@ -431,8 +431,11 @@ def normalize_pixels(
             "pixel_values of MediaConfig(pixel_dtype='uint8') with the same MediaConfig"
         )
     target = torch.device(device) if device is not None else pixels.device
-    levels = pixels.to(target, non_blocking=True).to(torch.int32)
-    return _look_up(levels, config, dtype)
+    table = torch.from_numpy(_normalization_table(config.image_mean, config.image_std))
+    table = table.to(device=target, dtype=dtype).flatten()  # channel c, level x at 256*c + x
+    index = pixels.to(target, non_blocking=True).to(torch.int32).view(pixels.shape[0], 3, -1)
+    index.add_(torch.arange(0, 3 * 256, 256, dtype=torch.int32, device=target).view(1, 3, 1))
+    return torch.index_select(table, 0, index.flatten()).view(pixels.shape)
 
 
 @dataclass(frozen=True)
@@ -667,15 +670,6 @@ def _patches(planes: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None) -
     std = torch.tensor(cfg.image_std, dtype=torch.float32).view(1, 3, 1)
     per_channel.div_(255.0).sub_(mean).div_(std)
     return values
-
-
-def _look_up(levels: torch.Tensor, cfg: MediaConfig, dtype: torch.dtype) -> torch.Tensor:
-    """int32 levels ``[P, patch_dim]`` (overwritten) -> normalised values, on their device."""
-    table = torch.from_numpy(_normalization_table(cfg.image_mean, cfg.image_std))
-    table = table.to(device=levels.device, dtype=dtype).flatten()
-    channel_base = torch.arange(0, 3 * 256, 256, dtype=torch.int32, device=levels.device)
-    levels.view(levels.shape[0], 3, -1).add_(channel_base.view(1, 3, 1))
-    return torch.index_select(table, 0, levels.view(-1)).view(levels.shape)
 
 
 def _patchify(
