@@ -522,6 +522,12 @@ def decode_vision(
                 ("video", vision.pixel_values_videos),
             ):
                 if block is not None:
+                    if block.dtype != cfg.torch_pixel_dtype:
+                        raise ValueError(
+                            f"sample {sample.key!r} was materialised with {block.dtype} pixels "
+                            f"but this pack uses pixel_dtype={cfg.pixel_dtype!r}; materialise "
+                            "with the packer's MediaConfig"
+                        )
                     start = offsets[kind]
                     _slot(pixels[kind], start, block.shape[0]).copy_(block)
                     offsets[kind] += block.shape[0]

@@ -258,6 +258,11 @@ def test_uint8_pixels_normalise_to_the_float_batch(demo: FixtureDataset) -> None
     again = VLMPackingCollator(4096, encoder=raw_encoder, **settings)(ready).vision
     assert again.pixel_values is not None
     assert torch.equal(again.pixel_values, raws.pixel_values)
+    # ... but not float32 ones: a mixed batch is refused by name.
+    first = items[0]
+    float_ready = raw_encoder.encode_sample(first["__key__"], first).materialize(MediaConfig())
+    with pytest.raises(ValueError, match=rf"{first['__key__']}.*torch.float32 pixels.*'uint8'"):
+        VLMPackingCollator(4096, encoder=raw_encoder, **settings)([float_ready, *ready[1:]])
 
 
 def test_default_mode_is_one_row_with_adapters(demo: FixtureDataset) -> None:
