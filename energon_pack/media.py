@@ -662,20 +662,29 @@ def _patches(planes: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None) -
     """uint8 ``[T, C, H, W]`` planes -> patches of ``cfg.pixel_dtype`` (float32: normalised).
 
     The permuting patchify copy moves uint8 (a quarter of the bytes); float32 values are then
-    made in place on the contiguous patches, where torch's kernels vectorise. ``x / 255`` in
+    made in place on contiguous patches, where torch's kernels vectorise, and a still's temporal
+    repeat is left to the last copy so that each pixel is normalised once. ``x / 255`` in
     float32 equals transformers' float32(float64(x) * (1/255)) for every 8-bit level and the
     mean/std steps are the same float32 operations, so the values are those of
     :func:`_normalization_table` (checked level by level in the tests).
     """
     if cfg.pixel_dtype == "uint8":
         return _patchify(planes, cfg, out)
-    levels = _patchify(planes, cfg)
-    values = torch.empty(levels.shape, dtype=torch.float32) if out is None else out
-    per_channel = values.copy_(levels).view(levels.shape[0], 3, -1)
+    repeat = cfg.temporal_patch_size if planes.shape[0] == 1 else 1
+    levels = _patchify(planes, replace(cfg, temporal_patch_size=cfg.temporal_patch_size // repeat))
+    rows = levels.shape[0]
+    if out is None:
+        out = torch.empty((rows, cfg.patch_dim), dtype=torch.float32)
+    if repeat == 1:
+        values = out.view(rows, 3, -1)
+    else:
+        values = torch.empty((rows, 3, levels.shape[1] // 3), dtype=torch.float32)
     mean = torch.tensor(cfg.image_mean, dtype=torch.float32).view(1, 3, 1)
     std = torch.tensor(cfg.image_std, dtype=torch.float32).view(1, 3, 1)
-    per_channel.div_(255.0).sub_(mean).div_(std)
-    return values
+    values.copy_(levels.view(rows, 3, -1)).div_(255.0).sub_(mean).div_(std)
+    if repeat > 1:
+        out.view(rows, 3, repeat, -1).copy_(values.unsqueeze(2).expand(-1, -1, repeat, -1))
+    return out
 
 
 def _patchify(
