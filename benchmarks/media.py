@@ -125,11 +125,18 @@ SPEED_HEADERS += ["f32/floor", "u8/floor"]
 
 
 def image_floor(data: bytes) -> np.ndarray[Any, Any]:
-    """Decode + RGB + bicubic resize to the probed size: what any image processor must do."""
+    """Decode + RGB (transparency on white, as transformers does) + bicubic resize to the probed
+    size: what any image processor must do."""
     _, gh, gw = media.probe_image(data).grid_thw
     with Image.open(io.BytesIO(data)) as img:
         size = (gw * FLOAT.patch_size, gh * FLOAT.patch_size)
-        return np.asarray(img.convert("RGB").resize(size, Image.Resampling.BICUBIC))
+        if "A" in img.getbands() or img.info.get("transparency") is not None:
+            rgba = img.convert("RGBA")
+            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            rgb = Image.alpha_composite(white, rgba).convert("RGB")
+        else:
+            rgb = img.convert("RGB")
+        return np.asarray(rgb.resize(size, Image.Resampling.BICUBIC))
 
 
 def video_floor(data: bytes, indices: list[int], size: tuple[int, int]) -> np.ndarray[Any, Any]:
