@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from energon_pack.collate import VLMPackingCollator
-from energon_pack.encode import ConversationEncoder, EncodedSample, VisionInputs
+from energon_pack.encode import ConversationEncoder, EncodedSample
 from energon_pack.layout import IGNORE_INDEX
+from energon_pack.media import VisionInputs
 from energon_pack.tables import format_table
 from energon_pack.topology import pad_seq_to_mult
 

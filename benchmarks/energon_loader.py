@@ -47,16 +47,25 @@ Targets: bin fill >= 0.99 at buffer 16 (lazy); lazy throughput >= 0.95x of no pa
 Prints a table and writes benchmarks/results/energon_loader.json (``--quick``:
 energon_loader_quick.json).
 
+``--long-context``: rows of 16384 tokens (``--seq-length``) on a high-resolution mix written once
+into benchmarks/results/longctx_dataset (a third of the samples hold one photo-like JPEG of
+~10k tokens, the rest are text; ``MediaConfig(max_pixels=28*28*10240)``), so one decoded pack
+holds up to ~190 MB of float32 pixels. Runs lazy (float32 pixels) and lazy-uint8
+(``pixel_dtype="uint8"``) at buffer 64 against bridge at buffer 8; target: lazy-uint8's peak
+worker RSS below bridge's. Writes energon_loader_longctx.json.
+
 Usage:
     .venv/bin/python benchmarks/energon_loader.py           # buffers 4-64, 600 samples, 2 rounds
     .venv/bin/python benchmarks/energon_loader.py --quick   # buffers 8, 64; 300 samples, 1 round
     .venv/bin/python benchmarks/energon_loader.py --dataset DIR/vlm_demo --samples N   # bigger,
         e.g. made by: .venv/bin/python fixtures/make_fixtures.py --out DIR --samples 2000
+    .venv/bin/python benchmarks/energon_loader.py --long-context   # 48 samples, 1 round
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -66,7 +75,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -89,7 +98,7 @@ from energon_pack.energon.task_encoder import (
     PreparedSample,
     cook_conversation,
 )
-from energon_pack.media import MediaConfig
+from energon_pack.media import MediaConfig, PixelDtype
 from energon_pack.tables import format_table
 from energon_pack.topology import pad_seq_to_mult
 
@@ -97,7 +106,13 @@ ROOT = Path(__file__).resolve().parent.parent
 DATASET = ROOT / "fixtures" / "vlm_demo"
 RESULTS = ROOT / "benchmarks" / "results" / "energon_loader.json"
 QUICK_RESULTS = RESULTS.with_name("energon_loader_quick.json")
+LONG_RESULTS = RESULTS.with_name("energon_loader_longctx.json")
+LONG_DATASET = RESULTS.with_name("longctx_dataset")
 SEQ_LENGTH = 8192
+LONG_SEQ_LENGTH = 16384
+LONG_MEDIA = MediaConfig(max_pixels=28 * 28 * 10240)
+LONG_IMAGE_SIZES = ((3584, 2240), (3200, 2400), (2800, 2800), (2240, 3584), (3840, 2160))
+LONG_SAMPLES = 96
 ALIGN = pad_seq_to_mult(tp=4, cp=2, sp=True)
 NUM_WORKERS = 2
 BUFFER_SIZES = (4, 8, 16, 32, 64)
@@ -107,12 +122,13 @@ USS_EVERY = 10
 RUN_TIMEOUT_SECONDS = 600
 MB = 1 << 20
 
-LAZY, BRIDGE, NONE = "lazy", "bridge", "none"
+LAZY, LAZY_UINT8, BRIDGE, NONE = "lazy", "lazy-uint8", "bridge", "none"
 MIN_FILL = 0.99
 FILL_BUFFER = 16
 MIN_THROUGHPUT_RATIO = 0.95
 THROUGHPUT_BUFFER = 16
 MEMORY_BUFFERS = (64, 8)  # lazy at 64 must stay below bridge at 8
+LONG_PLAN = ((LAZY, 64), (LAZY_UINT8, 64), (BRIDGE, 8))
 
 
 class BridgeStyleTaskEncoder(DefaultTaskEncoder):  # type: ignore[misc]
@@ -158,11 +174,55 @@ class BridgeStyleTaskEncoder(DefaultTaskEncoder):  # type: ignore[misc]
         return pack
 
 
-def make_encoder(scheme: str, media: MediaConfig) -> Any:
+def make_encoder(scheme: str, media: MediaConfig, seq_length: int) -> Any:
     """The task encoder of ``scheme`` (``none`` is ``lazy`` run with a buffer of 1)."""
     if scheme == BRIDGE:
-        return BridgeStyleTaskEncoder(seq_length=SEQ_LENGTH, pad_to_multiple_of=ALIGN, media=media)
-    return PackingTaskEncoder(seq_length=SEQ_LENGTH, pad_to_multiple_of=ALIGN, media=media)
+        return BridgeStyleTaskEncoder(seq_length=seq_length, pad_to_multiple_of=ALIGN, media=media)
+    pixel_dtype: PixelDtype = "uint8" if scheme == LAZY_UINT8 else "float32"
+    media = replace(media, pixel_dtype=pixel_dtype)
+    return PackingTaskEncoder(seq_length=seq_length, pad_to_multiple_of=ALIGN, media=media)
+
+
+def long_context_sample(make: Any, index: int) -> list[tuple[str, bytes]]:
+    """Every third sample: one high-resolution JPEG (~10k tokens) and a question; else text."""
+    rng = make.np.random.default_rng([make.SEED, 7, index])
+    key = f"long{index:05d}"
+    question = make.words(rng, 12, 0.5, 60)
+    members = []
+    if index % 3 != 0:
+        answer = make.words(rng, 250, 0.9, 1500)  # text: up to ~9k tokens
+    else:
+        answer = make.words(rng, 80, 0.6, 400)
+        width, height = LONG_IMAGE_SIZES[int(rng.integers(len(LONG_IMAGE_SIZES)))]
+        image = make.synthetic_image(rng, width, height, "RGB")
+        members.append((f"{key}.0.jpg", make.encode_image(image, "jpg")))
+        question = "<image>\n" + question
+    conversations = [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
+    members.append((f"{key}.json", json.dumps({"conversations": conversations}).encode()))
+    return members
+
+
+def long_context_dataset(samples: int = LONG_SAMPLES) -> Path:
+    """The high-resolution mix (written and indexed once, then reused)."""
+    if (LONG_DATASET / ".nv-meta" / "dataset.yaml").is_file():
+        return LONG_DATASET
+    script = ROOT / "fixtures" / "make_fixtures.py"
+    spec = importlib.util.spec_from_file_location("make_fixtures", script)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {script}")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    LONG_DATASET.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for shard in range(2):
+        members = []
+        for index in range(shard, samples, 2):
+            members += long_context_sample(make, index)
+        path = LONG_DATASET / f"shard-{shard:06d}.tar"
+        make.write_tar(path, members)
+        shards.append(path)
+    make.prepare_energon(LONG_DATASET, shards)
+    return LONG_DATASET
 
 
 class MemoryPoller:
@@ -240,7 +300,9 @@ class MemoryPoller:
         return max(peaks) if peaks else None
 
 
-def run_once(scheme: str, buffer: int, samples: int, dataset_path: Path) -> dict[str, Any]:
+def run_once(
+    scheme: str, buffer: int, samples: int, dataset_path: Path, seq_length: int, media: MediaConfig
+) -> dict[str, Any]:
     """One loader run in this process (called in a fresh subprocess by :func:`measure`)."""
     dataset = get_train_dataset(
         dataset_path,
@@ -249,7 +311,7 @@ def run_once(scheme: str, buffer: int, samples: int, dataset_path: Path) -> dict
         packing_buffer_size=buffer,
         shuffle_buffer_size=None,
         max_samples_per_sequence=None,
-        task_encoder=make_encoder(scheme, MediaConfig()),
+        task_encoder=make_encoder(scheme, media, seq_length),
         repeat=True,
     )
     loader = get_savable_loader(dataset)
@@ -281,7 +343,7 @@ def run_once(scheme: str, buffer: int, samples: int, dataset_path: Path) -> dict
         "samples": seen,
         "real_tokens": real,
         "aligned_tokens": aligned,
-        "bin_fill": real / (packs * SEQ_LENGTH),
+        "bin_fill": real / (packs * seq_length),
         "token_efficiency": real / aligned,
         "samples_per_s": steady / (last - first) if steady else 0.0,
         "first_pack_s": first - start,
@@ -297,11 +359,14 @@ def run_once(scheme: str, buffer: int, samples: int, dataset_path: Path) -> dict
     }
 
 
-def measure(scheme: str, buffer: int, samples: int, dataset_path: Path) -> dict[str, Any]:
+def measure(
+    scheme: str, buffer: int, samples: int, dataset_path: Path, seq_length: int, long: bool
+) -> dict[str, Any]:
     """:func:`run_once` in a fresh interpreter (clean parent for the forked workers)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         command = [sys.executable, __file__, "--dataset", str(dataset_path)]
+        command += ["--seq-length", str(seq_length)] + (["--long-context"] if long else [])
         command += ["--run", scheme, str(buffer), str(samples), str(out)]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_SECONDS)
         if proc.returncode != 0:
@@ -321,9 +386,9 @@ class Summary:
     bin_fill: float
     token_efficiency: float
     samples_per_s: float
-    vs_none: float
+    vs_none: float | None
     worker_cpu_ms_per_sample: float
-    cpu_vs_none: float
+    cpu_vs_none: float | None
     first_pack_s: float
     max_pack_media_mb: float
     worker_rss_mb: float
@@ -335,6 +400,16 @@ class Summary:
     def worker_peak_mb(self) -> float:
         """The kernel's exact peak RSS where available, else the polled one."""
         return self.worker_rss_mb if self.worker_hwm_mb is None else self.worker_hwm_mb
+
+
+def versus_none(
+    mine: list[dict[str, Any]], reference: dict[int, dict[str, Any]], field: str, inverse: bool
+) -> float | None:
+    """Median per-round ratio of ``field`` to the no-packing run (None without one)."""
+    if not all(run["round"] in reference for run in mine):
+        return None
+    ratios = [float(run[field] / reference[run["round"]][field]) for run in mine]
+    return statistics.median(1 / r if inverse else r for r in ratios)
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[Summary]:
@@ -356,17 +431,11 @@ def summarize(runs: list[dict[str, Any]]) -> list[Summary]:
                 bin_fill=mine[0]["bin_fill"],
                 token_efficiency=mine[0]["token_efficiency"],
                 samples_per_s=statistics.median(run["samples_per_s"] for run in mine),
-                vs_none=statistics.median(
-                    run["samples_per_s"] / reference[run["round"]]["samples_per_s"] for run in mine
-                ),
+                vs_none=versus_none(mine, reference, "samples_per_s", inverse=False),
                 worker_cpu_ms_per_sample=statistics.median(
                     run["worker_cpu_ms_per_sample"] for run in mine
                 ),
-                cpu_vs_none=statistics.median(
-                    reference[run["round"]]["worker_cpu_ms_per_sample"]
-                    / run["worker_cpu_ms_per_sample"]
-                    for run in mine
-                ),
+                cpu_vs_none=versus_none(mine, reference, "worker_cpu_ms_per_sample", inverse=True),
                 first_pack_s=statistics.median(run["first_pack_s"] for run in mine),
                 max_pack_media_mb=max(run["max_pack_media_mb"] for run in mine),
                 worker_rss_mb=max(run["worker_rss_mb"] for run in mine),
@@ -388,7 +457,8 @@ def check_targets(summaries: Sequence[Summary]) -> list[str]:
             f"{'PASS' if ok else 'FAIL'}: lazy bin fill at buffer {FILL_BUFFER} = "
             f"{fill.bin_fill:.4f} (target >= {MIN_FILL})"
         )
-    if speed := by_key.get((LAZY, THROUGHPUT_BUFFER)):
+    speed = by_key.get((LAZY, THROUGHPUT_BUFFER))
+    if speed and speed.vs_none is not None and speed.cpu_vs_none is not None:
         ok = speed.vs_none >= MIN_THROUGHPUT_RATIO
         lines.append(
             f"{'PASS' if ok else 'FAIL'}: lazy throughput at buffer {THROUGHPUT_BUFFER} = "
@@ -396,11 +466,14 @@ def check_targets(summaries: Sequence[Summary]) -> list[str]:
             f"{speed.cpu_vs_none:.3f}x by worker CPU per sample"
         )
     lazy_buffer, bridge_buffer = MEMORY_BUFFERS
-    lazy, bridge = by_key.get((LAZY, lazy_buffer)), by_key.get((BRIDGE, bridge_buffer))
-    if lazy and bridge:
+    bridge = by_key.get((BRIDGE, bridge_buffer))
+    for scheme in (LAZY, LAZY_UINT8):
+        lazy = by_key.get((scheme, lazy_buffer))
+        if not (lazy and bridge):
+            continue
         ok = lazy.worker_peak_mb < bridge.worker_peak_mb
         lines.append(
-            f"{'PASS' if ok else 'FAIL'}: lazy peak worker RSS at buffer {lazy_buffer} = "
+            f"{'PASS' if ok else 'FAIL'}: {scheme} peak worker RSS at buffer {lazy_buffer} = "
             f"{lazy.worker_peak_mb:.0f} MB vs bridge at buffer {bridge_buffer} = "
             f"{bridge.worker_peak_mb:.0f} MB (target: below); polled RSS "
             f"{lazy.worker_rss_mb:.0f} vs {bridge.worker_rss_mb:.0f} MB, polled USS "
@@ -409,13 +482,19 @@ def check_targets(summaries: Sequence[Summary]) -> list[str]:
     return lines
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def _mb(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
-def plan(buffers: Sequence[int], rounds: int) -> list[tuple[int, str, int]]:
+def plan(buffers: Sequence[int], rounds: int, long: bool) -> list[tuple[int, str, int]]:
     """(round, scheme, buffer) in run order: forward in even rounds, reversed in odd ones."""
     order = [(NONE, 1)] + [(scheme, b) for b in buffers for scheme in (LAZY, BRIDGE)]
+    if long:
+        order = list(LONG_PLAN)
     runs = []
     for index in range(rounds):
         runs += [(index, s, b) for s, b in (order if index % 2 == 0 else order[::-1])]
@@ -427,22 +506,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="buffers 8 and 64, fewer samples")
     parser.add_argument("--samples", type=int, help="samples per run (default 600, quick 300)")
     parser.add_argument("--rounds", type=int, help="repeats of every run (default 2, quick 1)")
-    parser.add_argument("--dataset", type=Path, default=DATASET, help="prepared Energon dataset")
+    parser.add_argument("--dataset", type=Path, help="prepared Energon dataset (default: fixture)")
+    parser.add_argument("--seq-length", type=int, help="row length (default 8192, long 16384)")
+    parser.add_argument(
+        "--long-context", action="store_true", help="high-resolution mix, lazy/uint8 vs bridge"
+    )
     parser.add_argument("--out", type=Path, help=f"JSON report (default {RESULTS.name})")
     parser.add_argument("--run", nargs=4, help=argparse.SUPPRESS)  # internal: one subprocess run
     args = parser.parse_args(argv)
+    long = args.long_context
+    seq_length = args.seq_length or (LONG_SEQ_LENGTH if long else SEQ_LENGTH)
+    media = LONG_MEDIA if long else MediaConfig()
     if args.run:
         scheme, buffer, samples, out = args.run
-        result = run_once(scheme, int(buffer), int(samples), args.dataset)
+        result = run_once(scheme, int(buffer), int(samples), args.dataset, seq_length, media)
         Path(out).write_text(json.dumps(result))
         return
+    dataset = args.dataset or (long_context_dataset() if long else DATASET)
     buffers = QUICK_BUFFER_SIZES if args.quick else BUFFER_SIZES
-    samples = args.samples or (300 if args.quick else 600)
-    rounds = args.rounds or (1 if args.quick else 2)
+    samples = args.samples or (48 if long else 300 if args.quick else 600)
+    rounds = args.rounds or (1 if args.quick or long else 2)
     runs = []
     started = time.perf_counter()
-    for index, scheme, buffer in plan(buffers, rounds):
-        run = {"round": index, **measure(scheme, buffer, samples, args.dataset)}
+    for index, scheme, buffer in plan(buffers, rounds, long):
+        run = {"round": index, **measure(scheme, buffer, samples, dataset, seq_length, long)}
         runs.append(run)
         print(
             f"round {index} {scheme:>6} buffer {buffer:>2}: {run['samples_per_s']:.1f} samples/s, "
@@ -477,9 +564,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             s.bin_fill,
             s.token_efficiency,
             f"{s.samples_per_s:.1f}",
-            f"{s.vs_none:.3f}",
+            _ratio(s.vs_none),
             f"{s.worker_cpu_ms_per_sample:.1f}",
-            f"{s.cpu_vs_none:.3f}",
+            _ratio(s.cpu_vs_none),
             f"{s.first_pack_s:.2f}",
             f"{s.max_pack_media_mb:.0f}",
             _mb(s.worker_rss_mb),
@@ -490,21 +577,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         for s in summaries
     ]
     print(
-        f"{samples} samples per run, {NUM_WORKERS} workers, seq_length {SEQ_LENGTH}, "
+        f"{samples} samples per run, {NUM_WORKERS} workers, seq_length {seq_length}, "
         f"align {ALIGN}, {rounds} round(s), {time.perf_counter() - started:.0f} s"
     )
     print(format_table(headers, rows))
     targets = check_targets(summaries)
     print("\n".join(targets))
-    out = args.out or (QUICK_RESULTS if args.quick else RESULTS)
+    out = args.out or (LONG_RESULTS if long else QUICK_RESULTS if args.quick else RESULTS)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "settings": {
-            "dataset": str(args.dataset),
+            "dataset": str(dataset),
+            "media": str(media),
             "samples_per_run": samples,
             "rounds": rounds,
             "num_workers": NUM_WORKERS,
-            "seq_length": SEQ_LENGTH,
+            "seq_length": seq_length,
             "pad_to_multiple_of": ALIGN,
             "poll_seconds": POLL_SECONDS,
             "cpu_count": os.cpu_count(),

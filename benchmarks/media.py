@@ -1,25 +1,36 @@
-"""Lazy media: header probe vs full decode + patchify, and bytes held before vs after.
+"""Lazy media: header probe vs full decode + patchify, bytes held, and speed vs references.
 
 For every image and video of fixtures/vlm_demo: probe time (median of repeats), decode+patchify
 time (median of repeats), compressed bytes (what a lazy packing buffer holds) and processed
 tensor bytes (what an eager buffer holds). Prints one row per distinct (kind, size, format) and
-totals, and writes benchmarks/results/media.json with every item (1 CPU thread).
+totals.
 
-Run: .venv/bin/python benchmarks/media.py [--repeats 3]
+Then, per distinct size, side by side and interleaved (CPU time, median of per-round ratios): images
+against transformers' ``Qwen2VLImageProcessorPil`` and against their floor (pillow decode + RGB +
+bicubic resize), both pixel dtypes; videos against their floor (decord decode of the same frames
++ pillow resize). Every uint8 result, after ``normalize_pixels``, is checked to equal the
+float32 one. Writes benchmarks/results/media.json (1 CPU thread).
+
+Run: .venv/bin/python benchmarks/media.py [--repeats 3] [--rounds 7]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import statistics
 import tarfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import decord
+import numpy as np
 import torch
+from PIL import Image
 
 from energon_pack import media
 from energon_pack.sample import parse_sample
@@ -108,10 +119,118 @@ def summary(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     }
 
 
+FLOAT, UINT8 = media.MediaConfig(), media.MediaConfig(pixel_dtype="uint8")
+SPEED_HEADERS = ["kind", "size", "HF ms", "f32 ms", "u8 ms", "floor ms", "f32 vs HF", "u8 vs HF"]
+SPEED_HEADERS += ["f32/floor", "u8/floor"]
+
+
+def image_floor(data: bytes) -> np.ndarray[Any, Any]:
+    """Decode + RGB (transparency on white, as transformers does) + bicubic resize to the probed
+    size: what any image processor must do."""
+    _, gh, gw = media.probe_image(data).grid_thw
+    with Image.open(io.BytesIO(data)) as img:
+        size = (gw * FLOAT.patch_size, gh * FLOAT.patch_size)
+        if "A" in img.getbands() or img.info.get("transparency") is not None:
+            rgba = img.convert("RGBA")
+            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            rgb = Image.alpha_composite(white, rgba).convert("RGB")
+        else:
+            rgb = img.convert("RGB")
+        return np.asarray(rgb.resize(size, Image.Resampling.BICUBIC))
+
+
+def video_floor(data: bytes, indices: list[int], size: tuple[int, int]) -> np.ndarray[Any, Any]:
+    """decord decode of the given frames + pillow resize of each (frames and size planned
+    beforehand, outside the timing): what any video processor must do."""
+    reader = decord.VideoReader(io.BytesIO(data), num_threads=1)
+    frames = reader.get_batch(indices).asnumpy()
+    resized = [Image.fromarray(f).resize(size, Image.Resampling.BICUBIC) for f in frames]
+    return np.stack([np.asarray(frame) for frame in resized])
+
+
+def video_plan(data: bytes) -> tuple[list[int], tuple[int, int]]:
+    """The frame indices and the resized ``(width, height)`` that process_video uses."""
+    probe = media.probe_video(data)
+    indices = [i * probe.source_frames // probe.frames for i in range(probe.frames)]
+    _, gh, gw = probe.grid_thw
+    return indices, (gw * FLOAT.patch_size, gh * FLOAT.patch_size)
+
+
+def interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """CPU seconds of each function per round, the functions run one after another every round.
+
+    CPU time of this process (all threads), not wall time: on a shared machine the time spent
+    waiting for a core would otherwise dominate the differences.
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.process_time()
+            fn()
+            times[name].append(time.process_time() - start)
+    return times
+
+
+def median_ratio(times: dict[str, list[float]], slow: str, fast: str) -> float:
+    """Median over rounds of ``slow / fast``."""
+    return statistics.median(a / b for a, b in zip(times[slow], times[fast], strict=True))
+
+
+def check_uint8(float_pixels: torch.Tensor, uint8_pixels: torch.Tensor) -> None:
+    """uint8 patches normalise to exactly the float32 patches."""
+    if not torch.equal(media.normalize_pixels(uint8_pixels, UINT8), float_pixels):
+        raise SystemExit("normalize_pixels(uint8) differs from the float32 path")
+
+
+def versus_references(rows: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
+    """Per distinct image/video size: our paths against transformers and the decode floor."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    hf = Qwen2VLImageProcessorPil(min_pixels=FLOAT.min_pixels, max_pixels=FLOAT.max_pixels)
+
+    def hf_image(data: bytes) -> object:
+        with Image.open(io.BytesIO(data)) as img:
+            return hf(img, return_tensors="np")
+
+    by_size: dict[tuple[str, int, int], bytes] = {}
+    for item, row in zip(fixture_media(), rows, strict=True):
+        if row["kind"] == "video" or row["width"] * row["height"] >= 640 * 480:
+            by_size.setdefault((row["kind"], row["width"], row["height"]), item[3])
+    results = []
+    for (kind, width, height), data in sorted(by_size.items()):
+        if kind == "image":
+            check_uint8(media.process_image(data, FLOAT)[0], media.process_image(data, UINT8)[0])
+            fns: dict[str, Callable[[], object]] = {
+                "reference": partial(hf_image, data),
+                "float32": partial(media.process_image, data, FLOAT),
+                "uint8": partial(media.process_image, data, UINT8),
+                "floor": partial(image_floor, data),
+            }
+        else:
+            check_uint8(media.process_video(data, FLOAT)[0], media.process_video(data, UINT8)[0])
+            fns = {
+                "float32": partial(media.process_video, data, FLOAT),
+                "uint8": partial(media.process_video, data, UINT8),
+                "floor": partial(video_floor, data, *video_plan(data)),
+            }
+        times = interleaved(fns, rounds)
+        result: dict[str, Any] = {"kind": kind, "width": width, "height": height}
+        result |= {f"{name}_ms": statistics.median(t) * 1e3 for name, t in times.items()}
+        for path in ("float32", "uint8"):
+            if "reference" in times:
+                result[f"{path}_speedup_vs_reference"] = median_ratio(times, "reference", path)
+            result[f"{path}_over_floor"] = median_ratio(times, path, "floor")
+        results.append(result)
+    return results
+
+
 def main() -> None:
     """Measure, print and write the JSON report."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per size")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -161,8 +280,37 @@ def main() -> None:
             ],
         )
     )
+    speed = versus_references(rows, args.rounds)
+    print()
+    print(
+        format_table(
+            SPEED_HEADERS,
+            [
+                [
+                    r["kind"],
+                    f"{r['width']}x{r['height']}",
+                    r.get("reference_ms", "-"),
+                    r["float32_ms"],
+                    r["uint8_ms"],
+                    r["floor_ms"],
+                    r.get("float32_speedup_vs_reference", "-"),
+                    r.get("uint8_speedup_vs_reference", "-"),
+                    r["float32_over_floor"],
+                    r["uint8_over_floor"],
+                ]
+                for r in speed
+            ],
+        )
+    )
+    print("(HF: Qwen2VLImageProcessorPil; floor: decode + resize only; uint8 == float32 after")
+    print(" normalize_pixels, checked for every size)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"config": str(media.MediaConfig()), "summary": summaries, "items": rows}
+    report = {
+        "config": str(media.MediaConfig()),
+        "summary": summaries,
+        "versus_references": speed,
+        "items": rows,
+    }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
 

@@ -12,7 +12,7 @@ from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSampl
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
 from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
-from energon_pack.media import MediaConfig, MediaError
+from energon_pack.media import MediaConfig, MediaError, normalize_pixels
 from energon_pack.memory import BufferMemoryWarning, MonitorConfig, RSSMonitor
 from energon_pack.offline import (
     OfflinePackResult,
@@ -21,13 +21,8 @@ from energon_pack.offline import (
     PackMetadata,
     pack_offline,
 )
-from energon_pack.packed import PackedSample, pack_samples
-from energon_pack.rope import (
-    MRopeConfig,
-    mrope_for_packed,
-    mrope_position_ids,
-    packed_mrope_position_ids,
-)
+from energon_pack.packed import PackedSample, mrope_for_packed, pack_samples
+from energon_pack.rope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
 from energon_pack.sample import RawSample, parse_sample
 from energon_pack.topology import (
     DerivedValues,
@@ -75,6 +70,7 @@ __all__ = [
     "hf_model_inputs",
     "mrope_for_packed",
     "mrope_position_ids",
+    "normalize_pixels",
     "pack_offline",
     "pack_samples",
     "packed_mrope_position_ids",

@@ -232,6 +232,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         pad_to_multiple_of=args.pad_to_multiple_of,
         num_workers=args.num_workers,
         max_samples=args.max_samples,
+        pixel_dtype=args.pixel_dtype,
     )
     budget = args.rss_budget_mb or psutil.virtual_memory().total / MB / 2
     out = Path(args.out)
@@ -251,7 +252,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print("\ninterrupted: reporting the runs measured so far", file=sys.stderr)
     if not results:
         return 130
-    print(f"\n{dataset}: seq_length {settings.seq_length}, {settings.num_workers} workers")
+    print(
+        f"\n{dataset}: seq_length {settings.seq_length}, {settings.num_workers} workers, "
+        f"{settings.pixel_dtype} pixels"
+    )
     print(format_table(TUNE_HEADERS, [tune_row(r) for r in results]))
     best = recommend(results, num_workers=args.num_workers, rss_budget_mb=budget)
     if best is None:
@@ -371,6 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument("--lazy", action="store_true", help="decode media after selection")
     tune.add_argument("--eager", action="store_true", help="decode media before the buffer")
+    tune.add_argument(
+        "--pixel-dtype",
+        choices=["float32", "uint8"],
+        default="float32",
+        help="dtype of the batches' pixels (uint8: 4x smaller, normalise in the training step)",
+    )
     tune.add_argument("--out", default="tune-out", help="directory for JSON, plots, reports")
     tune.set_defaults(run=_cmd_tune)
 

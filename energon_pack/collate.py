@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeAlias
 import torch
 
 from energon_pack.binpack import aligned_length, fewest_bins
-from energon_pack.encode import ConversationEncoder, EncodedSample, VisionInputs, decode_vision
+from energon_pack.encode import ConversationEncoder, EncodedSample
 from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import (
     check_row_options,
@@ -39,7 +39,7 @@ from energon_pack.layout import (
     loss_mask_from_labels,
     packed_seq_params_kwargs,
 )
-from energon_pack.media import MediaError
+from energon_pack.media import MediaError, VisionInputs, decode_vision
 from energon_pack.packed import PackedSample, pack_samples
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
 
@@ -93,7 +93,9 @@ class CollatedBatch:
     max_seqlen: int
     """Largest physical segment length over all rows (``seq_length`` with static metadata)."""
     vision: VisionInputs
-    """Media of all rows, concatenated in row-then-segment order."""
+    """Media of all rows, concatenated in row-then-segment order. With the encoder's
+    ``MediaConfig(pixel_dtype="uint8")`` its pixel tensors are uint8 raw pixels: the training
+    step calls :func:`~energon_pack.media.normalize_pixels` on them (same values as float32)."""
     mrope_position_ids: torch.Tensor | None
     """``[3, R, T]`` long Qwen-VL mRoPE ids (with ``position_ids="mrope"``)."""
     rope_deltas: torch.Tensor | None

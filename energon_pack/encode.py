@@ -10,10 +10,9 @@ patchifies them, which the packers call only for samples they selected.
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 import torch
@@ -21,11 +20,12 @@ import torch
 from energon_pack.media import (
     MediaConfig,
     MediaError,
+    MediaItem,
+    VisionInputs,
     check_media_count,
+    decode_vision,
     probe_image,
     probe_video,
-    process_image,
-    process_video,
     tensor_nbytes,
 )
 from energon_pack.sample import RawSample, parse_sample
@@ -111,52 +111,6 @@ class ByteTokenizer:
 
 
 @dataclass(frozen=True)
-class MediaItem:
-    """One image or video of a sample: compressed bytes plus what the header probe told."""
-
-    member: str
-    kind: Literal["image", "video"]
-    data: bytes
-    grid_thw: tuple[int, int, int]
-    tokens: int
-    second_per_grid_t: float | None = None
-    """Seconds covered by one temporal patch (videos only)."""
-
-
-@dataclass(frozen=True)
-class VisionInputs:
-    """Decoded, patchified media of one sample (or one packed row), in placeholder order."""
-
-    pixel_values: torch.Tensor | None = None
-    """``[sum of image grid products, 3*t*p*p]`` float32, or None without images."""
-    image_grid_thw: torch.Tensor | None = None
-    """``[images, 3]`` long."""
-    pixel_values_videos: torch.Tensor | None = None
-    video_grid_thw: torch.Tensor | None = None
-    second_per_grid_ts: torch.Tensor | None = None
-    """``[videos]`` float32: seconds covered by one temporal patch of each video."""
-
-    @classmethod
-    def concat(cls, parts: Sequence[VisionInputs]) -> VisionInputs:
-        """The media of ``parts`` one after the other (images and videos each in order)."""
-
-        def cat(name: str) -> torch.Tensor | None:
-            tensors = [getattr(part, name) for part in parts if getattr(part, name) is not None]
-            return torch.cat(tensors) if tensors else None
-
-        return cls(**{f.name: cat(f.name) for f in fields(cls)})
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The fields that are set, by name."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {name: value for name, value in values.items() if value is not None}
-
-    @property
-    def nbytes(self) -> int:
-        return tensor_nbytes(*self.tensors().values())
-
-
-@dataclass(frozen=True)
 class EncodedSample:
     """A tokenised sample ready to pack.
 
@@ -197,76 +151,6 @@ class EncodedSample:
         if self.is_materialized:
             return self
         return replace(self, vision=decode_vision([self], config))
-
-
-def decode_vision(
-    samples: Sequence[EncodedSample], config: MediaConfig | None = None, *, shared: bool = False
-) -> VisionInputs:
-    """The media of ``samples``, in order, decoded straight into one tensor per field.
-
-    Each image and video is patchified into its slice of ``pixel_values`` /
-    ``pixel_values_videos``, sized from the probed grids, so a packed row's pixels exist once.
-    Already materialised samples are copied in. ``shared=True`` allocates the pixels in shared
-    memory (where a DataLoader worker would copy the batch anyway).
-    Raises :class:`~energon_pack.media.MediaError` naming the sample and member on bad media.
-    """
-    cfg = config or MediaConfig()
-    items = [item for s in samples for item in s.media]
-    pixels = {
-        kind: _alloc([i for i in items if i.kind == kind], cfg, shared)
-        for kind in ("image", "video")
-    }
-    offsets = {"image": 0, "video": 0}
-    for sample in samples:
-        vision = sample.vision
-        if vision is not None:  # materialised already: copy its blocks in
-            for kind, block in (
-                ("image", vision.pixel_values),
-                ("video", vision.pixel_values_videos),
-            ):
-                if block is not None:
-                    start = offsets[kind]
-                    _slot(pixels[kind], start, block.shape[0]).copy_(block)
-                    offsets[kind] += block.shape[0]
-            continue
-        for item in sample.media:
-            rows = math.prod(item.grid_thw)
-            slot = _slot(pixels[item.kind], offsets[item.kind], rows)
-            offsets[item.kind] += rows
-            decode = process_image if item.kind == "image" else process_video
-            decode(item.data, cfg, key=sample.key, member=item.member, out=slot)
-    grids = media_grids(samples)
-    return replace(grids, pixel_values=pixels["image"], pixel_values_videos=pixels["video"])
-
-
-def media_grids(samples: Sequence[EncodedSample]) -> VisionInputs:
-    """The grids and video timings of ``samples``' media, in order, from their probes only."""
-    images = [item for s in samples for item in s.media if item.kind == "image"]
-    videos = [item for s in samples for item in s.media if item.kind == "video"]
-    seconds = [item.second_per_grid_t or 0.0 for item in videos]
-    return VisionInputs(
-        image_grid_thw=_grids(images),
-        video_grid_thw=_grids(videos),
-        second_per_grid_ts=torch.tensor(seconds, dtype=torch.float32) if videos else None,
-    )
-
-
-def _alloc(items: list[MediaItem], cfg: MediaConfig, shared: bool) -> torch.Tensor | None:
-    if not items:
-        return None
-    out = torch.empty((sum(math.prod(i.grid_thw) for i in items), cfg.patch_dim))
-    if shared:
-        out.share_memory_()  # type: ignore[no-untyped-call]
-    return out
-
-
-def _slot(pixels: torch.Tensor | None, start: int, rows: int) -> torch.Tensor:
-    assert pixels is not None  # allocated from the same items
-    return pixels[start : start + rows]
-
-
-def _grids(items: list[MediaItem]) -> torch.Tensor | None:
-    return torch.tensor([list(i.grid_thw) for i in items], dtype=torch.long) if items else None
 
 
 class ConversationEncoder:

@@ -9,6 +9,16 @@ composited on white), bicubic resize to :func:`smart_resize` dimensions, rescale
 normalisation, and a patch layout ``[grid_t * grid_h * grid_w, 3 * temporal_patch * p * p]``.
 A still image is repeated to ``temporal_patch_size`` frames (``grid_t == 1``). Grids are returned
 as ``long`` tensors of shape ``[1, 3]`` so that they concatenate to ``[num_media, 3]``.
+
+Normalisation gives transformers' values bit for bit (float64 rescale, then float32 normalise):
+pixels are uint8, so every value is one of 256 per channel. The worker patchifies the uint8
+pixels, then normalises the contiguous patches in place in float32. With
+``MediaConfig(pixel_dtype="uint8")`` the patches stay uint8 (4x smaller) and the training step
+turns them into the very same values with :func:`normalize_pixels`, one gather from a 256-entry
+table per channel.
+
+:func:`decode_vision` decodes the media of the samples of a pack straight into one tensor per
+field (:class:`VisionInputs`), from the compressed bytes and probed grids (:class:`MediaItem`).
 """
 
 from __future__ import annotations
@@ -18,8 +28,10 @@ import logging
 import math
 import struct
 import warnings
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from functools import cache
+from typing import Any, Literal, Protocol
 
 import decord
 import numpy as np
@@ -36,10 +48,16 @@ __all__ = [
     "MediaError",
     "MediaErrorKind",
     "MediaFootprint",
+    "MediaItem",
+    "PixelDtype",
     "VideoProbe",
+    "VisionInputs",
     "check_media_count",
+    "decode_vision",
     "footprint",
+    "media_grids",
     "media_kind",
+    "normalize_pixels",
     "probe_image",
     "probe_video",
     "process_image",
@@ -54,6 +72,11 @@ OPENAI_CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.4082107
 OPENAI_CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
 IMAGE_EXTENSIONS: frozenset[str] = frozenset({"jpg", "jpeg", "png", "webp"})
 VIDEO_EXTENSIONS: frozenset[str] = frozenset({"mp4"})
+RESCALE_FACTOR = 1 / 255
+"""transformers' ``rescale_factor`` of 8-bit pixels."""
+
+PixelDtype = Literal["float32", "uint8"]
+_PIXEL_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "uint8": torch.uint8}
 
 MediaErrorKind = Literal[
     "empty",  # zero-byte member
@@ -95,6 +118,10 @@ class MediaConfig:
     Limits reject a sample before decoding: ``max_image_pixels`` (decoded-size bomb guard, also
     applied to video frames), ``max_images_per_sample``, ``max_video_source_frames`` and
     ``max_video_seconds``.
+
+    ``pixel_dtype`` is the dtype of the patches handed out: ``"float32"`` (normalised, what a
+    model takes as it is) or ``"uint8"`` (raw pixels, 4x smaller through workers, shared memory
+    and the loader; the training step must call :func:`normalize_pixels` on them).
     """
 
     patch_size: int = 14
@@ -114,8 +141,15 @@ class MediaConfig:
     max_images_per_sample: int = 32
     max_video_source_frames: int = 64 * 1024
     max_video_seconds: float = 3600.0
+    pixel_dtype: PixelDtype = "float32"
 
     def __post_init__(self) -> None:
+        if self.pixel_dtype not in _PIXEL_DTYPES:
+            raise ValueError(
+                f"MediaConfig.pixel_dtype must be one of {sorted(_PIXEL_DTYPES)}, got "
+                f"{self.pixel_dtype!r}; use 'uint8' to ship raw pixels and normalise them in the "
+                "training step with energon_pack.media.normalize_pixels"
+            )
         positive = {
             "patch_size": self.patch_size,
             "merge_size": self.merge_size,
@@ -160,6 +194,11 @@ class MediaConfig:
     def patch_dim(self) -> int:
         """Values per patch row: ``3 * temporal_patch_size * patch_size**2``."""
         return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
+
+    @property
+    def torch_pixel_dtype(self) -> torch.dtype:
+        """``pixel_dtype`` as a torch dtype."""
+        return _PIXEL_DTYPES[self.pixel_dtype]
 
 
 _DEFAULT = MediaConfig()
@@ -283,9 +322,10 @@ def process_image(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode, resize, normalise and patchify an image.
 
-    Returns ``pixel_values [t*h*w, 3*temporal_patch*p*p] float32`` and ``image_grid_thw [1, 3]``.
-    With ``out`` (a float32 ``[t*h*w, patch_dim]`` tensor, e.g. a slice of a packed row's
-    buffer) the patches are written there and ``out`` is returned.
+    Returns ``pixel_values [t*h*w, 3*temporal_patch*p*p]`` (float32, or uint8 and not
+    normalised with ``pixel_dtype="uint8"``) and ``image_grid_thw [1, 3]``. With ``out`` (a
+    ``[t*h*w, patch_dim]`` tensor of that dtype, e.g. a slice of a packed row's buffer) the
+    patches are written there and ``out`` is returned.
     """
     cfg = config or _DEFAULT
     with _open_image(data, cfg, key, member) as img:
@@ -298,10 +338,8 @@ def process_image(
             )
         except (OSError, ValueError, SyntaxError) as exc:
             raise MediaError(key, member, "corrupt", f"cannot decode image: {exc}") from exc
-    frame = torch.from_numpy(np.array(resized, dtype=np.uint8)).permute(2, 0, 1)
-    normalized = _normalize(frame.unsqueeze(0), cfg)  # a still: one frame, repeated as a view
-    still = normalized.expand(cfg.temporal_patch_size, -1, -1, -1)
-    pixels = _patchify(still, cfg, _checked_out(out, gh * gw, cfg, key, member))
+    still = _pixel_planes([resized])  # one frame, repeated to temporal_patch_size by _patchify
+    pixels = _patches(still, cfg, _checked_out(out, gh * gw, cfg, key, member))
     return pixels, torch.tensor([[1, gh, gw]], dtype=torch.long)
 
 
@@ -330,8 +368,9 @@ def process_video(
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Decode sampled frames, resize, normalise and patchify a video.
 
-    Returns ``pixel_values_videos [t*h*w, 3*temporal_patch*p*p] float32``,
-    ``video_grid_thw [1, 3]`` and ``second_per_grid_t`` (seconds per temporal patch).
+    Returns ``pixel_values_videos [t*h*w, 3*temporal_patch*p*p]`` (float32, or uint8 with
+    ``pixel_dtype="uint8"``), ``video_grid_thw [1, 3]`` and ``second_per_grid_t`` (seconds per
+    temporal patch). ``out`` works as in :func:`process_image`.
     """
     cfg = config or _DEFAULT
     reader = _open_video(data, key, member)
@@ -354,12 +393,9 @@ def process_video(
         )
     _, gh, gw = plan.grid_thw
     size = (gw * cfg.patch_size, gh * cfg.patch_size)
-    resized = np.stack(
-        [np.asarray(Image.fromarray(f).resize(size, Image.Resampling.BICUBIC)) for f in batch]
-    )
-    frames = torch.from_numpy(resized).permute(0, 3, 1, 2)
+    resized = [Image.fromarray(f).resize(size, Image.Resampling.BICUBIC) for f in batch]
     rows = plan.grid_thw[0] * plan.grid_thw[1] * plan.grid_thw[2]
-    pixels = _patchify(_normalize(frames, cfg), cfg, _checked_out(out, rows, cfg, key, member))
+    pixels = _patches(_pixel_planes(resized), cfg, _checked_out(out, rows, cfg, key, member))
     grid = torch.tensor([list(plan.grid_thw)], dtype=torch.long)
     return pixels, grid, plan.second_per_grid_t
 
@@ -372,6 +408,169 @@ def tensor_nbytes(*tensors: torch.Tensor) -> int:
 def footprint(data: bytes, *tensors: torch.Tensor) -> MediaFootprint:
     """Compressed size of ``data`` versus the bytes of its processed tensors."""
     return MediaFootprint(len(data), tensor_nbytes(*tensors))
+
+
+def normalize_pixels(
+    pixels: torch.Tensor,
+    config: MediaConfig,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """uint8 patches (``pixel_dtype="uint8"``) -> the values of the float32 path, in ``dtype``.
+
+    ``pixels`` is ``pixel_values`` or ``pixel_values_videos`` ``[P, patch_dim]`` uint8; the
+    result is ``[P, patch_dim]`` on ``device`` (default: where ``pixels`` are), equal to what
+    ``pixel_dtype="float32"`` gives (cast to ``dtype``). The uint8 tensor moves to the device
+    first (4x fewer bytes), then one gather from the per-channel table makes the values.
+    """
+    if pixels.dtype != torch.uint8 or pixels.ndim != 2 or pixels.shape[1] != config.patch_dim:
+        raise ValueError(
+            f"normalize_pixels takes uint8 patches [P, {config.patch_dim}] (patch_dim of the "
+            f"given MediaConfig), got {pixels.dtype} {tuple(pixels.shape)}; pass the "
+            "pixel_values of MediaConfig(pixel_dtype='uint8') with the same MediaConfig"
+        )
+    target = torch.device(device) if device is not None else pixels.device
+    table = torch.from_numpy(_normalization_table(config.image_mean, config.image_std))
+    table = table.to(device=target, dtype=dtype).flatten()  # channel c, level x at 256*c + x
+    index = pixels.to(target, non_blocking=True).to(torch.int32).view(pixels.shape[0], 3, -1)
+    index.add_(torch.arange(0, 3 * 256, 256, dtype=torch.int32, device=target).view(1, 3, 1))
+    return torch.index_select(table, 0, index.flatten()).view(pixels.shape)
+
+
+@dataclass(frozen=True)
+class MediaItem:
+    """One image or video of a sample: compressed bytes plus what the header probe told."""
+
+    member: str
+    kind: Literal["image", "video"]
+    data: bytes
+    grid_thw: tuple[int, int, int]
+    tokens: int
+    second_per_grid_t: float | None = None
+    """Seconds covered by one temporal patch (videos only)."""
+
+
+@dataclass(frozen=True)
+class VisionInputs:
+    """Decoded, patchified media of one sample (or one packed row), in placeholder order."""
+
+    pixel_values: torch.Tensor | None = None
+    """``[sum of image grid products, 3*t*p*p]`` float32 (uint8 with
+    ``MediaConfig(pixel_dtype="uint8")``, see :func:`normalize_pixels`), or None without images."""
+    image_grid_thw: torch.Tensor | None = None
+    """``[images, 3]`` long."""
+    pixel_values_videos: torch.Tensor | None = None
+    video_grid_thw: torch.Tensor | None = None
+    second_per_grid_ts: torch.Tensor | None = None
+    """``[videos]`` float32: seconds covered by one temporal patch of each video."""
+
+    @classmethod
+    def concat(cls, parts: Sequence[VisionInputs]) -> VisionInputs:
+        """The media of ``parts`` one after the other (images and videos each in order)."""
+
+        def cat(name: str) -> torch.Tensor | None:
+            tensors = [getattr(part, name) for part in parts if getattr(part, name) is not None]
+            return torch.cat(tensors) if tensors else None
+
+        return cls(**{f.name: cat(f.name) for f in fields(cls)})
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields that are set, by name."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: value for name, value in values.items() if value is not None}
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(*self.tensors().values())
+
+
+class MediaSample(Protocol):
+    """What :func:`decode_vision` reads of a sample (e.g. an ``EncodedSample``)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def media(self) -> Sequence[MediaItem]: ...
+    @property
+    def vision(self) -> VisionInputs | None: ...
+
+
+def decode_vision(
+    samples: Sequence[MediaSample], config: MediaConfig | None = None, *, shared: bool = False
+) -> VisionInputs:
+    """The media of ``samples``, in order, decoded straight into one tensor per field.
+
+    Each image and video is patchified into its slice of ``pixel_values`` /
+    ``pixel_values_videos``, sized from the probed grids, so a packed row's pixels exist once.
+    Already materialised samples are copied in. ``shared=True`` allocates the pixels in shared
+    memory (where a DataLoader worker would copy the batch anyway).
+    Raises :class:`~energon_pack.media.MediaError` naming the sample and member on bad media.
+    """
+    cfg = config or MediaConfig()
+    items = [item for s in samples for item in s.media]
+    pixels = {
+        kind: _alloc([i for i in items if i.kind == kind], cfg, shared)
+        for kind in ("image", "video")
+    }
+    offsets = {"image": 0, "video": 0}
+    for sample in samples:
+        vision = sample.vision
+        if vision is not None:  # materialised already: copy its blocks in
+            for kind, block in (
+                ("image", vision.pixel_values),
+                ("video", vision.pixel_values_videos),
+            ):
+                if block is not None:
+                    if block.dtype != cfg.torch_pixel_dtype:
+                        raise ValueError(
+                            f"sample {sample.key!r} was materialised with {block.dtype} pixels "
+                            f"but this pack uses pixel_dtype={cfg.pixel_dtype!r}; materialise "
+                            "with the packer's MediaConfig"
+                        )
+                    start = offsets[kind]
+                    _slot(pixels[kind], start, block.shape[0]).copy_(block)
+                    offsets[kind] += block.shape[0]
+            continue
+        for item in sample.media:
+            rows = math.prod(item.grid_thw)
+            slot = _slot(pixels[item.kind], offsets[item.kind], rows)
+            offsets[item.kind] += rows
+            decode = process_image if item.kind == "image" else process_video
+            decode(item.data, cfg, key=sample.key, member=item.member, out=slot)
+    grids = media_grids(samples)
+    return replace(grids, pixel_values=pixels["image"], pixel_values_videos=pixels["video"])
+
+
+def media_grids(samples: Sequence[MediaSample]) -> VisionInputs:
+    """The grids and video timings of ``samples``' media, in order, from their probes only."""
+    images = [item for s in samples for item in s.media if item.kind == "image"]
+    videos = [item for s in samples for item in s.media if item.kind == "video"]
+    seconds = [item.second_per_grid_t or 0.0 for item in videos]
+    return VisionInputs(
+        image_grid_thw=_grids(images),
+        video_grid_thw=_grids(videos),
+        second_per_grid_ts=torch.tensor(seconds, dtype=torch.float32) if videos else None,
+    )
+
+
+def _alloc(items: list[MediaItem], cfg: MediaConfig, shared: bool) -> torch.Tensor | None:
+    if not items:
+        return None
+    rows = sum(math.prod(i.grid_thw) for i in items)
+    out = torch.empty((rows, cfg.patch_dim), dtype=cfg.torch_pixel_dtype)
+    if shared:
+        out.share_memory_()  # type: ignore[no-untyped-call]
+    return out
+
+
+def _slot(pixels: torch.Tensor | None, start: int, rows: int) -> torch.Tensor:
+    assert pixels is not None  # allocated from the same items
+    return pixels[start : start + rows]
+
+
+def _grids(items: list[MediaItem]) -> torch.Tensor | None:
+    return torch.tensor([list(i.grid_thw) for i in items], dtype=torch.long) if items else None
 
 
 # --- internals ------------------------------------------------------------------------------
@@ -433,24 +632,68 @@ def _tokens(grid: tuple[int, int, int], cfg: MediaConfig) -> int:
     return t * h * w // (cfg.merge_size * cfg.merge_size)
 
 
-def _normalize(frames: torch.Tensor, cfg: MediaConfig) -> torch.Tensor:
-    """uint8 ``[T, C, H, W]`` -> float32, rounded like transformers (float64 rescale first).
+@cache
+def _normalization_table(
+    mean: tuple[float, ...], std: tuple[float, ...]
+) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """``[C, 256]`` float32: the normalised value of every 8-bit level, per channel.
 
-    One frame and channel at a time, so the float64 scratch stays one plane, not the clip.
+    Rounded like transformers: rescale in float64, cast to float32, then ``(x - mean) / std``
+    in float32 with float32 mean/std.
     """
-    out = torch.empty(frames.shape, dtype=torch.float32)
-    for t in range(frames.shape[0]):
-        for c, (mean, std) in enumerate(zip(cfg.image_mean, cfg.image_std, strict=True)):
-            plane = (frames[t, c].to(torch.float64) * (1 / 255)).to(torch.float32)
-            torch.div(plane.sub_(mean), std, out=out[t, c])
+    levels = (np.arange(256, dtype=np.float64) * RESCALE_FACTOR).astype(np.float32)
+    mean32 = np.asarray(mean, dtype=np.float32)[:, None]
+    std32 = np.asarray(std, dtype=np.float32)[:, None]
+    table: np.ndarray[Any, np.dtype[np.float32]] = (levels[None, :] - mean32) / std32
+    return table
+
+
+def _pixel_planes(frames: Sequence[Image.Image]) -> torch.Tensor:
+    """RGB frames -> uint8 ``[T, C, H, W]`` planes."""
+    width, height = frames[0].size
+    planes = np.empty((len(frames), 3, height, width), dtype=np.uint8)
+    for t, frame in enumerate(frames):
+        for c, band in enumerate(frame.split()):
+            planes[t, c] = np.asarray(band)
+    return torch.from_numpy(planes)
+
+
+def _patches(planes: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None) -> torch.Tensor:
+    """uint8 ``[T, C, H, W]`` planes -> patches of ``cfg.pixel_dtype`` (float32: normalised).
+
+    The permuting patchify copy moves uint8 (a quarter of the bytes); float32 values are then
+    made in place on contiguous patches, where torch's kernels vectorise, and a still's temporal
+    repeat is left to the last copy so that each pixel is normalised once. ``x / 255`` in
+    float32 equals transformers' float32(float64(x) * (1/255)) for every 8-bit level and the
+    mean/std steps are the same float32 operations, so the values are those of
+    :func:`_normalization_table` (checked level by level in the tests).
+    """
+    if cfg.pixel_dtype == "uint8":
+        return _patchify(planes, cfg, out)
+    repeat = cfg.temporal_patch_size if planes.shape[0] == 1 else 1
+    levels = _patchify(planes, replace(cfg, temporal_patch_size=cfg.temporal_patch_size // repeat))
+    rows = levels.shape[0]
+    if out is None:
+        out = torch.empty((rows, cfg.patch_dim), dtype=torch.float32)
+    if repeat == 1:
+        values = out.view(rows, 3, -1)
+    else:
+        values = torch.empty((rows, 3, levels.shape[1] // 3), dtype=torch.float32)
+    mean = torch.tensor(cfg.image_mean, dtype=torch.float32).view(1, 3, 1)
+    std = torch.tensor(cfg.image_std, dtype=torch.float32).view(1, 3, 1)
+    values.copy_(levels.view(rows, 3, -1)).div_(255.0).sub_(mean).div_(std)
+    if repeat > 1:
+        out.view(rows, 3, repeat, -1).copy_(values.unsqueeze(2).expand(-1, -1, repeat, -1))
     return out
 
 
 def _patchify(
     frames: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Float ``[T, C, H, W]`` (T a multiple of temporal_patch_size) -> ``[t*h*w, patch_dim]``,
-    written into ``out`` when given (one copy, no intermediate)."""
+    """``[T, C, H, W]`` (T a multiple of temporal_patch_size, or 1 for a still, repeated) ->
+    ``[t*h*w, patch_dim]``, written into ``out`` when given (one copy, no intermediate)."""
+    if frames.shape[0] == 1:
+        frames = frames.expand(cfg.temporal_patch_size, -1, -1, -1)
     n, c, height, width = frames.shape
     tp, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
     gt, gh, gw = n // tp, height // p, width // p
@@ -465,7 +708,7 @@ def _patchify(
 def _checked_out(
     out: torch.Tensor | None, rows: int, cfg: MediaConfig, key: str, member: str
 ) -> torch.Tensor | None:
-    if out is None or (out.shape == (rows, cfg.patch_dim) and out.dtype == torch.float32):
+    if out is None or (out.shape == (rows, cfg.patch_dim) and out.dtype == cfg.torch_pixel_dtype):
         return out
     raise MediaError(
         key,

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
-from energon_pack.encode import EncodedSample, VisionInputs, decode_vision, media_grids
+from energon_pack.encode import EncodedSample
 from energon_pack.layout import PackedRow, build_packed_row
-from energon_pack.media import MediaConfig
-from energon_pack.rope import MRopeConfig, mrope_for_packed
+from energon_pack.media import MediaConfig, VisionInputs, decode_vision, media_grids
+from energon_pack.rope import MRopeConfig, packed_mrope_position_ids
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,22 @@ class PackedSample:
         return {**row, **self.vision.tensors(), **rope, "keys": list(self.keys)}
 
 
+def mrope_for_packed(
+    packed: PackedSample, config: MRopeConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~energon_pack.rope.packed_mrope_position_ids` of a :class:`PackedSample`."""
+    row, vision = packed.row, packed.vision
+    return packed_mrope_position_ids(
+        row.input_ids,
+        row.cu_seqlens_padded,
+        row.cu_seqlens,
+        vision.image_grid_thw,
+        vision.video_grid_thw,
+        vision.second_per_grid_ts,
+        config,
+    )
+
+
 def pack_samples(
     samples: Sequence[EncodedSample],
     *,
@@ -57,7 +73,7 @@ def pack_samples(
 
     The row options are those of :func:`~energon_pack.layout.build_packed_row`; ``media`` is
     the preprocessing used to decode (each image/video is patchified straight into its slice of
-    the row's pixel tensors, see :func:`~energon_pack.encode.decode_vision`); with ``mrope`` the
+    the row's pixel tensors, see :func:`~energon_pack.media.decode_vision`); with ``mrope`` the
     3-D position ids of every segment are computed too. With ``with_pixels=False`` nothing is
     decoded and the result's media carry only the grids, for a caller that decodes the pixels
     of several rows itself. Raises ValueError (naming the keys) if the samples do not

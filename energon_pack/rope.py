@@ -17,12 +17,9 @@ gap token ``k`` (0-based) of segment ``i`` gets ``max_position_i + 1 + k``, whic
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 import torch
-
-if TYPE_CHECKING:  # packed.py computes mRoPE with this module
-    from energon_pack.packed import PackedSample
 
 TextAfterVision = Literal["max", "spatial"]
 
@@ -133,22 +130,6 @@ def mrope_position_ids(
         ids, bounds, bounds, image_grid_thw, video_grid_thw, second_per_grid_ts, config
     )
     return positions, int(deltas[0])
-
-
-def mrope_for_packed(
-    packed: PackedSample, config: MRopeConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`packed_mrope_position_ids` of a :class:`~energon_pack.packed.PackedSample`."""
-    row, vision = packed.row, packed.vision
-    return packed_mrope_position_ids(
-        row.input_ids,
-        row.cu_seqlens_padded,
-        row.cu_seqlens,
-        vision.image_grid_thw,
-        vision.video_grid_thw,
-        vision.second_per_grid_ts,
-        config,
-    )
 
 
 def packed_mrope_position_ids(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from energon_pack.media import MediaConfig, PixelDtype
 from energon_pack.memory import MB, MonitorConfig, load_report, summarize
 
 Decode = Literal["lazy", "eager"]
@@ -29,6 +30,8 @@ class TuneSettings:
     num_workers: int = 2
     max_samples: int | None = None
     """Stop each run after this many source samples (None: one epoch)."""
+    pixel_dtype: PixelDtype = "float32"
+    """Dtype of the batches' pixels (``MediaConfig.pixel_dtype``)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ def run_once(
     encoder = PackingTaskEncoder(
         seq_length=settings.seq_length,
         pad_to_multiple_of=settings.pad_to_multiple_of,
+        media=MediaConfig(pixel_dtype=settings.pixel_dtype),
         decode=decode,
         monitor=MonitorConfig(report_dir=str(report_dir), every_samples=4, every_seconds=0.25),
     )

@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from energon_pack.binpack import aligned_length
 from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
-from energon_pack.encode import ConversationEncoder, EncodedSample, MediaItem
+from energon_pack.encode import ConversationEncoder, EncodedSample
 from energon_pack.layout import IGNORE_INDEX, PackedRow
-from energon_pack.media import MediaError
+from energon_pack.media import MediaConfig, MediaError, MediaItem, normalize_pixels
 from energon_pack.rope import MRopeConfig, mrope_position_ids
 
 VLM_DEMO = Path(__file__).resolve().parent.parent / "fixtures" / "vlm_demo"
@@ -236,6 +236,33 @@ def test_fixture_media_round_trip(demo: FixtureDataset) -> None:
     again = collate(samples)
     assert torch.equal(again.input_ids, batch.input_ids)
     assert torch.equal(again.vision.tensors()["pixel_values"], got["pixel_values"])
+
+
+def test_uint8_pixels_normalise_to_the_float_batch(demo: FixtureDataset) -> None:
+    items = [demo[i] for i in range(8)]
+    raw_media = MediaConfig(pixel_dtype="uint8")
+    settings: dict[str, Any] = {"pad_to_multiple_of": 8, "pad_to_max_length": True}
+    floats = VLMPackingCollator(4096, **settings)(items).vision
+    raw_encoder = ConversationEncoder(media=raw_media)
+    raws = VLMPackingCollator(4096, encoder=raw_encoder, **settings)(items).vision
+    assert raws.pixel_values is not None
+    assert raws.pixel_values_videos is not None
+    for name in ("pixel_values", "pixel_values_videos"):
+        raw, expected = getattr(raws, name), getattr(floats, name)
+        assert raw.dtype == torch.uint8
+        assert torch.equal(normalize_pixels(raw, raw_media), expected), name
+    # Samples materialised before collation are copied in as uint8 too.
+    ready = [
+        raw_encoder.encode_sample(item["__key__"], item).materialize(raw_media) for item in items
+    ]
+    again = VLMPackingCollator(4096, encoder=raw_encoder, **settings)(ready).vision
+    assert again.pixel_values is not None
+    assert torch.equal(again.pixel_values, raws.pixel_values)
+    # ... but not float32 ones: a mixed batch is refused by name.
+    first = items[0]
+    float_ready = raw_encoder.encode_sample(first["__key__"], first).materialize(MediaConfig())
+    with pytest.raises(ValueError, match=rf"{first['__key__']}.*torch.float32 pixels.*'uint8'"):
+        VLMPackingCollator(4096, encoder=raw_encoder, **settings)([float_ready, *ready[1:]])
 
 
 def test_default_mode_is_one_row_with_adapters(demo: FixtureDataset) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
 from energon_pack.encode import ConversationEncoder
 from energon_pack.energon import CarryOverPackingDataset, PackedBatch
+from energon_pack.media import normalize_pixels
 from energon_pack.rope import MRopeConfig, mrope_position_ids
 
 
@@ -302,3 +304,27 @@ def test_mrope_ids_restart_per_segment_with_its_own_grids(
         got = batch.mrope_position_ids[:, 0, starts[index] : starts[index] + single.length]
         assert torch.equal(got, expected)
         assert int(batch.rope_deltas[index]) == delta
+
+
+@pytest.mark.parametrize(("decode", "workers"), [("lazy", 1), ("eager", 0)])
+def test_uint8_pixels_normalise_to_the_float_batches(
+    vlm_demo_path: Path, decode: str, workers: int
+) -> None:
+    """Same packs; uint8 pixels through the loader (shared memory with a worker) normalise to
+    exactly the float32 batches."""
+    raw_media = replace(SMALL_MEDIA, pixel_dtype="uint8")
+    floats = batches(train_dataset(vlm_demo_path, 16, workers=workers, decode=decode))
+    raws = batches(
+        train_dataset(vlm_demo_path, 16, workers=workers, decode=decode, media=raw_media)
+    )
+    seen = 0
+    for expected, got in zip(floats, raws, strict=True):
+        assert got.__keys__ == expected.__keys__
+        for name in ("pixel_values", "pixel_values_videos"):
+            want, have = getattr(expected, name), getattr(got, name)
+            assert (want is None) == (have is None), name
+            if have is not None:
+                assert have.dtype == torch.uint8
+                assert torch.equal(normalize_pixels(have, raw_media), want), name
+                seen += 1
+    assert seen > 10

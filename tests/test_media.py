@@ -7,6 +7,7 @@ import json
 import pickle
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def test_defaults_match_transformers_processor() -> None:
 
 
 def test_images_match_transformers_and_probe() -> None:
-    """Every fixture image: HF parity (pixel_values, grid) and probe == decode."""
+    """Every fixture image: exact HF parity (pixel_values, grid) and probe == decode."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
@@ -111,9 +112,8 @@ def test_images_match_transformers_and_probe() -> None:
         assert grid.shape == (1, 3)
         np.testing.assert_array_equal(grid.numpy(), expected["image_grid_thw"])
         assert pixels.dtype == torch.float32
-        assert pixels.shape == expected["pixel_values"].shape
-        diff = np.abs(pixels.numpy() - expected["pixel_values"]).max()
-        assert diff <= 1e-5, f"{key}/{member}: max abs diff {diff}"
+        # Bit for bit: same resize, and the table rounds like transformers' rescale/normalise.
+        np.testing.assert_array_equal(pixels.numpy(), expected["pixel_values"], err_msg=key)
         assert tuple(grid[0].tolist()) == probe.grid_thw
         assert probe.tokens == pixels.shape[0] // cfg.merge_size**2
         checked += 1
@@ -301,3 +301,98 @@ def test_broken_fixtures_give_documented_errors() -> None:
         assert key in str(err)
         assert expected["member"] in str(err)
         assert str(pickle.loads(pickle.dumps(err))) == str(err)  # crosses worker processes
+
+
+# --- normalisation table, uint8 transport --------------------------------------------------
+
+
+def _hf_normalized(planes: np.ndarray, cfg: MediaConfig) -> np.ndarray:
+    """transformers' own numpy rescale + normalise of uint8 ``[..., C, H, W]`` planes."""
+    from transformers.image_transforms import normalize, rescale
+    from transformers.image_utils import ChannelDimension
+
+    first = ChannelDimension.FIRST
+    flat = planes.reshape(-1, *planes.shape[-3:])
+    out = [
+        normalize(
+            rescale(p, 1 / 255, input_data_format=first),
+            cfg.image_mean,
+            cfg.image_std,
+            input_data_format=first,
+        )
+        for p in flat
+    ]
+    return np.stack(out).reshape(planes.shape)
+
+
+def test_every_level_normalises_like_transformers() -> None:
+    """All 256 levels of every channel, through process_image and normalize_pixels."""
+    cfg = MediaConfig(min_pixels=16 * 28 * 28)
+    levels = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    rgb = np.stack([levels, levels.T, 255 - levels], axis=-1).repeat(28, 0).repeat(28, 1)
+    data = io.BytesIO()
+    Image.fromarray(rgb).save(data, format="PNG")
+    pixels, _ = media.process_image(data.getvalue(), cfg)
+    raw, _ = media.process_image(data.getvalue(), replace(cfg, pixel_dtype="uint8"))
+    assert raw.dtype == torch.uint8
+    expected = _hf_normalized(raw.numpy().reshape(-1, 3, 2 * 14, 14), cfg).reshape(raw.shape)
+    np.testing.assert_array_equal(pixels.numpy(), expected)
+    assert len(np.unique(raw.numpy())) == 256
+    np.testing.assert_array_equal(media.normalize_pixels(raw, cfg).numpy(), expected)
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_uint8_transport_normalises_to_the_float_path(kind: str) -> None:
+    """uint8 patches + normalize_pixels == the float32 path, bit for bit, on real media."""
+    floats, raws = MediaConfig(), MediaConfig(pixel_dtype="uint8")
+    items = list(demo_media(kind))[:: 40 if kind == "image" else 8]
+    assert len(items) >= 4
+    for key, member, data in items:
+        if kind == "image":
+            expected, grid = media.process_image(data, floats)
+            raw, raw_grid = media.process_image(data, raws)
+        else:
+            expected, grid, _ = media.process_video(data, floats)
+            raw, raw_grid, _ = media.process_video(data, raws)
+        assert raw.dtype == torch.uint8
+        assert raw.nbytes * 4 == expected.nbytes
+        assert torch.equal(grid, raw_grid)
+        torch.testing.assert_close(media.normalize_pixels(raw, raws), expected, rtol=0, atol=0)
+        halves = media.normalize_pixels(raw, raws, device="cpu", dtype=torch.bfloat16)
+        assert torch.equal(halves, expected.to(torch.bfloat16)), f"{key}/{member}"
+
+
+def test_video_frames_normalise_like_transformers() -> None:
+    """Video frames: decord decode + PIL resize + transformers' numpy rescale/normalise.
+
+    (transformers' video processor itself needs torchvision, which has no CPU build here.)
+    """
+    cfg = MediaConfig()
+    key, member, data = next(demo_media("video"))
+    pixels, grid, _ = media.process_video(data, cfg, key=key, member=member)
+    probe = media.probe_video(data, cfg)
+    reader = decord.VideoReader(io.BytesIO(data))
+    indices = [i * probe.source_frames // probe.frames for i in range(probe.frames)]
+    t, h, w = (int(v) for v in grid[0])
+    size = (w * cfg.patch_size, h * cfg.patch_size)
+    frames = np.stack(
+        [
+            np.asarray(Image.fromarray(f).resize(size, Image.Resampling.BICUBIC))
+            for f in reader.get_batch(indices).asnumpy()
+        ]
+    ).transpose(0, 3, 1, 2)
+    planes = _hf_normalized(frames, cfg)
+    p, m, tp = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
+    patches = planes.reshape(t, tp, 3, h // m, m, p, w // m, m, p)
+    expected = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(t * h * w, -1)
+    np.testing.assert_array_equal(pixels.numpy(), expected)
+
+
+def test_normalize_pixels_rejects_floats_and_other_configs() -> None:
+    cfg = MediaConfig(pixel_dtype="uint8")
+    with pytest.raises(ValueError, match=r"uint8 patches \[P, 1176\].*pixel_dtype='uint8'"):
+        media.normalize_pixels(torch.zeros((4, 1176)), cfg)
+    with pytest.raises(ValueError, match=r"\[P, 1176\].*\(4, 588\)"):
+        media.normalize_pixels(torch.zeros((4, 588), dtype=torch.uint8), cfg)
+    with pytest.raises(ValueError, match=r"pixel_dtype must be one of.*'float16'"):
+        MediaConfig(pixel_dtype="float16")  # type: ignore[arg-type]

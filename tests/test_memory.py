@@ -175,6 +175,18 @@ def test_tune_runs_and_recommends_within_budget(
     assert "no measured buffer fits 1 MiB" in capsys.readouterr().out
 
 
+def test_tune_with_uint8_pixels(
+    vlm_demo_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["tune", str(vlm_demo_path), "--buffer-sizes", "8", "--num-workers", "1"]
+    args += ["--max-samples", "16", "--out", str(tmp_path), "--pixel-dtype", "uint8"]
+    assert main(args) == 0
+    report = json.loads((tmp_path / "tune.json").read_text())
+    assert report["settings"]["pixel_dtype"] == "uint8"
+    assert report["results"][0]["samples"] >= 16
+    assert "1 workers, uint8 pixels" in capsys.readouterr().out
+
+
 def test_tune_refuses_an_unprepared_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

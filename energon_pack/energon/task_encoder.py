@@ -69,8 +69,12 @@ class PackedBatch(Sample):
     max_seqlen: int
     seq_idx: torch.Tensor
     pixel_values: torch.Tensor | None = None
+    """``[P, patch_dim]`` float32, normalised; uint8 raw pixels with
+    ``MediaConfig(pixel_dtype="uint8")``: the training step turns them into the same float
+    values with :func:`~energon_pack.media.normalize_pixels` (on its device)."""
     image_grid_thw: torch.Tensor | None = None
     pixel_values_videos: torch.Tensor | None = None
+    """Like ``pixel_values``, for the videos."""
     video_grid_thw: torch.Tensor | None = None
     second_per_grid_ts: torch.Tensor | None = None
     mrope_position_ids: torch.Tensor | None = None
