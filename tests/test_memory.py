@@ -205,7 +205,7 @@ def test_tune_runs_and_recommends_within_budget(
     fields = {
         "buffer_size", "decode", "samples", "packs", "bin_fill", "token_efficiency",
         "first_pack_seconds", "packs_per_second", "samples_per_second", "peak_worker_rss_mb",
-        "steady_worker_rss_mb", "peak_buffer_mb", "interrupted",
+        "steady_worker_rss_mb", "peak_buffer_mb", "skipped", "unaccounted", "interrupted",
     }  # fmt: skip
     assert [r["buffer_size"] for r in report["results"]] == [4, 16]
     for result in report["results"]:
