@@ -291,7 +291,9 @@ def projected_rss_mb(result: TuneResult, num_workers: int) -> float:
 def recommend(
     results: Sequence[TuneResult], *, num_workers: int, rss_budget_mb: float
 ) -> TuneResult | None:
-    """The largest-buffer lazy run (else any) whose projected worker RSS fits the budget."""
+    """Among the completed runs whose projected worker RSS fits the budget, the best bin fill
+    (to three decimals; lazy decoding first), and of equal fills the smallest buffer, which
+    holds less memory and makes the first pack sooner."""
     fitting = [
         r
         for r in results
@@ -299,7 +301,7 @@ def recommend(
     ]
     if not fitting:
         return None
-    return max(fitting, key=lambda r: (r.decode == "lazy", r.buffer_size, r.bin_fill))
+    return max(fitting, key=lambda r: (r.decode == "lazy", round(r.bin_fill, 3), -r.buffer_size))
 
 
 def plot_results(
@@ -342,7 +344,11 @@ def plot_results(
                 axis.plot([r.buffer_size for r in own], [value(r) for r in own], "o-", label=decode)
         if name == "rss":
             axis.axhline(rss_budget_mb, color="red", linestyle="--", label=budget_label)
-            axis.set_ylim(bottom=0)
+            peak = max((value(r) for r in done), default=rss_budget_mb)
+            if max(peak, rss_budget_mb) > 4 * min(peak, rss_budget_mb):
+                axis.set_yscale("log")  # both the runs and a far budget stay readable
+            else:
+                axis.set_ylim(bottom=0)
         else:
             axis.plot(
                 [r.buffer_size for r in over],
