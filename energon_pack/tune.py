@@ -360,7 +360,9 @@ def plot_results(
                 label=f"over the {budget_label}",
             )
         if best is None:
-            axis.text(0.5, 0.5, "no buffer fits the budget", transform=axis.transAxes, ha="center")
+            axis.text(
+                0.5, 0.5, "no completed run fits the budget", transform=axis.transAxes, ha="center"
+            )
         else:
             axis.plot(
                 [best.buffer_size],
