@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
+import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,9 +33,11 @@ from energon_pack.topology import MODES, PackingConfig
 from energon_pack.tune import (
     TUNE_HEADERS,
     Decode,
+    TuneError,
     TuneResult,
     TuneSettings,
     default_dataset,
+    describe_tokenizer,
     plot_results,
     projected_rss_mb,
     recommend,
@@ -216,6 +221,42 @@ def _cmd_offline(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _log_to(path: Path) -> Iterator[None]:
+    """Send the package's log (one line per skipped sample) to ``path`` instead of stderr."""
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    package = logging.getLogger("energon_pack")
+    package.addHandler(handler)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        handler.close()
+
+
+def _measure(
+    settings: TuneSettings,
+    decodes: Sequence[Decode],
+    buffer_sizes: Sequence[int],
+    out: Path,
+    results: list[TuneResult],
+) -> None:
+    """Run every (decode, buffer size), appending to ``results``; a Ctrl-C leaves its run's row
+    marked as interrupted and propagates."""
+    for decode in decodes:
+        for buffer_size in buffer_sizes:
+            # Stands for the run until it returns, so a Ctrl-C at any point marks this row.
+            results.append(TuneResult(buffer_size, decode, interrupted=True))
+            report_dir = out / "reports" / f"{decode}-buffer{buffer_size}"
+            shutil.rmtree(report_dir, ignore_errors=True)
+            description = f"{decode} buffer {buffer_size}"
+            with tqdm(desc=description, unit=" samples", total=settings.max_samples) as bar:
+                results[-1] = run_once(settings, buffer_size, decode, report_dir, bar.update)
+            if results[-1].interrupted:
+                raise KeyboardInterrupt
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
     dataset = Path(args.dataset) if args.dataset else default_dataset()
     if not (dataset / ".nv-meta").is_dir():
@@ -233,54 +274,69 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         num_workers=args.num_workers,
         max_samples=args.max_samples,
         pixel_dtype=args.pixel_dtype,
+        tokenizer=args.tokenizer,
+        overlong=args.overlong,
     )
+    # Forked loader workers use the tokenizer after the main process did: no Rust thread pool.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    tokenizer = describe_tokenizer(settings.tokenizer)
     budget = args.rss_budget_mb or psutil.virtual_memory().total / MB / 2
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     results: list[TuneResult] = []
     try:
-        for decode in decodes:
-            for buffer_size in args.buffer_sizes:
-                report_dir = out / "reports" / f"{decode}-buffer{buffer_size}"
-                shutil.rmtree(report_dir, ignore_errors=True)
-                description = f"{decode} buffer {buffer_size}"
-                with tqdm(desc=description, unit=" samples", total=args.max_samples) as bar:
-                    result = run_once(settings, buffer_size, decode, report_dir, bar.update)
-                results.append(result)
-                if result.interrupted:
-                    raise KeyboardInterrupt
+        with _log_to(out / "tune.log"):
+            _measure(settings, decodes, args.buffer_sizes, out, results)
     except KeyboardInterrupt:
-        print("\ninterrupted: reporting the runs measured so far", file=sys.stderr)
-    if not results:
-        return 130
+        pass
+    except TuneError as error:
+        log = out / "tune-error.log"
+        log.write_text(error.details)
+        raise ValueError(f"{error} (traceback: {log})") from None
+    interrupted = next((r for r in results if r.interrupted), None)
     print(
         f"\n{dataset}: seq_length {settings.seq_length}, {settings.num_workers} workers, "
+        f"tokenizer {tokenizer['name']} ({tokenizer['class']}, {tokenizer['vocab_size']} "
+        f"tokens), overlong samples: {settings.overlong}, "
         f"{settings.pixel_dtype} pixels"
     )
     print(format_table(TUNE_HEADERS, [tune_row(r) for r in results]))
-    best = recommend(results, num_workers=args.num_workers, rss_budget_mb=budget)
-    if best is None:
+    if any(r.skipped for r in results):
+        print(f"\nskipped samples are logged with their keys in {out / 'tune.log'}")
+    if interrupted is not None:
         print(
-            f"\nno measured buffer fits {budget:.0f} MiB for {args.num_workers} workers; "
-            "lower --num-workers or the image/video pixel limits"
+            f"\ninterrupted (Ctrl-C) during the {interrupted.decode} buffer "
+            f"{interrupted.buffer_size} run: its row holds what was measured until then and is "
+            "not used for the recommendation; runs after it were not measured"
         )
-    else:
+    best = recommend(results, num_workers=args.num_workers, rss_budget_mb=budget)
+    if best is not None:
         projected = projected_rss_mb(best, args.num_workers)
         print(
             f"\nrecommended: packing_buffer_size={best.buffer_size} ({best.decode} decode): "
             f"bin fill {best.bin_fill:.4f}, {args.num_workers} workers x "
             f"{best.peak_worker_rss_mb:.0f} MiB = {projected:.0f} MiB of {budget:.0f} MiB"
         )
-    plots = plot_results(results, out)
+    elif any(not r.interrupted for r in results):
+        print(
+            f"\nno measured buffer fits {budget:.0f} MiB for {args.num_workers} workers; "
+            "lower --num-workers or the image/video pixel limits"
+        )
+    else:
+        print("\nno run completed, so there is no recommendation")
+    plots = plot_results(results, out, settings, rss_budget_mb=budget, best=best)
     report = {
         "settings": asdict(settings),
+        "tokenizer": tokenizer,
         "rss_budget_mb": budget,
         "results": [asdict(r) for r in results],
         "recommendation": None if best is None else asdict(best),
+        "interrupted": interrupted is not None,
         "plots": [str(p) for p in plots],
     }
     (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out / 'tune.json'} and {', '.join(str(p) for p in plots)}")
-    return 0
+    return 130 if interrupted is not None else 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -361,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser(
         "tune",
         help="measure bin fill, worker RSS and throughput per packing_buffer_size on a dataset",
+        description="Exit status 2 on an error (one line; the traceback goes to "
+        "OUT/tune-error.log), 130 when interrupted with Ctrl-C (the runs measured so far are "
+        "reported, the interrupted one marked).",
     )
     tune.add_argument(
         "dataset", nargs="?", help="prepared Energon dataset (default: the shipped fixtures)"
@@ -380,6 +439,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["float32", "uint8"],
         default="float32",
         help="dtype of the batches' pixels (uint8: 4x smaller, normalise in the training step)",
+    )
+    tune.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="transformers tokenizer directory or cached name, loaded offline, for every token "
+        "count (default: the built-in byte tokenizer)",
+    )
+    tune.add_argument(
+        "--overlong",
+        choices=["skip", "error"],
+        default="skip",
+        help="samples longer than --seq-length: count and skip them (default), or stop",
     )
     tune.add_argument("--out", default="tune-out", help="directory for JSON, plots, reports")
     tune.set_defaults(run=_cmd_tune)

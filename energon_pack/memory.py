@@ -21,6 +21,7 @@ import logging
 import os
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ class BufferSnapshot:
     """The part of ``bytes`` that is decoded pixel data (0 when decoding is lazy)."""
     biggest: tuple[tuple[str, int], ...] = ()
     """``(key, bytes)`` of the largest buffered samples."""
+    max_bytes: int | None = None
+    """The buffer's byte limit (packing_buffer_bytes), None when only its count is bounded."""
 
     @property
     def full(self) -> bool:
@@ -107,14 +110,24 @@ class MonitorConfig:
             raise ValueError(f"warn_growth must be None or > 1, got {self.warn_growth}")
 
 
+KEEP_READINGS = 256
+"""How many recent readings an :class:`RSSMonitor` keeps in memory (the report has them all)."""
+
+
 @dataclass
 class RSSMonitor:
-    """Samples this process's memory and the buffer it is told about; see the module doc."""
+    """Samples this process's memory and the buffer it is told about; see the module doc.
+
+    Memory stays bounded over any run: ``readings`` keeps the last :data:`KEEP_READINGS`
+    readings; ``count`` and ``peak_rss`` summarise all of them.
+    """
 
     config: MonitorConfig
     rank: int = 0
     worker: int = 0
-    readings: list[Reading] = field(default_factory=list)
+    readings: deque[Reading] = field(default_factory=lambda: deque(maxlen=KEEP_READINGS))
+    count: int = 0
+    peak_rss: int = 0
     _observed: int = 0
     _last_time: float = 0.0
     _steady_rss: int | None = None
@@ -151,6 +164,8 @@ class RSSMonitor:
             bin_fill=bin_fill,
         )
         self.readings.append(reading)
+        self.count += 1
+        self.peak_rss = max(self.peak_rss, rss)
         if buffer.full and self._steady_rss is None:
             self._steady_rss = rss
         self._check(reading, buffer)
@@ -199,11 +214,37 @@ class RSSMonitor:
         message = (
             f"rank {self.rank} worker {self.worker}: {what}; the packing buffer holds "
             f"{buffer.count} samples, {buffer.bytes / MB:.1f} MiB (largest: {biggest or '-'}). "
-            f"A packing_buffer_size of {suggest_buffer_size(buffer, room)} would fit; "
-            "or decode media lazily, or lower the image/video pixel limits."
+            f"To fix: {advice(buffer, room)}."
         )
         logger.warning("%s", message)
         warnings.warn(message, BufferMemoryWarning, stacklevel=2)
+
+
+def advice(buffer: BufferSnapshot, room_bytes: float) -> str:
+    """What brings memory back under a threshold, given how the buffer is set up.
+
+    ``room_bytes`` is what the buffered samples may hold for the threshold to pass; when it is
+    not above zero, the memory is outside the buffer and shrinking the buffer would not help.
+    """
+    steps = []
+    if buffer.decoded_bytes:
+        steps.append(
+            f"decode media lazily (decode='lazy'): {buffer.decoded_bytes / MB:.1f} MiB of the "
+            "buffer is decoded pixels"
+        )
+    if 0 < room_bytes < buffer.bytes:
+        if buffer.max_bytes is not None:
+            steps.append(f"lower packing_buffer_bytes from {buffer.max_bytes} to {int(room_bytes)}")
+        else:
+            size = suggest_buffer_size(buffer, room_bytes)
+            steps.append(f"a packing_buffer_size of {size} would fit")
+    elif not buffer.decoded_bytes:
+        steps.append(
+            f"the buffer ({buffer.bytes / MB:.1f} MiB) is not what fills memory, so a smaller "
+            "one would not help: lower the image/video pixel limits (MediaConfig max_pixels, "
+            "video_max_pixels) so each pack's pixels take less, or run fewer workers"
+        )
+    return "; or ".join(steps)
 
 
 def suggest_buffer_size(buffer: BufferSnapshot, room_bytes: float) -> int:

@@ -2,22 +2,29 @@
 
 For each buffer size (and decode mode) the dataset streams through the real Energon loader with
 real workers and a :class:`~energon_pack.memory.RSSMonitor` in each worker. A run records bin
-fill, token efficiency, first-pack latency, throughput and worker RSS; :func:`recommend` picks
-the largest buffer whose projected memory fits a budget.
+fill, token efficiency, first-pack latency, throughput, worker RSS and the samples it skipped
+(by kind); :func:`recommend` picks the largest buffer whose projected memory fits a budget.
+Token counts come from the tokenizer the user trains with (``TuneSettings.tokenizer``).
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import time
+import traceback
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from energon_pack.encode import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
 from energon_pack.media import MediaConfig, PixelDtype
 from energon_pack.memory import MB, MonitorConfig, load_report, summarize
 
 Decode = Literal["lazy", "eager"]
+TuneOverlong = Literal["skip", "error"]
 
 
 @dataclass(frozen=True)
@@ -32,30 +39,122 @@ class TuneSettings:
     """Stop each run after this many source samples (None: one epoch)."""
     pixel_dtype: PixelDtype = "float32"
     """Dtype of the batches' pixels (``MediaConfig.pixel_dtype``)."""
+    tokenizer: str | None = None
+    """A transformers tokenizer directory, or a name in the local cache (None: ByteTokenizer)."""
+    overlong: TuneOverlong = "skip"
+    """Samples longer than ``seq_length``: count and skip them, or stop with an error."""
 
 
 @dataclass(frozen=True)
 class TuneResult:
-    """Measurements of one run."""
+    """Measurements of one run (all zero for a run interrupted before its first pack)."""
 
     buffer_size: int
     decode: Decode
-    samples: int
-    packs: int
-    bin_fill: float
-    token_efficiency: float
-    first_pack_seconds: float
-    packs_per_second: float
-    samples_per_second: float
-    peak_worker_rss_mb: float
-    steady_worker_rss_mb: float
-    peak_buffer_mb: float
+    samples: int = 0
+    packs: int = 0
+    bin_fill: float = 0.0
+    token_efficiency: float = 0.0
+    first_pack_seconds: float = 0.0
+    packs_per_second: float = 0.0
+    samples_per_second: float = 0.0
+    peak_worker_rss_mb: float = 0.0
+    steady_worker_rss_mb: float = 0.0
+    peak_buffer_mb: float = 0.0
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Skipped samples by kind (``overlong`` or a ``MediaError`` kind), over all workers."""
+    unaccounted: int = 0
+    """Samples of a full epoch neither packed nor in any worker's skip counts."""
     interrupted: bool = False
+
+
+class TuneError(ValueError):
+    """A run stopped on an error. ``str()`` is one line; ``details`` is the full traceback."""
+
+    def __init__(self, message: str, details: str) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 def default_dataset() -> Path:
     """The shipped ``fixtures/vlm_demo`` next to the package (a source checkout)."""
     return Path(__file__).resolve().parents[1] / "fixtures" / "vlm_demo"
+
+
+@functools.cache
+def load_tokenizer(name: str) -> Tokenizer:
+    """A transformers tokenizer from a local directory or the local cache; never downloads.
+
+    Raises ValueError when it cannot be loaded offline or lacks the Qwen2-VL special tokens
+    that the conversation template uses.
+    """
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer: Any = AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception as error:  # transformers raises OSError, ValueError, KeyError, ...
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ValueError(
+            f"--tokenizer {name!r} cannot be loaded offline ({reason}); pass a directory written "
+            "by tokenizer.save_pretrained(...) or the name of a tokenizer in the local Hugging "
+            "Face cache"
+        ) from None
+    unknown = {None, tokenizer.unk_token_id}
+    missing = [t for t in SPECIAL_TOKENS if tokenizer.convert_tokens_to_ids(t) in unknown]
+    if missing:
+        raise ValueError(
+            f"--tokenizer {name!r} has no special tokens {missing}, which the ChatML / Qwen2-VL "
+            "template uses; pass a Qwen2-VL tokenizer, or add them with "
+            "tokenizer.add_special_tokens({'additional_special_tokens': [...]}) and save it"
+        )
+    loaded: Tokenizer = tokenizer
+    return loaded
+
+
+def describe_tokenizer(name: str | None) -> dict[str, object]:
+    """Which tokenizer counts the tokens: ``name``, ``class`` and ``vocab_size``."""
+    if name is None:
+        return {"name": "byte", "class": "ByteTokenizer", "vocab_size": ByteTokenizer().vocab_size}
+    tokenizer: Any = load_tokenizer(name)
+    return {"name": name, "class": type(tokenizer).__name__, "vocab_size": len(tokenizer)}
+
+
+def tokenizer_label(name: str | None) -> str:
+    """A short name for titles: the directory's name, the hub name, or ``byte``."""
+    return "byte" if name is None else Path(name).name or name
+
+
+# Library settings named in error messages, as the tune flags that set them.
+_FLAGS = (
+    (re.compile(r"overlong=['\"]skip['\"]"), "--overlong skip"),
+    (re.compile(r"\bseq_length\b"), "--seq-length"),
+    (re.compile(r"\bpad_to_multiple_of\b"), "--pad-to-multiple-of"),
+)
+_PLAIN_ERRORS = ("ValueError", "RuntimeError", "MediaError")
+
+
+def error_line(error: BaseException) -> str:
+    """One line for an error of a run, also when a loader worker raised it.
+
+    A worker's error reaches the main process as its whole traceback in the message; the line
+    is the original error's message, with setting names written as the tune flags.
+    """
+    text = str(error).strip()
+    if "Original Traceback" in text:
+        last: list[str] = []
+        for line in reversed(text.splitlines()):
+            if not line.strip() or line[0].isspace():
+                break
+            last.insert(0, line)
+        text = " ".join(last)
+    else:
+        text = f"{type(error).__name__}: {text}"
+    kind, _, message = text.partition(": ")
+    if kind.rsplit(".", 1)[-1] in _PLAIN_ERRORS and message:
+        text = message
+    for pattern, flag in _FLAGS:
+        text = pattern.sub(flag, text)
+    return text
 
 
 def run_once(
@@ -65,18 +164,25 @@ def run_once(
     report_dir: Path,
     on_samples: Callable[[int], object] = lambda count: None,
 ) -> TuneResult:
-    """Stream the dataset once with this buffer size; Ctrl-C ends the run early (marked)."""
+    """Stream the dataset once with this buffer size; Ctrl-C ends the run early (marked).
+
+    Raises :class:`TuneError` (one line, naming the run) when the run stops on an error, in the
+    main process or in a loader worker.
+    """
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
-    from energon_pack.energon import PackingTaskEncoder
+    from energon_pack.energon import PackingStats, PackingTaskEncoder
 
     encoder = PackingTaskEncoder(
+        load_tokenizer(settings.tokenizer) if settings.tokenizer else None,
         seq_length=settings.seq_length,
         pad_to_multiple_of=settings.pad_to_multiple_of,
         media=MediaConfig(pixel_dtype=settings.pixel_dtype),
+        overlong=settings.overlong,
         decode=decode,
         monitor=MonitorConfig(report_dir=str(report_dir), every_samples=4, every_seconds=0.25),
     )
+    one_epoch = settings.max_samples is None
     dataset = get_train_dataset(
         settings.dataset,
         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=settings.num_workers),
@@ -85,27 +191,41 @@ def run_once(
         shuffle_buffer_size=None,
         max_samples_per_sequence=None,
         task_encoder=encoder,
-        repeat=settings.max_samples is not None,
+        repeat=not one_epoch,
     )
     samples = packs = used = real = 0
+    worker_stats: dict[tuple[int, int], PackingStats] = {}
     interrupted = False
     start = time.perf_counter()
     first_pack = steady_start = 0.0
     try:
-        for batch in get_savable_loader(dataset):
-            if packs == 0:
-                first_pack = steady_start = time.perf_counter() - start
-            packs += 1
-            samples += len(batch.__keys__)
-            used += int(batch.cu_seqlens_padded[-1])
-            real += int(batch.cu_seqlens[-1])
-            on_samples(len(batch.__keys__))
-            if settings.max_samples is not None and samples >= settings.max_samples:
-                break
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "'pin_memory' argument is set as true")
+            for batch in get_savable_loader(dataset):
+                if packs == 0:
+                    first_pack = steady_start = time.perf_counter() - start
+                packs += 1
+                samples += len(batch.__keys__)
+                used += int(batch.cu_seqlens_padded[-1])
+                real += int(batch.cu_seqlens[-1])
+                stats = batch.packing_stats
+                if stats is not None:
+                    worker_stats[(stats.rank, stats.worker)] = stats
+                on_samples(len(batch.__keys__))
+                if settings.max_samples is not None and samples >= settings.max_samples:
+                    break
     except KeyboardInterrupt:
         interrupted = True
+    except Exception as error:
+        details = "".join(traceback.format_exception(error))
+        raise TuneError(f"{decode} buffer {buffer_size}: {error_line(error)}", details) from None
     elapsed = time.perf_counter() - start - steady_start
     workers = summarize(load_report(report_dir)) if packs else []
+    skipped: dict[str, int] = {}
+    for stats in worker_stats.values():
+        for kind, count in stats.skipped.items():
+            skipped[kind] = skipped.get(kind, 0) + count
+    complete = one_epoch and not interrupted
     return TuneResult(
         buffer_size=buffer_size,
         decode=decode,
@@ -119,6 +239,8 @@ def run_once(
         peak_worker_rss_mb=max((w.peak_rss for w in workers), default=0) / MB,
         steady_worker_rss_mb=max((w.steady_rss for w in workers), default=0) / MB,
         peak_buffer_mb=max((w.peak_buffer_bytes for w in workers), default=0) / MB,
+        skipped=dict(sorted(skipped.items())),
+        unaccounted=len(dataset) - samples - sum(skipped.values()) if complete else 0,
         interrupted=interrupted,
     )
 
@@ -134,7 +256,17 @@ TUNE_HEADERS = [
     "peak RSS MiB",
     "steady MiB",
     "buffer MiB",
+    "skipped",
+    "status",
 ]
+
+
+def skipped_cell(result: TuneResult) -> str:
+    """``overlong 3, corrupt 1`` (and any unaccounted samples), or ``0``."""
+    parts = [f"{kind} {count}" for kind, count in result.skipped.items()]
+    if result.unaccounted:
+        parts.append(f"unaccounted {result.unaccounted}")
+    return ", ".join(parts) or "0"
 
 
 def tune_row(result: TuneResult) -> list[object]:
@@ -150,6 +282,8 @@ def tune_row(result: TuneResult) -> list[object]:
         f"{result.peak_worker_rss_mb:.0f}",
         f"{result.steady_worker_rss_mb:.0f}",
         f"{result.peak_buffer_mb:.1f}",
+        skipped_cell(result),
+        "interrupted" if result.interrupted else "ok",
     ]
 
 
@@ -161,7 +295,9 @@ def projected_rss_mb(result: TuneResult, num_workers: int) -> float:
 def recommend(
     results: Sequence[TuneResult], *, num_workers: int, rss_budget_mb: float
 ) -> TuneResult | None:
-    """The largest-buffer lazy run (else any) whose projected worker RSS fits the budget."""
+    """Among the completed runs whose projected worker RSS fits the budget, the best bin fill
+    (to three decimals; lazy decoding first), and of equal fills the smallest buffer, which
+    holds less memory and makes the first pack sooner."""
     fitting = [
         r
         for r in results
@@ -169,33 +305,85 @@ def recommend(
     ]
     if not fitting:
         return None
-    return max(fitting, key=lambda r: (r.decode == "lazy", r.buffer_size, r.bin_fill))
+    return max(fitting, key=lambda r: (r.decode == "lazy", round(r.bin_fill, 3), -r.buffer_size))
 
 
-def plot_results(results: Sequence[TuneResult], out_dir: Path) -> list[Path]:
-    """``bin_fill.png`` and ``rss.png``: one line per decode mode over buffer size."""
+def plot_results(
+    results: Sequence[TuneResult],
+    out_dir: Path,
+    settings: TuneSettings,
+    *,
+    rss_budget_mb: float,
+    best: TuneResult | None,
+) -> list[Path]:
+    """``bin_fill.png`` and ``rss.png`` over buffer size, one line per decode mode.
+
+    Both are titled with the dataset, seq_length, workers and tokenizer and mark the
+    recommended run. ``rss.png`` shows projected worker memory with the budget as a horizontal
+    line; ``bin_fill.png`` crosses out the runs over the budget. Interrupted runs are left out.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    done = [r for r in results if not r.interrupted]
+    workers = settings.num_workers
+    over = [r for r in done if projected_rss_mb(r, workers) > rss_budget_mb]
+    title = (
+        f"{Path(settings.dataset).name}: seq_length {settings.seq_length}, "
+        f"{workers} workers, tokenizer {tokenizer_label(settings.tokenizer)}"
+    )
+    budget_label = f"budget {rss_budget_mb:.0f} MiB"
     charts: list[tuple[str, Callable[[TuneResult], float], str]] = [
         ("bin_fill", lambda r: r.bin_fill, "bin fill"),
-        ("rss", lambda r: r.peak_worker_rss_mb, "peak worker RSS (MiB)"),
+        ("rss", lambda r: projected_rss_mb(r, workers), f"worker RSS: {workers} x peak (MiB)"),
     ]
     written = []
     for name, value, label in charts:
-        figure, axis = plt.subplots(figsize=(6, 4))
+        figure, axis = plt.subplots(figsize=(7, 4.5))
         for decode in ("lazy", "eager"):
-            own = sorted((r for r in results if r.decode == decode), key=lambda r: r.buffer_size)
+            own = sorted((r for r in done if r.decode == decode), key=lambda r: r.buffer_size)
             if own:
                 axis.plot([r.buffer_size for r in own], [value(r) for r in own], "o-", label=decode)
+        if name == "rss":
+            axis.axhline(rss_budget_mb, color="red", linestyle="--", label=budget_label)
+            peak = max((value(r) for r in done), default=rss_budget_mb)
+            if max(peak, rss_budget_mb) > 4 * min(peak, rss_budget_mb):
+                axis.set_yscale("log")  # both the runs and a far budget stay readable
+            else:
+                axis.set_ylim(bottom=0)
+        else:
+            axis.plot(
+                [r.buffer_size for r in over],
+                [value(r) for r in over],
+                "x",
+                color="red",
+                markersize=12,
+                markeredgewidth=2,
+                label=f"over the {budget_label}",
+            )
+        if best is None:
+            axis.text(
+                0.5, 0.5, "no completed run fits the budget", transform=axis.transAxes, ha="center"
+            )
+        else:
+            axis.plot(
+                [best.buffer_size],
+                [value(best)],
+                "*",
+                color="gold",
+                markeredgecolor="black",
+                markersize=18,
+                label=f"recommended: {best.buffer_size} ({best.decode})",
+            )
         axis.set_xscale("log", base=2)
-        sizes = sorted({r.buffer_size for r in results})
+        sizes = sorted({r.buffer_size for r in done})
         axis.set_xticks(sizes, labels=[str(size) for size in sizes])
         axis.set_xlabel("packing_buffer_size")
         axis.set_ylabel(label)
-        axis.legend()
+        axis.set_title(title, fontsize="medium")
+        axis.legend(fontsize="small")
         figure.tight_layout()
         path = out_dir / f"{name}.png"
         figure.savefig(path, dpi=100)

@@ -15,11 +15,13 @@ from helpers import SMALL_MEDIA, batches, train_dataset
 from energon_pack.cli import main
 from energon_pack.media import MediaConfig
 from energon_pack.memory import (
+    KEEP_READINGS,
     MB,
     BufferMemoryWarning,
     BufferSnapshot,
     MonitorConfig,
     RSSMonitor,
+    advice,
     load_report,
     suggest_buffer_size,
     summarize,
@@ -46,7 +48,8 @@ def test_buffer_warning_fires_once_and_names_worker_and_keys(vlm_demo_path: Path
     assert message.startswith("rank 0 worker 0: buffered samples hold")
     assert "above warn_buffer_mb=5" in message
     assert "largest: demo" in message
-    assert "A packing_buffer_size of" in message
+    assert "To fix: decode media lazily (decode='lazy')" in message
+    assert "a packing_buffer_size of" in message
 
 
 def test_no_warning_under_the_thresholds(vlm_demo_path: Path) -> None:
@@ -90,6 +93,53 @@ def test_suggested_buffer_size() -> None:
     assert suggest_buffer_size(buffer, 0) == 1
 
 
+def snapshot(count: int, mib: float, *, decoded: bool, max_bytes: int | None) -> BufferSnapshot:
+    size = int(mib * MB)
+    return BufferSnapshot(16, 16, size, size if decoded else 0, max_bytes=max_bytes)
+
+
+def test_advice_fits_the_configuration() -> None:
+    eager = advice(snapshot(16, 160, decoded=True, max_bytes=None), 40 * MB)
+    assert eager.startswith("decode media lazily (decode='lazy'): 160.0 MiB")
+    assert "a packing_buffer_size of 4 would fit" in eager
+
+    lazy = advice(snapshot(16, 160, decoded=False, max_bytes=None), 40 * MB)
+    assert lazy == "a packing_buffer_size of 4 would fit"
+
+    bounded = advice(snapshot(16, 160, decoded=False, max_bytes=200 * MB), 40 * MB)
+    assert bounded == f"lower packing_buffer_bytes from {200 * MB} to {40 * MB}"
+
+    # Lazy, small buffer, memory elsewhere: neither a smaller buffer nor lazy decoding helps.
+    elsewhere = advice(snapshot(16, 0.5, decoded=False, max_bytes=MB), -300 * MB)
+    assert "packing_buffer" not in elsewhere
+    assert "lazily" not in elsewhere
+    assert "is not what fills memory" in elsewhere
+    assert "max_pixels" in elsewhere
+
+
+def test_rss_warning_on_a_lazy_byte_bounded_buffer_points_elsewhere() -> None:
+    monitor = RSSMonitor(MonitorConfig(warn_rss_mb=1, warn_growth=None))
+    with pytest.warns(BufferMemoryWarning) as caught:
+        monitor.read(snapshot(16, 0.5, decoded=False, max_bytes=MB), samples=1, packs=0, bin_fill=0)
+    (message,) = [str(w.message) for w in caught]
+    assert "passed warn_rss_mb=1" in message
+    assert "packing_buffer_size of" not in message
+    assert "lazily" not in message
+    assert "is not what fills memory" in message
+
+
+def test_monitor_keeps_a_bounded_window_and_running_summaries() -> None:
+    monitor = RSSMonitor(MonitorConfig(every_samples=1, warn_growth=None))
+    buffer = snapshot(4, 1, decoded=False, max_bytes=None)
+    taken = [monitor.observe(lambda: buffer, samples=i, packs=0, bin_fill=0) for i in range(600)]
+    readings = [reading for reading in taken if reading is not None]
+    assert len(readings) == 600
+    assert len(monitor.readings) == KEEP_READINGS
+    assert list(monitor.readings) == readings[-KEEP_READINGS:]
+    assert monitor.count == 600
+    assert monitor.peak_rss == max(r.rss for r in readings)
+
+
 def test_monitoring_does_not_change_the_packs(vlm_demo_path: Path, tmp_path: Path) -> None:
     plain = run_loader(vlm_demo_path, None, media=SMALL_MEDIA)
     monitor = MonitorConfig(report_dir=str(tmp_path), every_samples=1, warn_growth=1.01)
@@ -102,9 +152,9 @@ def test_monitoring_does_not_change_the_packs(vlm_demo_path: Path, tmp_path: Pat
 def test_report_files_summary_and_plot(
     vlm_demo_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_loader(
-        vlm_demo_path, MonitorConfig(report_dir=str(tmp_path), every_samples=5), media=SMALL_MEDIA
-    )
+    # No time-based readings: on a slow machine they would come on top of the counted ones.
+    monitor = MonitorConfig(report_dir=str(tmp_path), every_samples=5, every_seconds=1e9)
+    run_loader(vlm_demo_path, monitor, media=SMALL_MEDIA)
     lines = (tmp_path / "rss-rank0-worker0.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert len(records) == 60  # 300 samples, one reading every 5
@@ -155,7 +205,7 @@ def test_tune_runs_and_recommends_within_budget(
     fields = {
         "buffer_size", "decode", "samples", "packs", "bin_fill", "token_efficiency",
         "first_pack_seconds", "packs_per_second", "samples_per_second", "peak_worker_rss_mb",
-        "steady_worker_rss_mb", "peak_buffer_mb", "interrupted",
+        "steady_worker_rss_mb", "peak_buffer_mb", "skipped", "unaccounted", "interrupted",
     }  # fmt: skip
     assert [r["buffer_size"] for r in report["results"]] == [4, 16]
     for result in report["results"]:

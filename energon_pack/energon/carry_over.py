@@ -221,6 +221,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             bytes=sum(size for _, size in sizes),
             decoded_bytes=sum(self._decoded_nbytes(s) for s in self._buffer.buffer),
             biggest=tuple(sorted(sizes, key=lambda item: -item[1])[:3]),
+            max_bytes=self.packer.max_bytes,
         )
 
     def _seqs(self, chosen: Bin) -> list[int]:

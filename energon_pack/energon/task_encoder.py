@@ -12,6 +12,7 @@ Data flow per worker::
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -21,6 +22,7 @@ from megatron.energon.flavors.base_dataset import Sample, SavableDataset
 from megatron.energon.worker import WorkerConfig
 
 from energon_pack.binpack import OnlineBinPacker, Overlong
+from energon_pack.collate import PackingWarning
 from energon_pack.encode import ConversationEncoder, EncodedSample, LossOn, Tokenizer
 from energon_pack.energon.carry_over import (
     CarryOverPackingDataset,
@@ -34,6 +36,9 @@ from energon_pack.media import MediaConfig, MediaError
 from energon_pack.memory import MonitorConfig
 from energon_pack.packed import pack_samples
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
+
+STARTING_BUFFER_SIZE = 16
+"""The ``packing_buffer_size`` suggested to start with when none is given."""
 
 
 @edataclass
@@ -144,7 +149,9 @@ class PackingTaskEncoder(DefaultTaskEncoder):
 
     Use it with ``get_train_dataset(..., batch_size=1, packing_buffer_size=N,
     task_encoder=PackingTaskEncoder(...))``. Samples the packer does not place yet are carried
-    to later packs (never dropped); media are decoded only for samples in a chosen pack.
+    to later packs (never dropped); media are decoded only for samples in a chosen pack. Without
+    ``packing_buffer_size`` each row holds one sample, and a :class:`~energon_pack.PackingWarning`
+    says so (once per encoder).
 
     Args:
         tokenizer: an HF-style tokenizer, or None for the built-in ByteTokenizer.
@@ -216,6 +223,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         )
         self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer)
         self._make_packer(1)  # validates the packing settings now, not in a worker
+        self._warned_unbuffered = False
 
     def _make_packer(self, buffer_size: int) -> functools.partial[OnlineBinPacker]:
         make = functools.partial(
@@ -295,6 +303,16 @@ class PackingTaskEncoder(DefaultTaskEncoder):
                 f"PackingTaskEncoder emits one packed row per batch, so batch_size must be 1, "
                 f"got batch_size={batch_size}. A packed row already holds several samples; use "
                 "seq_length (and packing_buffer_size) to control how many."
+            )
+        if not packing_buffer_size and not self._warned_unbuffered:
+            self._warned_unbuffered = True
+            warnings.warn(
+                "PackingTaskEncoder got no packing_buffer_size, so every row holds one sample "
+                "(nothing is packed). Pass packing_buffer_size to get_train_dataset, e.g. "
+                f"{STARTING_BUFFER_SIZE} to start with; energon-pack tune measures the bin fill "
+                "and worker memory of each size",
+                PackingWarning,
+                stacklevel=2,
             )
         return CarryOverPackingDataset(
             dataset,

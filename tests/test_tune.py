@@ -1,0 +1,237 @@
+"""``energon-pack tune`` on a prepared dataset with overlong and bad samples, a local tokenizer,
+errors from loader workers, and Ctrl-C."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import image_bytes
+from PIL import Image
+
+from energon_pack.cli import main
+from energon_pack.encode import SPECIAL_TOKENS
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far"]
+SEQ_LENGTH = 512
+SAMPLES = 60
+# Positions in the stream; each worker of two reads one half, and each half has packs after these.
+OVERLONG = {3, 9, 16, 33, 39, 46}  # ~800 bytes: over SEQ_LENGTH in bytes, under it in words
+BAD_JSON = {12, 42}
+EMPTY_IMAGE = {20}
+
+
+def sentence(rng: np.random.Generator, words: int) -> str:
+    return " ".join(str(w) for w in rng.choice(WORDS, size=words))
+
+
+def sample_members(index: int) -> dict[str, bytes]:
+    rng = np.random.default_rng(index)
+    if index in BAD_JSON:
+        return {"json": b'{"conversations": [{"from": "human"'}
+    words = 200 if index in OVERLONG else int(rng.integers(10, 80))
+    image = index % 4 == 0 or index in EMPTY_IMAGE
+    human = ("<image>\n" if image else "") + sentence(rng, 6)
+    turns = [{"from": "human", "value": human}, {"from": "gpt", "value": sentence(rng, words)}]
+    members = {"json": json.dumps({"conversations": turns}).encode()}
+    if image:
+        members["0.png"] = b"" if index in EMPTY_IMAGE else image_bytes(56, 56, seed=index)
+    return members
+
+
+def load_fixture_maker() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "make_fixtures", ROOT / "fixtures" / "make_fixtures.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prepared Energon dataset: text and image conversations, some overlong, some broken."""
+    maker = load_fixture_maker()
+    root = tmp_path_factory.mktemp("user_data")
+    members = [
+        (f"s{index:03d}.{name}", data)
+        for index in range(SAMPLES)
+        for name, data in sample_members(index).items()
+    ]
+    shard = root / "data-000000.tar"
+    maker.write_tar(shard, members)
+    maker.prepare_energon(root, [shard])
+    return root
+
+
+@pytest.fixture(scope="module")
+def word_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A word-level tokenizer with the Qwen2-VL special tokens, saved like a downloaded one."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    vocab = {"[UNK]": 0, "user": 1, "assistant": 2, "\n": 3}
+    vocab |= {word: 4 + index for index, word in enumerate(WORDS)}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Split(
+        tokenizers.Regex(r"\n|\w+"), behavior="isolated"
+    )
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    hf.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
+    path = tmp_path_factory.mktemp("tokenizer") / "words-v1"
+    hf.save_pretrained(path)
+    return path
+
+
+def tune(dataset: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "tune", str(dataset), "--seq-length", str(SEQ_LENGTH), "--buffer-sizes", "8,32",
+        "--num-workers", "2", "--out", str(out), *extra,
+    ]  # fmt: skip
+
+
+def test_tune_counts_skipped_samples_by_kind(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(tune(dataset, tmp_path)) == 0
+    report = json.loads((tmp_path / "tune.json").read_text())
+    assert report["settings"]["overlong"] == "skip"
+    assert report["tokenizer"] == {"name": "byte", "class": "ByteTokenizer", "vocab_size": 263}
+    assert report["interrupted"] is False
+    expected_skips = {"bad_sample": 2, "empty": 1, "overlong": 6}
+    assert [r["buffer_size"] for r in report["results"]] == [8, 32]
+    for result in report["results"]:
+        assert result["skipped"] == expected_skips
+        assert result["unaccounted"] == 0
+        assert result["samples"] == SAMPLES - 9
+        assert 0 < result["bin_fill"] <= 1
+        assert result["peak_worker_rss_mb"] > 0
+        assert result["interrupted"] is False
+    best = report["recommendation"]
+    fills = {r["buffer_size"]: round(r["bin_fill"], 3) for r in report["results"]}
+    assert best["buffer_size"] == (32 if fills[32] > fills[8] else 8)
+    out = capsys.readouterr().out
+    assert "tokenizer byte (ByteTokenizer, 263 tokens), overlong samples: skip" in out
+    assert "bad_sample 2, empty 1, overlong 6" in out
+    assert f"recommended: packing_buffer_size={best['buffer_size']} (lazy decode)" in out
+    log = (tmp_path / "tune.log").read_text()
+    for index in sorted(OVERLONG | BAD_JSON | EMPTY_IMAGE):
+        assert f"'s{index:03d}'" in log
+    for name in ("bin_fill.png", "rss.png"):
+        assert str(tmp_path / name) in report["plots"]
+        assert Image.open(tmp_path / name).size == (700, 450)
+
+
+def test_tune_counts_tokens_with_the_given_tokenizer(
+    dataset: Path, word_tokenizer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = tune(dataset, tmp_path, "--tokenizer", str(word_tokenizer), "--rss-budget-mb", "1e5")
+    assert main(args) == 0
+    report = json.loads((tmp_path / "tune.json").read_text())
+    tokenizer = report["tokenizer"]
+    assert tokenizer["name"] == str(word_tokenizer)
+    assert tokenizer["vocab_size"] == 4 + len(WORDS) + len(SPECIAL_TOKENS)
+    assert report["settings"]["tokenizer"] == str(word_tokenizer)
+    for result in report["results"]:
+        # One token per word: the samples that are overlong in bytes now fit.
+        assert result["skipped"] == {"bad_sample": 2, "empty": 1}
+        assert result["samples"] == SAMPLES - 3
+    assert f"tokenizer {word_tokenizer} (" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda tmp: tmp / "missing", "cannot be loaded offline"),
+        (lambda tmp: "no-such-org/no-such-tokenizer", "cannot be loaded offline"),
+    ],
+)
+def test_a_tokenizer_that_does_not_load_offline_is_one_clear_line(
+    make: Any, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = str(make(tmp_path))
+    assert main(["tune", str(ROOT / "fixtures" / "vlm_demo"), "--tokenizer", name]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert f"--tokenizer {name!r} {message}" in err[0]
+    assert "save_pretrained" in err[0]
+
+
+def test_a_tokenizer_without_the_template_tokens_is_refused(
+    word_tokenizer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    plain = transformers.AutoTokenizer.from_pretrained(word_tokenizer, local_files_only=True)
+    plain.save_pretrained(tmp_path / "plain")
+    config = json.loads((tmp_path / "plain" / "tokenizer.json").read_text())
+    config["added_tokens"] = [t for t in config["added_tokens"] if t["content"] == "[UNK]"]
+    (tmp_path / "plain" / "tokenizer.json").write_text(json.dumps(config))
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        (tmp_path / "plain" / name).unlink(missing_ok=True)
+    args = ["tune", str(ROOT / "fixtures" / "vlm_demo"), "--tokenizer", str(tmp_path / "plain")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "has no special tokens ['<|endoftext|>', '<|im_start|>'" in err
+    assert "add_special_tokens" in err
+
+
+def test_an_error_in_a_worker_is_one_line_with_the_fix(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(tune(dataset, tmp_path, "--overlong", "error")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("energon-pack")]
+    assert line.startswith("energon-pack: error: lazy buffer 8: sample 's")
+    assert [line for line in err.splitlines() if line.strip()][-1] == line
+    assert f"above --seq-length={SEQ_LENGTH}" in line
+    assert "Raise --seq-length" in line
+    assert "--overlong skip" in line
+    assert f"(traceback: {tmp_path / 'tune-error.log'})" in line
+    assert "DataLoader worker process" in (tmp_path / "tune-error.log").read_text()
+
+
+def test_ctrl_c_exits_130_and_marks_the_interrupted_run(dataset: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    # --max-samples far beyond the data: the run repeats the dataset until interrupted.
+    args = tune(dataset, out, "--max-samples", "100000000", "--rss-budget-mb", "100000")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "energon_pack.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as in a terminal
+    )
+    readings = out / "reports" / "lazy-buffer8" / "rss-rank0-worker0.jsonl"
+    deadline = time.monotonic() + 300
+    while not (readings.exists() and readings.read_text().count("\n") >= 3):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "tune did not start measuring"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    report = json.loads((out / "tune.json").read_text())
+    assert report["interrupted"] is True
+    (run,) = report["results"]  # buffer 32 never started
+    assert (run["buffer_size"], run["interrupted"]) == (8, True)
+    assert run["samples"] > 0
+    assert report["recommendation"] is None
+    assert "interrupted (Ctrl-C) during the lazy buffer 8 run" in stdout
+    (row,) = [line for line in stdout.splitlines() if line.split()[:2] == ["lazy", "8"]]
+    assert row.endswith(" interrupted")
+    assert "no run completed" in stdout
+    assert "no measured buffer fits" not in stdout
