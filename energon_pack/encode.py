@@ -18,17 +18,21 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from energon_pack.formats import parse_any
 from energon_pack.media import (
+    Frames,
     MediaConfig,
     MediaError,
     check_media_count,
+    probe_frames,
     probe_image,
     probe_video,
+    process_frames,
     process_image,
     process_video,
     tensor_nbytes,
 )
-from energon_pack.sample import RawSample, parse_sample
+from energon_pack.sample import RawSample
 
 logger = logging.getLogger("energon_pack.encode")
 
@@ -112,15 +116,21 @@ class ByteTokenizer:
 
 @dataclass(frozen=True)
 class MediaItem:
-    """One image or video of a sample: compressed bytes plus what the header probe told."""
+    """One image or video of a sample: compressed bytes (or decoded :class:`Frames`) plus what
+    the probe told."""
 
     member: str
     kind: Literal["image", "video"]
-    data: bytes
+    data: bytes | Frames
     grid_thw: tuple[int, int, int]
     tokens: int
     second_per_grid_t: float | None = None
     """Seconds covered by one temporal patch (videos only)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the payload holds."""
+        return len(self.data) if isinstance(self.data, bytes) else len(self.data.data)
 
 
 @dataclass(frozen=True)
@@ -185,7 +195,7 @@ class EncodedSample:
     @property
     def nbytes(self) -> int:
         """Bytes held in memory: tokens, compressed media, and decoded media once materialised."""
-        held = tensor_nbytes(self.input_ids, self.loss_mask) + sum(len(m.data) for m in self.media)
+        held = tensor_nbytes(self.input_ids, self.loss_mask) + sum(m.nbytes for m in self.media)
         return held + (self.vision.nbytes if self.vision is not None else 0)
 
     def materialize(self, config: MediaConfig | None = None) -> EncodedSample:
@@ -233,8 +243,12 @@ def decode_vision(
             rows = math.prod(item.grid_thw)
             slot = _slot(pixels[item.kind], offsets[item.kind], rows)
             offsets[item.kind] += rows
-            decode = process_image if item.kind == "image" else process_video
-            decode(item.data, cfg, key=sample.key, member=item.member, out=slot)
+            key, member = sample.key, item.member
+            if isinstance(item.data, Frames):
+                process_frames(item.data, item.kind, cfg, key=key, member=member, out=slot)
+            else:
+                decode = process_image if item.kind == "image" else process_video
+                decode(item.data, cfg, key=key, member=member, out=slot)
     grids = media_grids(samples)
     return replace(grids, pixel_values=pixels["image"], pixel_values_videos=pixels["video"])
 
@@ -334,8 +348,9 @@ class ConversationEncoder:
         self._newline = self._text("\n")
 
     def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
-        """Encode a raw WebDataset sample (``json`` plus media members; see the README)."""
-        return self.encode(parse_sample(key, sample))
+        """Encode a raw WebDataset sample: the native layout (``json`` plus media members) or
+        Megatron-Bridge's Qwen-VL layout (``json``, ``jpgs``, ``videos``); see the README."""
+        return self.encode(parse_any(key, sample))
 
     def encode(self, raw: RawSample) -> EncodedSample:
         """Encode a parsed sample, probing (not decoding) its media.
@@ -415,8 +430,11 @@ class ConversationEncoder:
             ) from None
 
     def _probe(
-        self, key: str, member: str, kind: Literal["image", "video"], data: bytes
+        self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
     ) -> MediaItem:
+        if isinstance(data, Frames):
+            grid, tokens, seconds = probe_frames(data, kind, self.media, key=key, member=member)
+            return MediaItem(member, kind, data, grid, tokens, seconds)
         if kind == "image":
             probe = probe_image(data, self.media, key=key, member=member)
             return MediaItem(member, kind, data, probe.grid_thw, probe.tokens)

@@ -31,6 +31,7 @@ __all__ = [
     "OPENAI_CLIP_MEAN",
     "OPENAI_CLIP_STD",
     "VIDEO_EXTENSIONS",
+    "Frames",
     "ImageProbe",
     "MediaConfig",
     "MediaError",
@@ -40,8 +41,10 @@ __all__ = [
     "check_media_count",
     "footprint",
     "media_kind",
+    "probe_frames",
     "probe_image",
     "probe_video",
+    "process_frames",
     "process_image",
     "process_video",
     "smart_resize",
@@ -618,3 +621,115 @@ def _iter_boxes(data: bytes, start: int, end: int, kind: bytes) -> list[tuple[in
 def _find_box(data: bytes, start: int, end: int, kind: bytes) -> tuple[int, int] | None:
     boxes = _iter_boxes(data, start, end, kind)
     return boxes[0] if boxes else None
+
+
+# --- decoded frames (datasets that store pixel arrays, e.g. Megatron-Bridge's Qwen-VL layout) --
+
+
+@dataclass(frozen=True)
+class Frames:
+    """Already decoded RGB pixels of one image or video: ``[T, H, W, 3]`` uint8 as raw bytes.
+
+    An image is one frame. Kept as bytes (not patches) until a pack is chosen, like a
+    compressed member; :func:`probe_frames` reads only the shape.
+    """
+
+    data: bytes
+    shape: tuple[int, int, int, int]
+
+    @classmethod
+    def from_array(cls, array: np.ndarray[Any, Any]) -> Frames:
+        """From a ``[T, H, W, 3]`` uint8 array (copied into bytes)."""
+        frames = np.ascontiguousarray(array, dtype=np.uint8)
+        t, h, w, c = frames.shape
+        return cls(frames.tobytes(), (t, h, w, c))
+
+    def array(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The ``[T, H, W, 3]`` uint8 view of :attr:`data`."""
+        return np.frombuffer(self.data, dtype=np.uint8).reshape(self.shape)
+
+
+def probe_frames(
+    frames: Frames,
+    kind: Literal["image", "video"],
+    config: MediaConfig | None = None,
+    *,
+    key: str = "?",
+    member: str = "?",
+) -> tuple[tuple[int, int, int], int, float | None]:
+    """Grid ``(t, h, w)``, token count and (videos) seconds per temporal patch of decoded frames.
+
+    An image is sized like :func:`probe_image`. A video's frames are taken as already sampled
+    (all are used; the last is repeated up to a multiple of ``temporal_patch_size``, as
+    transformers does) at ``video_fps``, each sized like :func:`probe_video` sizes frames.
+    """
+    cfg = config or _DEFAULT
+    count, height, width, channels = frames.shape
+    if channels != 3 or min(frames.shape) <= 0 or len(frames.data) != math.prod(frames.shape):
+        raise MediaError(
+            key, member, "bad_sample", f"frames of shape {frames.shape}; expected [T, H, W, 3]"
+        )
+    if width * height > cfg.max_image_pixels:
+        raise MediaError(
+            key,
+            member,
+            "too_large",
+            f"{width}x{height} pixels exceed max_image_pixels={cfg.max_image_pixels}",
+        )
+    if kind == "image":
+        if count != 1:
+            raise MediaError(key, member, "bad_sample", f"an image with {count} frames")
+        grid = _image_grid(height, width, cfg, key, member)
+        return grid, _tokens(grid, cfg), None
+    tp = cfg.temporal_patch_size
+    used = math.ceil(count / tp) * tp
+    if used > cfg.video_max_frames:
+        raise MediaError(
+            key,
+            member,
+            "too_long",
+            f"{count} frames exceed video_max_frames={cfg.video_max_frames}; sample fewer frames "
+            "or raise MediaConfig.video_max_frames",
+        )
+    budget = max(
+        min(cfg.video_max_pixels, cfg.video_total_pixels * tp // used),
+        int(cfg.video_min_pixels * 1.05),
+    )
+    try:
+        rh, rw = smart_resize(height, width, cfg.factor, cfg.video_min_pixels, budget)
+    except ValueError as exc:
+        raise MediaError(key, member, "aspect_ratio", str(exc)) from exc
+    grid = (used // tp, rh // cfg.patch_size, rw // cfg.patch_size)
+    return grid, _tokens(grid, cfg), tp / cfg.video_fps
+
+
+def process_frames(
+    frames: Frames,
+    kind: Literal["image", "video"],
+    config: MediaConfig | None = None,
+    *,
+    key: str = "?",
+    member: str = "?",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Resize, normalise and patchify decoded frames (grid as :func:`probe_frames` says).
+
+    Same pixels as :func:`process_image` / :func:`process_video` give for the same RGB frames.
+    Returns (or writes into ``out``) ``[t*h*w, patch_dim]`` float32.
+    """
+    cfg = config or _DEFAULT
+    (gt, gh, gw), _, _ = probe_frames(frames, kind, cfg, key=key, member=member)
+    size = (gw * cfg.patch_size, gh * cfg.patch_size)
+    source = frames.array()
+    resized = np.stack(
+        [
+            np.asarray(Image.fromarray(frame).resize(size, Image.Resampling.BICUBIC))
+            for frame in source
+        ]
+    )
+    tensor = _normalize(torch.from_numpy(resized).permute(0, 3, 1, 2), cfg)
+    wanted = gt * cfg.temporal_patch_size
+    if tensor.shape[0] < wanted:  # a still, or a clip padded with its last frame
+        padding = tensor[-1:].expand(wanted - tensor.shape[0], -1, -1, -1)
+        tensor = torch.cat([tensor, padding])
+    return _patchify(tensor, cfg, _checked_out(out, gt * gh * gw, cfg, key, member))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import av
@@ -42,6 +44,16 @@ def read_samples(path: Path) -> Samples:
                 assert handle is not None
                 samples.setdefault(key, {})[member] = handle.read()
     return samples
+
+
+def load_script(path: Path) -> ModuleType:
+    """The Python file at ``path`` (e.g. a fixture generator) imported as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 T = TypeVar("T")
