@@ -10,6 +10,7 @@ from energon_pack.binpack import (
 from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
 from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSample
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
+from energon_pack.formats import ChatDataset, parse_any
 from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.memory import BufferMemoryWarning, MonitorConfig, RSSMonitor
@@ -41,6 +42,7 @@ __all__ = [
     "Bin",
     "BufferMemoryWarning",
     "ByteTokenizer",
+    "ChatDataset",
     "CollatedBatch",
     "ConversationEncoder",
     "DerivedValues",
@@ -76,6 +78,7 @@ __all__ = [
     "pack_samples",
     "packed_mrope_position_ids",
     "pad_seq_to_mult",
+    "parse_any",
     "parse_sample",
     "unpack",
 ]

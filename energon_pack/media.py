@@ -40,6 +40,7 @@ __all__ = [
     "VideoProbe",
     "check_media_count",
     "footprint",
+    "image_frames",
     "media_kind",
     "probe_frames",
     "probe_image",
@@ -733,3 +734,9 @@ def process_frames(
         padding = tensor[-1:].expand(wanted - tensor.shape[0], -1, -1, -1)
         tensor = torch.cat([tensor, padding])
     return _patchify(tensor, cfg, _checked_out(out, gt * gh * gw, cfg, key, member))
+
+
+def image_frames(image: Image.Image) -> Frames:
+    """A decoded PIL image as :class:`Frames`, converted to RGB as :func:`process_image` does
+    (transparency composited on white), so it gives the same pixels as its file."""
+    return Frames.from_array(np.asarray(_to_rgb(image))[None])
