@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
-from helpers import SMALL_MEDIA, image_bytes, video_bytes
+from helpers import SMALL_MEDIA, batches, image_bytes, read_samples, train_dataset, video_bytes
 from hf_qwen import DEFAULT_SYSTEM, qwen_processor, qwen_tokenizer, reference_ids
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from energon_pack import PackedDataset, PackingSpec, VLMPackingCollator, pack_offline
 from energon_pack.encode import ConversationEncoder, template_system_prompt
-from energon_pack.layout import IGNORE_INDEX, build_packed_row
+from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
 from energon_pack.media import probe_video
 
 TOKENIZER = qwen_tokenizer()
@@ -168,3 +170,65 @@ def test_any_text_gives_the_templates_ids_and_mask(
     for question, answer in turns:
         messages += [_user(_text(question)), _assistant(answer)]
     _check(messages)
+
+
+def _segments(row: Any) -> list[list[int]]:
+    return [segment["input_ids"].tolist() for segment in unpack(row)]
+
+
+def test_every_path_takes_the_hf_tokenizer(tmp_path: Path, fixtures_dir: Path) -> None:
+    """Offline, collator and Energon packing give the template's ids with an HF tokenizer."""
+    question, answer = "What is shown here?", "The lazy dog."
+    messages = [_user(_text(question)), _assistant(answer)]
+    ids, mask, _ = reference_ids(PROCESSOR, messages, [], [], 2)
+    # offline: {"input", "output"} and {"conversations"} lines
+    lines = [
+        {"input": question, "output": answer},
+        {"conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]},
+    ]
+    source = tmp_path / "sft.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    pack_offline(source, tmp_path / "packed", PackingSpec(256), tokenizer=TOKENIZER)
+    rows = PackedDataset(tmp_path / "packed")
+    offline = [segment for index in range(len(rows)) for segment in unpack(rows[index])]
+    assert [s["input_ids"].tolist() for s in offline] == [ids, ids]
+    assert [s["loss_mask"][1:].tolist() for s in offline] == [[float(m) for m in mask[1:]]] * 2
+    # collator, with an image sample next to the text one
+    image = [_user(IMAGE, _text(question)), _assistant(answer)]
+    pixels = image_bytes(90, 64)
+    image_ids, _, _ = reference_ids(
+        PROCESSOR, image, [Image.open(io.BytesIO(pixels))], [], SMALL_MEDIA.merge_size
+    )
+    collate = VLMPackingCollator(
+        512, encoder=ConversationEncoder(TOKENIZER, media=SMALL_MEDIA), pad_token_id=0
+    )
+    batch = collate([("a", _native(messages, [], [])), ("b", _native(image, [pixels], []))])
+    segments = unpack(batch_row(batch))
+    assert [s["input_ids"].tolist() for s in segments] == [ids, image_ids]
+    # Energon: the Bridge fixture, every segment as the encoder gives it with this tokenizer
+    encoder = ConversationEncoder(TOKENIZER, media=SMALL_MEDIA)
+    samples = read_samples(fixtures_dir / "bridge_qwenvl")
+    seen = 0
+    dataset = train_dataset(
+        fixtures_dir / "bridge_qwenvl", 4, tokenizer=TOKENIZER, media=SMALL_MEDIA
+    )
+    for packed in batches(dataset):
+        want = [encoder.encode_sample(k, samples[k]).input_ids.tolist() for k in packed.__keys__]
+        assert _segments(packed.row()) == want
+        assert all(TOKENIZER.decode(s).startswith("<|im_start|>system\n") for s in want)
+        seen += len(want)
+    assert seen == len(samples)
+
+
+def batch_row(batch: Any) -> PackedRow:
+    """Row 0 of a CollatedBatch as a PackedRow."""
+    return PackedRow(
+        input_ids=batch.input_ids[0],
+        labels=batch.labels[0],
+        loss_mask=batch.loss_mask[0],
+        position_ids=batch.position_ids[0],
+        cu_seqlens=batch.cu_seqlens[0],
+        cu_seqlens_padded=batch.cu_seqlens_padded[0],
+        max_seqlen=batch.max_seqlen,
+        seq_idx=batch.seq_idx[0],
+    )
