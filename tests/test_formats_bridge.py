@@ -13,13 +13,20 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import SMALL_MEDIA, batches, image_bytes, load_script, read_samples, train_dataset
+from helpers import (
+    SMALL_MEDIA,
+    batches,
+    image_bytes,
+    load_script,
+    native_pack,
+    read_samples,
+    train_dataset,
+)
 from PIL import Image
 
 from energon_pack.encode import ConversationEncoder
 from energon_pack.formats.safe_pickle import load_arrays
 from energon_pack.media import Frames, MediaError
-from energon_pack.packed import pack_samples
 
 # The fixture's videos hold the frames the native path samples at the default frame rate.
 MEDIA = replace(SMALL_MEDIA, video_fps=2.0)
@@ -43,21 +50,13 @@ def bridge_path(fixtures_dir: Path) -> Path:
 
 def test_energon_epoch_equals_the_native_layout(bridge_path: Path, vlm_demo_path: Path) -> None:
     native = read_samples(vlm_demo_path)
-    encoder = ConversationEncoder(media=MEDIA)
     seen: list[str] = []
     dataset = train_dataset(bridge_path, 4, media=MEDIA, seq_length=8192)
     videos = 0
-    dataset_pad = ConversationEncoder().tokenizer.convert_tokens_to_ids("<|endoftext|>")
     for batch in batches(dataset):
         keys = list(batch.__keys__)
         seen += keys
-        expected = pack_samples(
-            [encoder.encode_sample(key, native[key]) for key in keys],
-            seq_length=8192,
-            pad_to_multiple_of=8,
-            pad_token_id=dataset_pad,
-            media=MEDIA,
-        )
+        expected = native_pack(native, keys, MEDIA)
         row = expected.row
         for name in TENSORS:
             want = getattr(row, name, None)
