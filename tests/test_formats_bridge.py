@@ -6,6 +6,7 @@ import builtins
 import io
 import json
 import pickle
+import tarfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -231,3 +232,27 @@ def test_native_samples_are_unchanged_by_the_dispatch() -> None:
     }
     encoded = ConversationEncoder().encode_sample("k", sample)
     assert isinstance(encoded.media[0].data, bytes)
+
+
+def test_energon_skips_and_counts_a_malicious_pickle(tmp_path: Path, fixtures_dir: Path) -> None:
+    marker = tmp_path / "marker"
+    root = tmp_path / "data"
+    root.mkdir()
+    members = {
+        "good": {"json": _turns(), "jpgs": pickle.dumps([_rgb(64, 64)])},
+        "evil": {"json": _turns(), "jpgs": pickle.dumps([_Payload(marker)])},
+        "text": {"json": _turns("Hi"), "jpgs": pickle.dumps([]), "videos": pickle.dumps([])},
+    }
+    with tarfile.open(root / "part-0.tar", "w") as tar:
+        for key, sample in members.items():
+            for name, data in sample.items():
+                info = tarfile.TarInfo(f"{key}.{name}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    load_script(fixtures_dir / "make_fixtures.py").prepare_energon(root, [root / "part-0.tar"])
+    packs = list(batches(train_dataset(root, 4, media=MEDIA)))
+    assert sorted(key for batch in packs for key in batch.__keys__) == ["good", "text"]
+    stats = packs[-1].packing_stats
+    assert stats is not None
+    assert stats.skipped == {"unsupported": 1}
+    assert not marker.exists()
