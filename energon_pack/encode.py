@@ -314,7 +314,7 @@ class ConversationEncoder:
     Args:
         tokenizer: an HF-style tokenizer (``encode(text, add_special_tokens=False)`` and
             ``convert_tokens_to_ids``) or None for the built-in :class:`ByteTokenizer`. Text
-            between special tokens is encoded piece by piece, as HF tokenizers split on them.
+            between special tokens is encoded as one string, as ``apply_chat_template`` does.
         media: preprocessing settings and limits for images and videos.
         system_prompt: used when a sample has no system prompt (or first system turn) of its own.
         template_system: without either, use the system prompt that the tokenizer's chat
@@ -348,8 +348,8 @@ class ConversationEncoder:
         self._newline = self._text("\n")
 
     def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
-        """Encode a raw WebDataset sample: the native layout (``json`` plus media members) or
-        Megatron-Bridge's Qwen-VL layout (``json``, ``jpgs``, ``videos``); see the README."""
+        """Encode a raw sample of any layout :func:`~energon_pack.formats.parse_any` reads
+        (native, Megatron-Bridge Qwen-VL, chat rows); see the README."""
         return self.encode(parse_any(key, sample))
 
     def encode(self, raw: RawSample) -> EncodedSample:
