@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 import tarfile
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL_MEDIA, batches, image_bytes, train_dataset
+from helpers import batches, image_bytes, native_pack, train_dataset
 from megatron.energon import SimilarityInterleavedSample
 from megatron.energon.flavors.webdataset import BaseWebdatasetFactory
 
-from energon_pack.encode import ConversationEncoder
-from energon_pack.formats.energon_types import typed_sample_row
+from energon_pack.formats.energon_types import MediaKeepingDecoder, typed_sample_row
 from energon_pack.media import MediaError
-from energon_pack.packed import pack_samples
 
 VQA_YAML = """__module__: megatron.energon
 __class__: VQAWebdataset
@@ -59,19 +58,11 @@ def _native(key: str, question: str, answer: str, image: bytes, ext: str) -> dic
 
 
 def _assert_packs_equal_native(root: Path, native: dict[str, dict[str, bytes]]) -> None:
-    encoder = ConversationEncoder(media=SMALL_MEDIA)
-    pad = encoder.tokenizer.convert_tokens_to_ids("<|endoftext|>")
     seen: list[str] = []
     for batch in batches(train_dataset(root, 3)):
         keys = list(batch.__keys__)
         seen += keys
-        want = pack_samples(
-            [encoder.encode_sample(k, native[k]) for k in keys],
-            seq_length=8192,
-            pad_to_multiple_of=8,
-            pad_token_id=pad,
-            media=SMALL_MEDIA,
-        )
+        want = native_pack(native, keys)
         assert torch.equal(batch.input_ids[0], want.row.input_ids)
         assert torch.equal(batch.labels[0], want.row.labels)
         assert torch.equal(batch.pixel_values, want.vision.pixel_values)
@@ -115,3 +106,21 @@ def test_interleaved_samples_are_refused_by_name() -> None:
     with pytest.raises(MediaError, match="SimilarityInterleavedSample has no question/answer"):
         typed_sample_row(sample)
     assert typed_sample_row(object()) is None
+
+
+def test_decoder_parses_json_and_text_only() -> None:
+    payload = pickle.dumps({"a": 1})
+    raw = {
+        "__key__": "k",
+        "json": b'{"q": 1}',
+        "txt": "é".encode(),
+        "jpg": b"\xff\xd8jpeg",
+        "pickle": payload,
+        "pyd": payload,
+        "jsn": b"{not json",
+    }
+    decoded = MediaKeepingDecoder()(dict(raw))
+    assert decoded["json"] == {"q": 1}
+    assert decoded["txt"] == "é"
+    for name in ("jpg", "pickle", "pyd", "jsn"):  # a malformed JSON stays bytes for the encoder
+        assert decoded[name] == raw[name]
