@@ -17,8 +17,10 @@ import numpy as np
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 from PIL import Image
 
+from energon_pack.encode import ConversationEncoder
 from energon_pack.energon import PackedBatch, PackingTaskEncoder
 from energon_pack.media import MediaConfig
+from energon_pack.packed import pack_samples
 
 # Small vision budgets keep decoding cheap; the token layout rules are the same.
 SMALL_MEDIA = MediaConfig(
@@ -143,3 +145,16 @@ def train_dataset(
 
 def batches(dataset: Any) -> Iterator[PackedBatch]:
     yield from get_savable_loader(dataset)
+
+
+def native_pack(samples: Samples, keys: Sequence[str], media: MediaConfig = SMALL_MEDIA) -> Any:
+    """The ``PackedSample`` that :func:`make_encoder`'s packing makes of native ``samples[k]``
+    for ``keys``, in order: the reference for other sample layouts."""
+    encoder = ConversationEncoder(media=media)
+    return pack_samples(
+        [encoder.encode_sample(key, samples[key]) for key in keys],
+        seq_length=8192,
+        pad_to_multiple_of=8,
+        pad_token_id=encoder.tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        media=media,
+    )
