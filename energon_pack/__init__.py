@@ -10,6 +10,7 @@ from energon_pack.binpack import (
 from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
 from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSample
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
+from energon_pack.formats import ChatDataset, parse_any
 from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
 from energon_pack.media import MediaConfig, MediaError, normalize_pixels
@@ -37,6 +38,7 @@ __all__ = [
     "Bin",
     "BufferMemoryWarning",
     "ByteTokenizer",
+    "ChatDataset",
     "CollatedBatch",
     "ConversationEncoder",
     "DerivedValues",
@@ -75,6 +77,7 @@ __all__ = [
     "pack_samples",
     "packed_mrope_position_ids",
     "pad_seq_to_mult",
+    "parse_any",
     "parse_sample",
     "unpack",
 ]

@@ -308,7 +308,8 @@ class VLMPackingCollator:
             raise ValueError(
                 f"micro-batch item #{index} is a {type(item).__name__}; the collator takes "
                 "EncodedSample, a raw WebDataset sample dict with '__key__', or a (key, "
-                "raw_sample) pair (pass a padded HF batch dict itself, not a list of them)"
+                "raw_sample) pair (pass a padded HF batch dict itself, not a list of them; "
+                "wrap chat rows in energon_pack.ChatDataset, which gives them keys)"
             )
         try:
             return self.encoder.encode_sample(key, raw)

@@ -17,18 +17,21 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from energon_pack.formats import parse_any
 from energon_pack.media import (
+    Frames,
     MediaConfig,
     MediaError,
     MediaItem,
     VisionInputs,
     check_media_count,
     decode_vision,
+    probe_frames,
     probe_image,
     probe_video,
     tensor_nbytes,
 )
-from energon_pack.sample import RawSample, parse_sample
+from energon_pack.sample import RawSample
 
 logger = logging.getLogger("energon_pack.encode")
 
@@ -139,7 +142,7 @@ class EncodedSample:
     @property
     def nbytes(self) -> int:
         """Bytes held in memory: tokens, compressed media, and decoded media once materialised."""
-        held = tensor_nbytes(self.input_ids, self.loss_mask) + sum(len(m.data) for m in self.media)
+        held = tensor_nbytes(self.input_ids, self.loss_mask) + sum(m.nbytes for m in self.media)
         return held + (self.vision.nbytes if self.vision is not None else 0)
 
     def materialize(self, config: MediaConfig | None = None) -> EncodedSample:
@@ -153,6 +156,27 @@ class EncodedSample:
         return replace(self, vision=decode_vision([self], config))
 
 
+def template_system_prompt(tokenizer: object) -> str | None:
+    """The system prompt a tokenizer's ChatML chat template inserts when a conversation has
+    none (e.g. ``"You are a helpful assistant."`` for Qwen2-VL), or None.
+
+    Found by rendering a one-turn conversation with ``apply_chat_template``; tokenizers without
+    a chat template (or with one that adds no ChatML system turn) give None.
+    """
+    render = getattr(tokenizer, "apply_chat_template", None)
+    if render is None or getattr(tokenizer, "chat_template", None) is None:
+        return None
+    try:
+        text = render([{"role": "user", "content": "?"}], tokenize=False)
+    except Exception as exc:  # a template may reject string content; then it has no default
+        logger.debug("chat template did not render a plain user turn: %s", exc)
+        return None
+    head = "<|im_start|>system\n"
+    if not isinstance(text, str) or not text.startswith(head) or "<|im_end|>" not in text:
+        return None
+    return text[len(head) : text.index("<|im_end|>")]
+
+
 class ConversationEncoder:
     """Encodes conversations with the ChatML template used by Qwen2-VL.
 
@@ -163,9 +187,12 @@ class ConversationEncoder:
     Args:
         tokenizer: an HF-style tokenizer (``encode(text, add_special_tokens=False)`` and
             ``convert_tokens_to_ids``) or None for the built-in :class:`ByteTokenizer`. Text
-            between special tokens is encoded piece by piece, as HF tokenizers split on them.
+            between special tokens is encoded as one string, as ``apply_chat_template`` does.
         media: preprocessing settings and limits for images and videos.
-        system_prompt: used when a sample has no system prompt of its own.
+        system_prompt: used when a sample has no system prompt (or first system turn) of its own.
+        template_system: without either, use the system prompt that the tokenizer's chat
+            template adds by default (Qwen's ``"You are a helpful assistant."``), as
+            ``apply_chat_template`` does; see :func:`template_system_prompt`.
         loss_on: ``"assistant"`` or ``"all"``.
     """
 
@@ -176,12 +203,14 @@ class ConversationEncoder:
         media: MediaConfig | None = None,
         system_prompt: str | None = None,
         loss_on: LossOn = "assistant",
+        template_system: bool = True,
     ) -> None:
         if loss_on not in ("assistant", "all"):
             raise ValueError(f"loss_on must be 'assistant' or 'all', got {loss_on!r}")
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.media = media or MediaConfig()
         self.system_prompt = system_prompt
+        self._template_system = template_system_prompt(self.tokenizer) if template_system else None
         self.loss_on: LossOn = loss_on
         ids = {token: self.tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
         self._im_start = ids["<|im_start|>"]
@@ -192,32 +221,44 @@ class ConversationEncoder:
         self._newline = self._text("\n")
 
     def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
-        """Encode a raw WebDataset sample (``json`` plus media members; see the README)."""
-        return self.encode(parse_sample(key, sample))
+        """Encode a raw sample of any layout :func:`~energon_pack.formats.parse_any` reads
+        (native, Megatron-Bridge Qwen-VL, chat rows); see the README."""
+        return self.encode(parse_any(key, sample))
 
     def encode(self, raw: RawSample) -> EncodedSample:
-        """Encode a parsed sample, probing (not decoding) its media."""
+        """Encode a parsed sample, probing (not decoding) its media.
+
+        Text between special tokens is tokenised as one string, as ``apply_chat_template``
+        does, so a token may span a turn's header (``"assistant\\n"``) and its content; such a
+        token is a target when it holds content (transformers' assistant-mask rule).
+        """
         check_media_count(raw.key, len(raw.media), self.media)
         media = tuple(self._probe(raw.key, member, kind, data) for member, kind, data in raw.media)
         ids: list[int] = []
         mask: list[int] = []
 
-        def add(tokens: list[int], target: bool) -> None:
+        def add(tokens: list[int], target: bool | list[int]) -> None:
             ids.extend(tokens)
-            mask.extend([int(target or self.loss_on == "all")] * len(tokens))
+            flags = target if isinstance(target, list) else [int(target)] * len(tokens)
+            mask.extend(flag | int(self.loss_on == "all") for flag in flags)
 
-        system = raw.system if raw.system is not None else self.system_prompt
-        turns = [("system", system)] if system is not None else []
-        turns += [(self._role(raw.key, role), content) for role, content in raw.turns]
+        turns = [(self._role(raw.key, role), content) for role, content in raw.turns]
+        system = self._system(raw.system, turns)
+        if system is not None:
+            turns.insert(0, ("system", system))
         pending = iter(media)
         for role, content in turns:
             target = role == "assistant"
-            add([self._im_start, *self._text(f"{role}\n")], False)
+            add([self._im_start], False)
+            header = f"{role}\n"
             for piece in _split_placeholders(content):
-                if piece is None:
+                if piece is None:  # the header went with the text piece before it
                     item = next(pending)
                     add([self._vision_start, *[self._pad[item.kind]] * item.tokens], False)
                     add([self._vision_end], False)
+                elif header:
+                    add(*self._text_after(header, piece, target))
+                    header = ""
                 elif piece:
                     add(self._text(piece), target)
             add([self._im_end], target)
@@ -228,6 +269,24 @@ class ConversationEncoder:
             loss_mask=torch.tensor(mask, dtype=torch.long),
             media=media,
         )
+
+    def _system(self, own: str | None, turns: list[tuple[str, str]]) -> str | None:
+        """The system prompt to put first: the sample's, else (without a system turn of the
+        sample's) ``system_prompt``, else the chat template's default."""
+        if own is not None:
+            return own
+        if turns and turns[0][0] == "system":
+            return None
+        return self.system_prompt if self.system_prompt is not None else self._template_system
+
+    def _text_after(self, header: str, text: str, target: bool) -> tuple[list[int], list[int]]:
+        """Tokens of ``header + text`` and their target flags (tokens holding ``text`` chars)."""
+        tokens = self._text(header + text)
+        head = self._text(header)
+        shared = 0
+        while shared < min(len(head), len(tokens)) and head[shared] == tokens[shared]:
+            shared += 1
+        return tokens, [0] * shared + [int(target)] * (len(tokens) - shared)
 
     def _text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -244,8 +303,11 @@ class ConversationEncoder:
             ) from None
 
     def _probe(
-        self, key: str, member: str, kind: Literal["image", "video"], data: bytes
+        self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
     ) -> MediaItem:
+        if isinstance(data, Frames):
+            grid, tokens, seconds = probe_frames(data, kind, self.media, key=key, member=member)
+            return MediaItem(member, kind, data, grid, tokens, seconds)
         if kind == "image":
             probe = probe_image(data, self.media, key=key, member=member)
             return MediaItem(member, kind, data, probe.grid_thw, probe.tokens)

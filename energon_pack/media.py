@@ -43,6 +43,7 @@ __all__ = [
     "OPENAI_CLIP_MEAN",
     "OPENAI_CLIP_STD",
     "VIDEO_EXTENSIONS",
+    "Frames",
     "ImageProbe",
     "MediaConfig",
     "MediaError",
@@ -55,11 +56,14 @@ __all__ = [
     "check_media_count",
     "decode_vision",
     "footprint",
+    "image_frames",
     "media_grids",
     "media_kind",
     "normalize_pixels",
+    "probe_frames",
     "probe_image",
     "probe_video",
+    "process_frames",
     "process_image",
     "process_video",
     "smart_resize",
@@ -439,16 +443,45 @@ def normalize_pixels(
 
 
 @dataclass(frozen=True)
+class Frames:
+    """Already decoded RGB pixels of one image or video: ``[T, H, W, 3]`` uint8 as raw bytes.
+
+    An image is one frame. Kept as bytes (not patches) until a pack is chosen, like a
+    compressed member; :func:`probe_frames` reads only the shape.
+    """
+
+    data: bytes
+    shape: tuple[int, int, int, int]
+
+    @classmethod
+    def from_array(cls, array: np.ndarray[Any, Any]) -> Frames:
+        """From a ``[T, H, W, 3]`` uint8 array (copied into bytes)."""
+        frames = np.ascontiguousarray(array, dtype=np.uint8)
+        t, h, w, c = frames.shape
+        return cls(frames.tobytes(), (t, h, w, c))
+
+    def array(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The ``[T, H, W, 3]`` uint8 view of :attr:`data`."""
+        return np.frombuffer(self.data, dtype=np.uint8).reshape(self.shape)
+
+
+@dataclass(frozen=True)
 class MediaItem:
-    """One image or video of a sample: compressed bytes plus what the header probe told."""
+    """One image or video of a sample: compressed bytes (or decoded :class:`Frames`) plus what
+    the probe told."""
 
     member: str
     kind: Literal["image", "video"]
-    data: bytes
+    data: bytes | Frames
     grid_thw: tuple[int, int, int]
     tokens: int
     second_per_grid_t: float | None = None
     """Seconds covered by one temporal patch (videos only)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the payload holds."""
+        return len(self.data) if isinstance(self.data, bytes) else len(self.data.data)
 
 
 @dataclass(frozen=True)
@@ -536,8 +569,12 @@ def decode_vision(
             rows = math.prod(item.grid_thw)
             slot = _slot(pixels[item.kind], offsets[item.kind], rows)
             offsets[item.kind] += rows
-            decode = process_image if item.kind == "image" else process_video
-            decode(item.data, cfg, key=sample.key, member=item.member, out=slot)
+            key, member = sample.key, item.member
+            if isinstance(item.data, Frames):
+                process_frames(item.data, item.kind, cfg, key=key, member=member, out=slot)
+            else:
+                decode = process_image if item.kind == "image" else process_video
+                decode(item.data, cfg, key=key, member=member, out=slot)
     grids = media_grids(samples)
     return replace(grids, pixel_values=pixels["image"], pixel_values_videos=pixels["video"])
 
@@ -861,3 +898,94 @@ def _iter_boxes(data: bytes, start: int, end: int, kind: bytes) -> list[tuple[in
 def _find_box(data: bytes, start: int, end: int, kind: bytes) -> tuple[int, int] | None:
     boxes = _iter_boxes(data, start, end, kind)
     return boxes[0] if boxes else None
+
+
+# --- decoded frames (datasets that store pixel arrays, e.g. Megatron-Bridge's Qwen-VL layout) --
+
+
+def probe_frames(
+    frames: Frames,
+    kind: Literal["image", "video"],
+    config: MediaConfig | None = None,
+    *,
+    key: str = "?",
+    member: str = "?",
+) -> tuple[tuple[int, int, int], int, float | None]:
+    """Grid ``(t, h, w)``, token count and (videos) seconds per temporal patch of decoded frames.
+
+    An image is sized like :func:`probe_image`. A video's frames are taken as already sampled
+    (all are used; the last is repeated up to a multiple of ``temporal_patch_size``, as
+    transformers does) at ``video_fps``, each sized like :func:`probe_video` sizes frames.
+    """
+    cfg = config or _DEFAULT
+    count, height, width, channels = frames.shape
+    if channels != 3 or min(frames.shape) <= 0 or len(frames.data) != math.prod(frames.shape):
+        raise MediaError(
+            key, member, "bad_sample", f"frames of shape {frames.shape}; expected [T, H, W, 3]"
+        )
+    if width * height > cfg.max_image_pixels:
+        raise MediaError(
+            key,
+            member,
+            "too_large",
+            f"{width}x{height} pixels exceed max_image_pixels={cfg.max_image_pixels}",
+        )
+    if kind == "image":
+        if count != 1:
+            raise MediaError(key, member, "bad_sample", f"an image with {count} frames")
+        grid = _image_grid(height, width, cfg, key, member)
+        return grid, _tokens(grid, cfg), None
+    tp = cfg.temporal_patch_size
+    used = math.ceil(count / tp) * tp
+    if used > cfg.video_max_frames:
+        raise MediaError(
+            key,
+            member,
+            "too_long",
+            f"{count} frames exceed video_max_frames={cfg.video_max_frames}; sample fewer frames "
+            "or raise MediaConfig.video_max_frames",
+        )
+    budget = max(
+        min(cfg.video_max_pixels, cfg.video_total_pixels * tp // used),
+        int(cfg.video_min_pixels * 1.05),
+    )
+    try:
+        rh, rw = smart_resize(height, width, cfg.factor, cfg.video_min_pixels, budget)
+    except ValueError as exc:
+        raise MediaError(key, member, "aspect_ratio", str(exc)) from exc
+    grid = (used // tp, rh // cfg.patch_size, rw // cfg.patch_size)
+    return grid, _tokens(grid, cfg), tp / cfg.video_fps
+
+
+def process_frames(
+    frames: Frames,
+    kind: Literal["image", "video"],
+    config: MediaConfig | None = None,
+    *,
+    key: str = "?",
+    member: str = "?",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Resize, normalise and patchify decoded frames (grid as :func:`probe_frames` says).
+
+    Same pixels as :func:`process_image` / :func:`process_video` give for the same RGB frames.
+    Returns (or writes into ``out``) ``[t*h*w, patch_dim]`` of ``cfg.pixel_dtype``.
+    """
+    cfg = config or _DEFAULT
+    (gt, gh, gw), _, _ = probe_frames(frames, kind, cfg, key=key, member=member)
+    size = (gw * cfg.patch_size, gh * cfg.patch_size)
+    resized = [
+        Image.fromarray(frame).resize(size, Image.Resampling.BICUBIC) for frame in frames.array()
+    ]
+    planes = _pixel_planes(resized)
+    wanted = gt * cfg.temporal_patch_size
+    if 1 < planes.shape[0] < wanted:  # a clip padded with its last frame (a still is repeated)
+        padding = planes[-1:].expand(wanted - planes.shape[0], -1, -1, -1)
+        planes = torch.cat([planes, padding])
+    return _patches(planes, cfg, _checked_out(out, gt * gh * gw, cfg, key, member))
+
+
+def image_frames(image: Image.Image) -> Frames:
+    """A decoded PIL image as :class:`Frames`, converted to RGB as :func:`process_image` does
+    (transparency composited on white), so it gives the same pixels as its file."""
+    return Frames.from_array(np.asarray(_to_rgb(image))[None])

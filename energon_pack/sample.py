@@ -16,19 +16,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from energon_pack.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, MediaError, media_kind
+from energon_pack.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, Frames, MediaError, media_kind
 
 _PLACEHOLDER = re.compile(r"<(image|video)>")
 
 
 @dataclass(frozen=True)
 class RawSample:
-    """A parsed sample: turns as ``(role, content)``, media as ``(member, kind, bytes)``."""
+    """A parsed sample: turns as ``(role, content)``, media as ``(member, kind, payload)`` in
+    placeholder order; the payload is a compressed file's bytes or decoded :class:`Frames`."""
 
     key: str
     turns: tuple[tuple[str, str], ...]
     system: str | None
-    media: tuple[tuple[str, Literal["image", "video"], bytes], ...]
+    media: tuple[tuple[str, Literal["image", "video"], bytes | Frames], ...]
 
 
 def parse_sample(key: str, sample: Mapping[str, Any]) -> RawSample:

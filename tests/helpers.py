@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import av
@@ -15,8 +17,10 @@ import numpy as np
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 from PIL import Image
 
+from energon_pack.encode import ConversationEncoder
 from energon_pack.energon import PackedBatch, PackingTaskEncoder
 from energon_pack.media import MediaConfig
+from energon_pack.packed import pack_samples
 
 # Small vision budgets keep decoding cheap; the token layout rules are the same.
 SMALL_MEDIA = MediaConfig(
@@ -42,6 +46,16 @@ def read_samples(path: Path) -> Samples:
                 assert handle is not None
                 samples.setdefault(key, {})[member] = handle.read()
     return samples
+
+
+def load_script(path: Path) -> ModuleType:
+    """The Python file at ``path`` (e.g. a fixture generator) imported as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 T = TypeVar("T")
@@ -131,3 +145,16 @@ def train_dataset(
 
 def batches(dataset: Any) -> Iterator[PackedBatch]:
     yield from get_savable_loader(dataset)
+
+
+def native_pack(samples: Samples, keys: Sequence[str], media: MediaConfig = SMALL_MEDIA) -> Any:
+    """The ``PackedSample`` that :func:`make_encoder`'s packing makes of native ``samples[k]``
+    for ``keys``, in order: the reference for other sample layouts."""
+    encoder = ConversationEncoder(media=media)
+    return pack_samples(
+        [encoder.encode_sample(key, samples[key]) for key in keys],
+        seq_length=8192,
+        pad_to_multiple_of=8,
+        pad_token_id=encoder.tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        media=media,
+    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import tarfile
@@ -12,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from helpers import Samples, read_samples
+from helpers import Samples, load_script, read_samples
 
 from energon_pack import media
 from energon_pack.sample import parse_sample
@@ -21,14 +20,7 @@ MAX_FIXTURE_BYTES = 10 * 1024 * 1024
 
 
 def _load_generator(fixtures_dir: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "make_fixtures", fixtures_dir / "make_fixtures.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(fixtures_dir / "make_fixtures.py")
 
 
 def _samples(path: Path) -> Samples:

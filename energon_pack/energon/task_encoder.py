@@ -30,6 +30,7 @@ from energon_pack.energon.carry_over import (
     RejectedSample,
     SkippedSample,
 )
+from energon_pack.formats.energon_types import MediaKeepingDecoder, typed_sample_row
 from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import PackedRow
 from energon_pack.media import MediaConfig, MediaError
@@ -176,7 +177,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
     """
 
     cookers = (Cooker(cook_conversation),)
-    decoder = None  # members stay compressed bytes; media are probed, then decoded late
+    decoder = MediaKeepingDecoder()  # JSON/text parsed; media stay compressed, decoded late
 
     def __init__(
         self,
@@ -239,10 +240,25 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         return make
 
     @stateless
-    def preencode_sample(self, sample: ConversationSample) -> PreparedSample | RejectedSample:
-        """Tokenise and probe the media (header only); bad samples become RejectedSample."""
+    def preencode_sample(self, sample: Sample) -> PreparedSample | RejectedSample:
+        """Tokenise and probe the media (header only); bad samples become RejectedSample.
+
+        Takes cooked WebDataset samples (native or Megatron-Bridge layout) and Energon's
+        ``VQASample`` / ``CaptioningSample`` (see :mod:`energon_pack.formats.energon_types`).
+        """
         try:
-            encoded = self.encoder.encode_sample(sample.__key__, sample.members)
+            row = (
+                sample.members
+                if isinstance(sample, ConversationSample)
+                else typed_sample_row(sample)
+            )
+            if row is None:
+                raise ValueError(
+                    f"sample {sample.__key__!r} is a {type(sample).__name__}; PackingTaskEncoder "
+                    "reads CrudeWebdataset samples (native or Megatron-Bridge layout), "
+                    "VQAWebdataset and CaptioningWebdataset"
+                )
+            encoded = self.encoder.encode_sample(sample.__key__, row)
             if self.decode == "eager":
                 encoded = encoded.materialize(self.media)
         except MediaError as error:

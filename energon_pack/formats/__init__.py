@@ -1,0 +1,31 @@
+"""Sample formats other than the native one, read into the same :class:`RawSample`.
+
+* :mod:`~energon_pack.formats.bridge`: Megatron-Bridge's Qwen-VL WebDataset layout
+  (``json`` + pickled ``jpgs`` / ``videos``);
+* :mod:`~energon_pack.formats.chat_rows`: TRL / transformers chat rows (``messages`` +
+  ``images`` / ``videos``) and LLaVA JSON records, with :class:`ChatDataset` for a DataLoader.
+
+:func:`parse_any` tells them apart, so every path (Energon, collator) reads all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from energon_pack.formats.bridge import is_bridge_sample, parse_bridge_sample
+from energon_pack.formats.chat_rows import ChatDataset, is_chat_row, parse_chat_row
+from energon_pack.sample import RawSample, parse_sample
+
+__all__ = ["ChatDataset", "parse_any"]
+
+
+def parse_any(key: str, sample: Mapping[str, Any]) -> RawSample:
+    """Parse a sample of any supported layout: a chat row (a ``messages`` / ``conversations``
+    field, no ``json`` member), Bridge's (``jpgs`` / ``videos`` members), else the native one
+    (:func:`~energon_pack.sample.parse_sample`)."""
+    if is_chat_row(sample):
+        return parse_chat_row(key, sample)
+    if is_bridge_sample(sample):
+        return parse_bridge_sample(key, sample)
+    return parse_sample(key, sample)

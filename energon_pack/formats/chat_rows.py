@@ -1,0 +1,206 @@
+"""Chat rows as TRL / transformers use them, and LLaVA-style JSON records with media paths.
+
+A row is a mapping with the conversation under ``messages`` (role/content; content a string
+or a list of ``{"type": "text" | "image" | "video"}`` parts) or ``conversations`` (ShareGPT
+``from``/``value`` with ``<image>`` / ``<video>`` placeholders), and its media in placeholder
+order under ``images`` / ``videos`` (or LLaVA's ``image`` / ``video``: one item or a list).
+
+A media item is a ``PIL.Image`` (images), a list of frames (videos: PIL images or
+``[H, W, 3]`` arrays), the bytes of a file, a ``{"bytes": ..., "path": ...}`` dict (a
+``datasets`` ``Image`` / ``Video`` column without decoding), or a path relative to the media
+root. Paths are resolved by :class:`ChatDataset` and must stay inside its ``media_root``:
+absolute paths, ``..`` and symlinks that lead out are a :class:`~energon_pack.media.MediaError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from PIL import Image
+
+from energon_pack.formats.bridge import rgb_frames
+from energon_pack.formats.conversation import conversation_turns, placeholder_kinds
+from energon_pack.media import Frames, MediaError, image_frames
+from energon_pack.sample import RawSample
+
+__all__ = ["ChatDataset", "is_chat_row", "parse_chat_row", "resolve_inside"]
+
+MediaKind = Literal["image", "video"]
+_FIELDS: dict[MediaKind, tuple[str, str]] = {
+    "image": ("images", "image"),
+    "video": ("videos", "video"),
+}
+
+
+def is_chat_row(sample: Mapping[str, Any]) -> bool:
+    """Whether ``sample`` is a chat row (a conversation field, no WebDataset ``json`` member)."""
+    return "json" not in sample and ("messages" in sample or "conversations" in sample)
+
+
+def parse_chat_row(key: str, row: Mapping[str, Any]) -> RawSample:
+    """Parse a chat row (see the module docstring); media paths must be resolved already."""
+    field = "messages" if "messages" in row else "conversations"
+    turns = tuple(conversation_turns(key, row[field], field))
+    system = row.get("system")
+    if system is not None and not isinstance(system, str):
+        raise MediaError(key, "system", "bad_sample", "'system' must be a string")
+    items = {each: _items(row, each) for each in _FIELDS}
+    kinds = placeholder_kinds(turns)
+    for each, (name, _) in _FIELDS.items():
+        if kinds.count(each) != len(items[each]):
+            raise MediaError(
+                key,
+                field,
+                "placeholder_mismatch",
+                f"{kinds.count(each)} {each} placeholders or parts but {len(items[each])} items "
+                f"in {name!r}; make them match one to one, in order",
+            )
+    pending = {each: iter(enumerate(items[each])) for each in _FIELDS}
+    media: list[tuple[str, MediaKind, bytes | Frames]] = []
+    for placeholder in kinds:
+        kind: MediaKind = "image" if placeholder == "image" else "video"
+        index, item = next(pending[kind])
+        member = f"{_FIELDS[kind][0]}[{index}]"
+        media.append((member, kind, _payload(item, kind, key, member)))
+    return RawSample(key, turns, system, tuple(media))
+
+
+def _items(row: Mapping[str, Any], kind: MediaKind) -> list[Any]:
+    plural, single = _FIELDS[kind]
+    value = row.get(plural, row.get(single))
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _payload(item: Any, kind: MediaKind, key: str, member: str) -> bytes | Frames:
+    if isinstance(item, MediaError):  # a path ChatDataset refused: fails with the sample
+        raise item
+    if isinstance(item, Mapping) and item.get("bytes") is not None:
+        item = item["bytes"]
+    if isinstance(item, (bytes, bytearray)):
+        return bytes(item)
+    if isinstance(item, Image.Image) and kind == "image":
+        return image_frames(item)
+    if kind == "video" and isinstance(item, (list, np.ndarray, torch.Tensor)):
+        frames = [
+            np.asarray(image_frames(f).array()[0]) if isinstance(f, Image.Image) else np.asarray(f)
+            for f in item
+        ]
+        return rgb_frames(frames, key, member, "video")
+    if isinstance(item, (str, os.PathLike, Mapping)):
+        raise MediaError(
+            key,
+            member,
+            "bad_sample",
+            f"media path {_path_of(item)!r} is not resolved; read the rows through "
+            "ChatDataset(rows, media_root=...) so paths are read inside that root",
+        )
+    raise MediaError(
+        key, member, "bad_sample", f"unsupported {kind} item of type {type(item).__name__}"
+    )
+
+
+def _path_of(item: Any) -> Any:
+    return item.get("path") if isinstance(item, Mapping) else item
+
+
+def resolve_inside(root: Path, relative: str | os.PathLike[str], key: str, member: str) -> Path:
+    """``root / relative`` if it is a file inside ``root`` (symlinks resolved), else a
+    :class:`~energon_pack.media.MediaError`: absolute paths, ``..`` parts, links out, missing."""
+    text = os.fspath(relative)
+    path = Path(text)
+    if not text or path.is_absolute() or path.drive or ".." in path.parts:
+        raise MediaError(
+            key,
+            member,
+            "bad_sample",
+            f"media path {text!r} must be relative to the media root {str(root)!r} without '..'",
+        )
+    base = root.resolve()
+    target = (base / path).resolve()
+    if not target.is_relative_to(base):
+        raise MediaError(
+            key,
+            member,
+            "bad_sample",
+            f"media path {text!r} leads out of the media root {str(base)!r} (a symlink)",
+        )
+    if not target.is_file():
+        raise MediaError(
+            key, member, "bad_sample", f"media file {text!r} not found under {str(base)!r}"
+        )
+    return target
+
+
+class ChatDataset(torch.utils.data.Dataset[tuple[str, dict[str, Any]]]):
+    """Map-style dataset of chat rows for :class:`~energon_pack.collate.VLMPackingCollator`.
+
+    ``rows`` is a list of row dicts, a ``datasets.Dataset``, or the path of a JSON list (LLaVA
+    style: ``{"id", "image": "rel/path.jpg", "conversations": [...]}``) or a JSONL file. Each
+    item is ``(key, row)``: the key is the row's ``id`` (else its index), and media paths are
+    read (as bytes, in the worker) from inside ``media_root``; a refused path fails the sample
+    when it is encoded (so the collator's ``on_media_error`` applies). Decoding and
+    patchifying wait for the collator, as for WebDataset samples.
+    """
+
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]] | str | os.PathLike[str],
+        media_root: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.rows: Sequence[Mapping[str, Any]] = (
+            _load_rows(rows) if isinstance(rows, (str, os.PathLike)) else rows
+        )
+        self.media_root = None if media_root is None else Path(media_root)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> tuple[str, dict[str, Any]]:
+        row = dict(self.rows[index])
+        key = str(row.get("id", index))
+        for plural, single in _FIELDS.values():
+            for name in (plural, single):
+                if row.get(name) is not None:
+                    row[name] = self._read_paths(row[name], key, name)
+        return key, row
+
+    def _read_paths(self, value: Any, key: str, name: str) -> Any:
+        if isinstance(value, (list, tuple)):
+            return [self._read_path(item, key, f"{name}[{i}]") for i, item in enumerate(value)]
+        return self._read_path(value, key, name)
+
+    def _read_path(self, item: Any, key: str, member: str) -> Any:
+        path = item
+        if isinstance(item, Mapping):
+            if item.get("bytes") is not None:
+                return item
+            path = item.get("path")
+        if not isinstance(path, (str, os.PathLike)):
+            return item
+        if self.media_root is None:
+            return MediaError(
+                key, member, "bad_sample", f"media path {os.fspath(path)!r} needs media_root="
+            )
+        try:
+            return resolve_inside(self.media_root, path, key, member).read_bytes()
+        except MediaError as error:  # raised when the sample is encoded, so policies apply
+            return error
+
+
+def _load_rows(path: str | os.PathLike[str]) -> list[Mapping[str, Any]]:
+    text = Path(path).read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        rows = json.loads(text)
+    else:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise ValueError(f"{os.fspath(path)!r} must hold a JSON list of objects or JSON lines")
+    return rows
