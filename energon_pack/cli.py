@@ -296,9 +296,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     interrupted = next((r for r in results if r.interrupted), None)
     print(
         f"\n{dataset}: seq_length {settings.seq_length}, {settings.num_workers} workers, "
-        f"tokenizer {tokenizer['name']} ({tokenizer['class']}, {tokenizer['vocab_size']} "
-        f"tokens), overlong samples: {settings.overlong}, "
-        f"{settings.pixel_dtype} pixels"
+        f"{settings.pixel_dtype} pixels, tokenizer {tokenizer['name']} ({tokenizer['class']}, "
+        f"{tokenizer['vocab_size']} tokens), overlong samples: {settings.overlong}"
     )
     print(format_table(TUNE_HEADERS, [tune_row(r) for r in results]))
     if any(r.skipped for r in results):
