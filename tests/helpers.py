@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import tarfile
@@ -78,6 +79,34 @@ def assert_resume_equivalent(
     load(resumed, state)
     got = [step(resumed) for step in steps[at:]]
     assert got == expected[at:], f"resumed at step {at} of {len(steps)} diverged"
+
+
+def assert_restore_at_every_step_is_invisible(
+    make: Callable[[], T],
+    steps: Sequence[Step[T]],
+    *,
+    save: Callable[[T], Any],
+    load: Callable[[T, Any], None],
+    roundtrip: Callable[[Any], Any] = json_roundtrip,
+) -> None:
+    """Check that saving and restoring at every step index changes nothing.
+
+    Runs the steps on a reference object, and on a second object that before every step is
+    saved, passed through ``roundtrip`` and replaced by a fresh object loaded from that state.
+    Loading must leave the state as it was, the fresh object must save the same state again,
+    and what each step returns must equal the reference.
+    """
+    reference, restored = make(), make()
+    for at, step in enumerate(steps):
+        state = roundtrip(save(restored))
+        kept = copy.deepcopy(state)
+        restored = make()
+        load(restored, state)
+        assert state == kept, f"loading the state saved before step {at} changed it"
+        assert roundtrip(save(restored)) == state, (
+            f"the state loaded at step {at} saves differently"
+        )
+        assert step(restored) == step(reference), f"restored before step {at}, the step diverged"
 
 
 def image_bytes(width: int, height: int, fmt: str = "PNG", seed: int = 0) -> bytes:
