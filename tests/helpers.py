@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import io
 import json
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import av
@@ -16,6 +18,7 @@ import numpy as np
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 from PIL import Image
 
+from energon_pack.encode import ConversationEncoder
 from energon_pack.energon import PackedBatch, PackingTaskEncoder
 from energon_pack.media import MediaConfig
 
@@ -160,3 +163,60 @@ def train_dataset(
 
 def batches(dataset: Any) -> Iterator[PackedBatch]:
     yield from get_savable_loader(dataset)
+
+
+class LoaderRun:
+    """A savable loader over :func:`train_dataset` (repeating) and its iterator, for the resume
+    helper: ``step`` returns one pack's keys, token ids and pixel sum."""
+
+    def __init__(self, path: Path, buffer: int = 16, *, workers: int = 0, **overrides: Any):
+        self.dataset = train_dataset(path, buffer, workers=workers, repeat=True, **overrides)
+        self.loader = get_savable_loader(
+            self.dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
+        )
+        self._iterator: Iterator[PackedBatch] | None = None
+
+    def step(self) -> tuple[Any, ...]:
+        if self._iterator is None:
+            self._iterator = iter(self.loader)
+        batch = next(self._iterator)
+        pixels = None if batch.pixel_values is None else float(batch.pixel_values.sum())
+        return tuple(batch.__keys__), batch.input_ids.tolist(), pixels
+
+    def save(self) -> Any:
+        return self.loader.save_state_rank()
+
+    def load(self, state: Any) -> None:
+        self.loader.restore_state_rank(state)
+
+
+def fixture_maker() -> ModuleType:
+    """``fixtures/make_fixtures.py`` as a module (tar writing, Energon preparation)."""
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "make_fixtures.py"
+    spec = importlib.util.spec_from_file_location("make_fixtures", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def text_dataset(root: Path, lengths: Sequence[int]) -> Path:
+    """A prepared Energon dataset at ``root`` of text-only conversations whose encodings (built-in
+    tokenizer and template) have the given token ``lengths``, in order, keys ``t00000``..."""
+    encoder = ConversationEncoder()
+
+    def conversation(chars: int) -> bytes:
+        turns = [{"from": "human", "value": "x" * chars}, {"from": "gpt", "value": "ok"}]
+        return json.dumps({"conversations": turns}).encode()
+
+    overhead = encoder.encode_sample("probe", {"json": conversation(1)}).length - 1
+    members = [
+        (f"t{index:05d}.json", conversation(length - overhead))
+        for index, length in enumerate(lengths)
+    ]
+    maker = fixture_maker()
+    root.mkdir(parents=True, exist_ok=True)
+    maker.write_tar(root / "shard-000000.tar", members)
+    maker.prepare_energon(root, [root / "shard-000000.tar"])
+    return root
