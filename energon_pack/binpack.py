@@ -35,7 +35,7 @@ logger = logging.getLogger("energon_pack.binpack")
 Key: TypeAlias = str | int
 Overlong = Literal["error", "skip"]
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 
 
 def aligned_length(length: int, align: int) -> int:
@@ -368,13 +368,15 @@ class OnlineBinPacker:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain JSON-able state: settings, held candidates, counters."""
+        """Plain JSON-able state: settings, held candidates, the deadline bins in their order
+        (ties in best fit go to the earlier one), counters."""
         return {
             "version": _STATE_VERSION,
             "settings": self._settings(),
             "emitted": self._emitted,
             "next_deadline_bin": self._next_deadline_bin,
             "held": [[c.key, c.length, c.pushed_at, c.deadline_bin, c.nbytes] for c in self._held],
+            "deadline_bins": list(self._deadline_bins),
             "stats": asdict(self.stats),
         }
 
@@ -401,8 +403,17 @@ class OnlineBinPacker:
             cand = _Candidate(key, length, units, pushed_at, deadline_bin, nbytes)
             self._held.append(cand)
             self._held_bytes += nbytes
-            if self.max_wait is not None:
-                self._deadline_bins.setdefault(deadline_bin, _DeadlineBin()).add(cand)
+        if self.max_wait is not None:
+            # Best fit breaks ties by the deadline bins' order: rebuild them in the saved order.
+            order = state["deadline_bins"]
+            if sorted(order) != sorted({c.deadline_bin for c in self._held}):
+                raise ValueError(
+                    f"packer state lists deadline bins {order} but its candidates are in "
+                    f"{sorted({c.deadline_bin for c in self._held})}; the state is corrupt"
+                )
+            self._deadline_bins = {bin_id: _DeadlineBin() for bin_id in order}
+            for cand in self._held:
+                self._deadline_bins[cand.deadline_bin].add(cand)
         self._rebuild_prefix(0)
 
     # ------------------------------------------------------------------------------ internals

@@ -210,7 +210,9 @@ class ConversationEncoder:
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.media = media or MediaConfig()
         self.system_prompt = system_prompt
-        self._template_system = template_system_prompt(self.tokenizer) if template_system else None
+        self.default_system_prompt = (
+            template_system_prompt(self.tokenizer) if template_system else None
+        )
         self.loss_on: LossOn = loss_on
         ids = {token: self.tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
         self._im_start = ids["<|im_start|>"]
@@ -277,7 +279,7 @@ class ConversationEncoder:
             return own
         if turns and turns[0][0] == "system":
             return None
-        return self.system_prompt if self.system_prompt is not None else self._template_system
+        return self.system_prompt if self.system_prompt is not None else self.default_system_prompt
 
     def _text_after(self, header: str, text: str, target: bool) -> tuple[list[int], list[int]]:
         """Tokens of ``header + text`` and their target flags (tokens holding ``text`` chars)."""

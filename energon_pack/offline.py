@@ -53,6 +53,7 @@ import torch.utils.data
 
 from energon_pack.binpack import aligned_length, best_fit_decreasing, first_fit_decreasing
 from energon_pack.encode import ByteTokenizer, ConversationEncoder, Tokenizer
+from energon_pack.fingerprint import tokenizer_identity
 from energon_pack.layout import PackedRow, build_packed_row
 from energon_pack.topology import pad_seq_to_mult
 
@@ -281,7 +282,7 @@ def pack_offline(
         "format_version": FORMAT_VERSION,
         "energon_pack_version": importlib.metadata.version("energon_pack"),
         "spec": spec.to_json(),
-        "tokenizer": _tokenizer_identity(tok),
+        "tokenizer": tokenizer_identity(tok),
         "input_sha256": _sha256(input_path),
     }
     existing = None if force else _read_manifest(out_dir)
@@ -632,18 +633,6 @@ def _pretokenised(
 
 
 # --------------------------------------------------------------------------------- manifest
-def _tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
-    cls = type(tokenizer)
-    name = getattr(tokenizer, "name_or_path", None)
-    pad = getattr(tokenizer, "pad_token_id", None)
-    return {
-        "class": f"{cls.__module__}.{cls.__qualname__}",
-        "vocab_size": _vocab_size(tokenizer),
-        "name_or_path": name if isinstance(name, str) else None,
-        "pad_token_id": pad if _is_int(pad) else 0,
-    }
-
-
 def _vocab_size(tokenizer: Tokenizer) -> int | None:
     size = getattr(tokenizer, "vocab_size", None)
     return size if _is_int(size) else None

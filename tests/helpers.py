@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import io
 import json
@@ -94,6 +95,34 @@ def assert_resume_equivalent(
     assert got == expected[at:], f"resumed at step {at} of {len(steps)} diverged"
 
 
+def assert_restore_at_every_step_is_invisible(
+    make: Callable[[], T],
+    steps: Sequence[Step[T]],
+    *,
+    save: Callable[[T], Any],
+    load: Callable[[T, Any], None],
+    roundtrip: Callable[[Any], Any] = json_roundtrip,
+) -> None:
+    """Check that saving and restoring at every step index changes nothing.
+
+    Runs the steps on a reference object, and on a second object that before every step is
+    saved, passed through ``roundtrip`` and replaced by a fresh object loaded from that state.
+    Loading must leave the state as it was, the fresh object must save the same state again,
+    and what each step returns must equal the reference.
+    """
+    reference, restored = make(), make()
+    for at, step in enumerate(steps):
+        state = roundtrip(save(restored))
+        kept = copy.deepcopy(state)
+        restored = make()
+        load(restored, state)
+        assert state == kept, f"loading the state saved before step {at} changed it"
+        assert roundtrip(save(restored)) == state, (
+            f"the state loaded at step {at} saves differently"
+        )
+        assert step(restored) == step(reference), f"restored before step {at}, the step diverged"
+
+
 def image_bytes(width: int, height: int, fmt: str = "PNG", seed: int = 0) -> bytes:
     rng = np.random.default_rng(seed)
     pixels = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
@@ -158,3 +187,54 @@ def native_pack(samples: Samples, keys: Sequence[str], media: MediaConfig = SMAL
         pad_token_id=encoder.tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         media=media,
     )
+
+
+class LoaderRun:
+    """A savable loader over :func:`train_dataset` (repeating) and its iterator, for the resume
+    helper: ``step`` returns one pack's keys, token ids and pixel sum."""
+
+    def __init__(self, path: Path, buffer: int = 16, *, workers: int = 0, **overrides: Any):
+        self.dataset = train_dataset(path, buffer, workers=workers, repeat=True, **overrides)
+        self.loader = get_savable_loader(
+            self.dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
+        )
+        self._iterator: Iterator[PackedBatch] | None = None
+
+    def step(self) -> tuple[Any, ...]:
+        if self._iterator is None:
+            self._iterator = iter(self.loader)
+        batch = next(self._iterator)
+        pixels = None if batch.pixel_values is None else float(batch.pixel_values.sum())
+        return tuple(batch.__keys__), batch.input_ids.tolist(), pixels
+
+    def save(self) -> Any:
+        return self.loader.save_state_rank()
+
+    def load(self, state: Any) -> None:
+        self.loader.restore_state_rank(state)
+
+
+def fixture_maker() -> ModuleType:
+    """``fixtures/make_fixtures.py`` as a module (tar writing, Energon preparation)."""
+    return load_script(Path(__file__).resolve().parent.parent / "fixtures" / "make_fixtures.py")
+
+
+def text_dataset(root: Path, lengths: Sequence[int]) -> Path:
+    """A prepared Energon dataset at ``root`` of text-only conversations whose encodings (built-in
+    tokenizer and template) have the given token ``lengths``, in order, keys ``t00000``..."""
+    encoder = ConversationEncoder()
+
+    def conversation(chars: int) -> bytes:
+        turns = [{"from": "human", "value": "x" * chars}, {"from": "gpt", "value": "ok"}]
+        return json.dumps({"conversations": turns}).encode()
+
+    overhead = encoder.encode_sample("probe", {"json": conversation(1)}).length - 1
+    members = [
+        (f"t{index:05d}.json", conversation(length - overhead))
+        for index, length in enumerate(lengths)
+    ]
+    maker = fixture_maker()
+    root.mkdir(parents=True, exist_ok=True)
+    maker.write_tar(root / "shard-000000.tar", members)
+    maker.prepare_energon(root, [root / "shard-000000.tar"])
+    return root

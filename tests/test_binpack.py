@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import random
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from helpers import assert_resume_equivalent
+from helpers import assert_restore_at_every_step_is_invisible, assert_resume_equivalent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -151,6 +153,8 @@ packer_settings = st.fixed_dictionaries(
 
 
 Scenario = tuple[dict[str, Any], list[tuple[int, int]]]
+RESUME_EXAMPLES = int(os.environ.get("RESUME_EXAMPLES", "1000"))
+"""Examples of the restore-at-every-push property (raise it for a longer fuzz run)."""
 
 
 @st.composite
@@ -159,7 +163,8 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     config = draw(packer_settings)
     capacity = config["capacity"]
     item = st.tuples(st.integers(1, capacity + capacity // 4), st.integers(0, 100))
-    return config, draw(st.lists(item, max_size=120))
+    size = draw(st.integers(0, 120), label="stream length")  # long streams as often as short
+    return config, draw(st.lists(item, min_size=size, max_size=size))
 
 
 @settings(max_examples=300, deadline=None)
@@ -191,22 +196,54 @@ def test_online_invariants(scenario: Scenario) -> None:
     assert sum(stats.emitted_by.values()) == stats.bins
 
 
+def _push_steps(stream: list[tuple[int, int]]) -> list[Callable[[OnlineBinPacker], Any]]:
+    """Push every (length, nbytes) of ``stream`` under its index, flush, read the stats."""
+    steps: list[Callable[[OnlineBinPacker], Any]] = [
+        (lambda p, k=k, n=n, b=b: p.push(k, n, nbytes=b)) for k, (n, b) in enumerate(stream)
+    ]
+    steps.append(lambda p: p.flush())
+    steps.append(lambda p: p.stats)
+    return steps
+
+
+@settings(max_examples=RESUME_EXAMPLES, deadline=None)
+@given(scenarios())
+def test_online_restore_at_every_push_index(scenario: Scenario) -> None:
+    config, stream = scenario
+    assert_restore_at_every_step_is_invisible(
+        lambda: OnlineBinPacker(**config, overlong="skip"),
+        _push_steps(stream),
+        save=OnlineBinPacker.state_dict,
+        load=OnlineBinPacker.load_state_dict,
+    )
+
+
 @settings(max_examples=150, deadline=None)
 @given(scenario=scenarios(), data=st.data())
 def test_online_resume_gives_the_same_remaining_bins(
     scenario: Scenario, data: st.DataObject
 ) -> None:
     config, stream = scenario
-    steps: list[Callable[[OnlineBinPacker], Any]] = [
-        (lambda p, k=k, n=n, b=b: p.push(k, n, nbytes=b)) for k, (n, b) in enumerate(stream)
-    ]
-    steps.append(lambda p: p.flush())
-    steps.append(lambda p: p.stats)
+    steps = _push_steps(stream)
     at = data.draw(st.integers(0, len(steps) - 1), label="resume at")
     assert_resume_equivalent(
         lambda: OnlineBinPacker(**config, overlong="skip"),
         steps,
         at,
+        save=OnlineBinPacker.state_dict,
+        load=OnlineBinPacker.load_state_dict,
+    )
+
+
+def test_resume_where_best_fit_ties_between_deadline_bins() -> None:
+    """A stream where restoring the deadline bins in held order changed later bins."""
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 1000) for _ in range(1000)]
+    steps = _push_steps([(length, 0) for length in lengths])
+    assert_resume_equivalent(
+        lambda: OnlineBinPacker(1024, 64, align=8),
+        steps,
+        150,
         save=OnlineBinPacker.state_dict,
         load=OnlineBinPacker.load_state_dict,
     )

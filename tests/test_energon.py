@@ -7,7 +7,6 @@ import pickle
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 import torch
 from helpers import (
     SMALL_MEDIA,
+    LoaderRun,
     assert_resume_equivalent,
     batches,
     make_encoder,
@@ -25,7 +25,7 @@ from helpers import (
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
 
 from energon_pack.encode import ConversationEncoder
-from energon_pack.energon import CarryOverPackingDataset, PackedBatch
+from energon_pack.energon import CarryOverPackingDataset
 from energon_pack.media import normalize_pixels
 from energon_pack.rope import MRopeConfig, mrope_position_ids
 
@@ -108,33 +108,11 @@ def test_packs_fit_and_media_follow_segment_order(
     assert sum(fills[:-3]) / len(fills[:-3]) > 0.97  # the last packs are the flush remainder
 
 
-class LoaderRun:
-    """A savable loader and its iterator, for the resume helper."""
-
-    def __init__(self, path: Path, workers: int) -> None:
-        self.dataset = train_dataset(path, 16, workers=workers, repeat=True)
-        self.loader = get_savable_loader(self.dataset, checkpoint_every_min_n_samples=1)
-        self._iterator: Iterator[PackedBatch] | None = None
-
-    def step(self) -> tuple[Any, ...]:
-        if self._iterator is None:
-            self._iterator = iter(self.loader)
-        batch = next(self._iterator)
-        pixels = None if batch.pixel_values is None else float(batch.pixel_values.sum())
-        return tuple(batch.__keys__), batch.input_ids.tolist(), pixels
-
-    def save(self) -> Any:
-        return self.loader.save_state_rank()
-
-    def load(self, state: Any) -> None:
-        self.loader.restore_state_rank(state)
-
-
 @pytest.mark.parametrize(("workers", "at"), [(0, 3), (2, 5)])
 def test_resume_reproduces_the_pack_stream(vlm_demo_path: Path, workers: int, at: int) -> None:
     steps = [LoaderRun.step] * (at + 6)
     assert_resume_equivalent(
-        lambda: LoaderRun(vlm_demo_path, workers),
+        lambda: LoaderRun(vlm_demo_path, workers=workers),
         steps,
         at,
         save=LoaderRun.save,
@@ -145,7 +123,7 @@ def test_resume_reproduces_the_pack_stream(vlm_demo_path: Path, workers: int, at
 
 def test_resume_while_samples_are_carried_over(vlm_demo_path: Path) -> None:
     """The resume point is chosen where the buffer holds candidates waiting for later packs."""
-    run = LoaderRun(vlm_demo_path, 0)
+    run = LoaderRun(vlm_demo_path)
     wrapper = _wrapper(run.dataset)
     at = 0
     while not wrapper._buffer_seqs:
@@ -154,7 +132,7 @@ def test_resume_while_samples_are_carried_over(vlm_demo_path: Path) -> None:
         assert at < 30, "no resume point with carried-over samples found"
     steps = [LoaderRun.step] * (at + 5)
     assert_resume_equivalent(
-        lambda: LoaderRun(vlm_demo_path, 0),
+        lambda: LoaderRun(vlm_demo_path),
         steps,
         at,
         save=LoaderRun.save,

@@ -3,7 +3,6 @@ errors from loader workers, and Ctrl-C."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -15,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import image_bytes
+from helpers import fixture_maker, image_bytes
 from PIL import Image
 
 from energon_pack.cli import main
@@ -49,21 +48,10 @@ def sample_members(index: int) -> dict[str, bytes]:
     return members
 
 
-def load_fixture_maker() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "make_fixtures", ROOT / "fixtures" / "make_fixtures.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prepared Energon dataset: text and image conversations, some overlong, some broken."""
-    maker = load_fixture_maker()
+    maker = fixture_maker()
     root = tmp_path_factory.mktemp("user_data")
     members = [
         (f"s{index:03d}.{name}", data)

@@ -6,6 +6,7 @@ from energon_pack.energon.carry_over import (
     RejectedSample,
     SkippedSample,
 )
+from energon_pack.energon.resume import check_loader_state, restore_state_rank
 from energon_pack.energon.task_encoder import (
     ConversationSample,
     PackedBatch,
@@ -23,5 +24,7 @@ __all__ = [
     "PreparedSample",
     "RejectedSample",
     "SkippedSample",
+    "check_loader_state",
     "cook_conversation",
+    "restore_state_rank",
 ]

@@ -10,13 +10,17 @@ Saved state (per worker), all listed in ``_savable_fields``:
   that has not been yielded yet), and ``_buffer_seqs``, their stream sequence numbers;
 * ``_packer``: the packer's JSON state (held candidates by sequence number, counters);
 * ``_pending``: chosen packs (sequence numbers) not yet yielded;
-* ``_next_seq``, the packing sample index and ``_counters``.
+* ``_next_seq``, the packing sample index and ``_counters``;
+* ``settings``: the fingerprint of every setting the packs depend on (see ``fingerprint``).
+  Restoring under other settings raises ValueError naming each difference, before anything is
+  restored; restoring never changes the state it reads, so one state can be restored twice.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -29,6 +33,7 @@ from megatron.energon.wrappers.base import BaseWrapperDataset, SampleIndex, get_
 from megatron.energon.wrappers.buffer import SavableSampleBuffer
 
 from energon_pack.binpack import Bin, OnlineBinPacker, Overlong, aligned_length
+from energon_pack.fingerprint import check_fingerprint, settings_fingerprint
 from energon_pack.memory import BufferSnapshot, MonitorConfig, RSSMonitor
 
 logger = logging.getLogger("energon_pack.energon")
@@ -106,6 +111,9 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         max_consecutive_skips: stop with an error after this many skipped samples in a row
             (0: never), since that means the data or the settings are broken.
         monitor: if set, each worker runs an :class:`~energon_pack.memory.RSSMonitor`.
+        settings: what else the packs depend on (the task encoder's settings, nested mappings
+            or dataclasses of JSON-able values), checked on restore with the packer settings,
+            ``overlong`` and the worker config (``num_workers``, ``world_size``, ``rank``).
     """
 
     _savable_fields = (
@@ -130,6 +138,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         overlong: Overlong = "error",
         max_consecutive_skips: int = 100,
         monitor: MonitorConfig | None = None,
+        settings: Mapping[str, Any] | None = None,
         worker_config: WorkerConfig,
     ) -> None:
         super().__init__(dataset, worker_config=worker_config)
@@ -142,6 +151,17 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         self.overlong: Overlong = overlong
         self.max_consecutive_skips = max_consecutive_skips
         self.reset_state_own()
+        self.fingerprint = settings_fingerprint(
+            {
+                **(settings or {}),
+                "packer": self.packer.state_dict()["settings"],
+                "overlong": overlong,
+                "num_workers": worker_config.num_workers,
+                "world_size": worker_config.world_size,
+                "rank": worker_config.rank,
+            }
+        )
+        """Flat settings fingerprint saved with the state and compared on restore."""
 
     def reset_state_own(self) -> None:
         self._buffer: SavableSampleBuffer[T_sample] = SavableSampleBuffer(
@@ -153,6 +173,16 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         self._next_seq = 0
         self._pack_index = SampleIndex(self.worker_config, src=self)
         self._counters: dict[str, Any] = {"samples": 0, "packs": 0, "skipped": {}, "in_a_row": 0}
+
+    def save_state(self) -> FlexState:
+        state = super().save_state()
+        state["settings"] = dict(self.fingerprint)
+        return state
+
+    def restore_state(self, state: FlexState) -> None:
+        """Restore a copy of ``state`` (left unchanged) once its settings match these."""
+        check_fingerprint(state.get("settings"), self.fingerprint, what="the packing state")
+        super().restore_state(copy.deepcopy(state))
 
     def len_worker(self, worker_idx: int | None = None) -> int:
         # Packs per worker depend on the packing; like Energon, report source samples.

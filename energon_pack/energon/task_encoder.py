@@ -30,9 +30,10 @@ from energon_pack.energon.carry_over import (
     RejectedSample,
     SkippedSample,
 )
+from energon_pack.fingerprint import tokenizer_identity
 from energon_pack.formats.energon_types import MediaKeepingDecoder, typed_sample_row
 from energon_pack.hf import HFTarget, hf_model_inputs
-from energon_pack.layout import PackedRow
+from energon_pack.layout import PackedRow, check_row_options
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.memory import MonitorConfig
 from energon_pack.packed import pack_samples
@@ -223,7 +224,11 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             else self.encoder.tokenizer.convert_tokens_to_ids("<|endoftext|>")
         )
         self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer)
-        self._make_packer(1)  # validates the packing settings now, not in a worker
+        # Validate the row and packing settings now, not at the first batch in a worker.
+        check_row_options(
+            seq_length, pad_to_multiple_of, pad_to_max_length, False, None, self.pad_token_id
+        )
+        self._make_packer(1)
         self._warned_unbuffered = False
 
     def _make_packer(self, buffer_size: int) -> functools.partial[OnlineBinPacker]:
@@ -235,9 +240,33 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             max_wait=self.max_wait,
             min_fill=self.min_fill,
             max_bytes=self.packing_buffer_bytes,
+            overlong=self.overlong,
         )
         make()
         return make
+
+    def packing_settings(self, packing_buffer_size: int | None) -> dict[str, Any]:
+        """Everything that decides which packs are formed and what they hold; saved with the
+        loader state, so that a restore under other settings is refused by name."""
+        return {
+            "seq_length": self.seq_length,
+            "pad_to_multiple_of": self.pad_to_multiple_of,
+            "pad_to_max_length": self.pad_to_max_length,
+            "pad_token_id": self.pad_token_id,
+            "packing_buffer_size": packing_buffer_size,
+            "packing_buffer_bytes": self.packing_buffer_bytes,
+            "min_fill": self.min_fill,
+            "max_wait": self.max_wait,
+            "overlong": self.overlong,
+            "decode": self.decode,
+            "media": self.media,
+            "tokenizer": tokenizer_identity(self.encoder.tokenizer),
+            "system_prompt": self.encoder.system_prompt,
+            "default_system_prompt": self.encoder.default_system_prompt,
+            "loss_on": self.encoder.loss_on,
+            "position_ids": "1d" if self.mrope is None else "mrope",
+            "mrope": self.mrope,
+        }
 
     @stateless
     def preencode_sample(self, sample: Sample) -> PreparedSample | RejectedSample:
@@ -340,5 +369,6 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             overlong=self.overlong,
             max_consecutive_skips=self.max_consecutive_skips,
             monitor=self.monitor,
+            settings=self.packing_settings(packing_buffer_size),
             worker_config=worker_config,
         )

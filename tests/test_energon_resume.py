@@ -1,0 +1,209 @@
+"""Exact, safe resume of the Energon path: pending packs, carried-over samples, restoring one
+state twice, and settings fingerprints (real loaders over datasets built in a temp dir)."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import (
+    SMALL_MEDIA,
+    LoaderRun,
+    assert_resume_equivalent,
+    read_samples,
+    text_dataset,
+)
+
+from energon_pack.binpack import aligned_length
+from energon_pack.encode import ByteTokenizer, ConversationEncoder
+from energon_pack.energon import PackingTaskEncoder, restore_state_rank
+from energon_pack.media import MediaConfig
+
+
+def pickle_roundtrip(state: Any) -> Any:
+    return pickle.loads(pickle.dumps(state))
+
+
+@pytest.fixture(scope="module")
+def demo_lengths(vlm_demo_path: Path) -> list[int]:
+    """Token lengths of the demo samples (SMALL_MEDIA) that fit 1024 tokens, in key order."""
+    encoder = ConversationEncoder(media=SMALL_MEDIA)
+    samples = read_samples(vlm_demo_path)
+    lengths = [encoder.encode_sample(key, samples[key]).length for key in sorted(samples)]
+    return [length for length in lengths if aligned_length(length, 8) <= 1024]
+
+
+@pytest.fixture(scope="module")
+def text_path(tmp_path_factory: pytest.TempPathFactory, demo_lengths: list[int]) -> Path:
+    """1500 text-only samples with the demo's token lengths, cycled."""
+    lengths = list(itertools.islice(itertools.cycle(demo_lengths), 1500))
+    return text_dataset(tmp_path_factory.mktemp("text"), lengths)
+
+
+def packing_states(value: Any) -> Iterator[Mapping[str, Any]]:
+    """The saved CarryOverPackingDataset states in a loader state (one per worker)."""
+    if isinstance(value, Mapping):
+        if value.get("__class__") == "CarryOverPackingDataset":
+            yield value
+        else:
+            for item in value.values():
+                yield from packing_states(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from packing_states(item)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            yield from packing_states(getattr(value, name))
+
+
+def first_checkpoint(run: LoaderRun, wanted: str, limit: int = 60) -> int:
+    """Steps ``run`` until its saved state holds a pending pack (``"pending"``) or a sample
+    carried over to a later pack (``"carried"``); returns the number of steps."""
+    for at in range(limit):
+        for state in packing_states(run.save()):
+            pending = {seq for pack in state["_pending"] for seq in pack}
+            if wanted == "pending" and pending:
+                return at
+            if wanted == "carried" and set(state["_buffer_seqs"]) - pending:
+                return at
+        run.step()
+    raise AssertionError(f"no checkpoint with a {wanted} pack within {limit} packs")
+
+
+# Small max_wait and buffer: several packs often leave after one sample (pending packs).
+PENDING = {"buffer": 6, "seq_length": 1024, "max_wait": 2, "min_fill": 0.9}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("wanted", ["pending", "carried"])
+def test_resume_at_pending_and_carried_over_checkpoints(
+    text_path: Path, workers: int, wanted: str
+) -> None:
+    def make() -> LoaderRun:
+        return LoaderRun(text_path, workers=workers, **PENDING)
+
+    at = first_checkpoint(make(), wanted)
+    assert_resume_equivalent(
+        make,
+        [LoaderRun.step] * (at + 12),
+        at,
+        save=LoaderRun.save,
+        load=LoaderRun.load,
+        roundtrip=pickle_roundtrip,
+    )
+
+
+def test_resume_at_pack_500_with_buffer_64(text_path: Path) -> None:
+    """Buffer 64, seq_length 1024: this checkpoint once diverged a few packs later."""
+    assert_resume_equivalent(
+        lambda: LoaderRun(text_path, 64, seq_length=1024),
+        [LoaderRun.step] * 530,
+        500,
+        save=LoaderRun.save,
+        load=LoaderRun.load,
+        roundtrip=pickle_roundtrip,
+    )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_one_state_restores_twice_to_the_same_stream(text_path: Path, workers: int) -> None:
+    run = LoaderRun(text_path, workers=workers, **PENDING)
+    expected = [run.step() for _ in range(20)]
+    first = LoaderRun(text_path, workers=workers, **PENDING)
+    for _ in range(8):
+        first.step()
+    state = first.save()
+    kept = pickle.dumps(state)
+    for _ in range(2):
+        resumed = LoaderRun(text_path, workers=workers, **PENDING)
+        resumed.load(state)
+        assert [resumed.step() for _ in range(12)] == expected[8:]
+        assert pickle.dumps(state) == kept, "restoring changed the saved state"
+
+
+@pytest.fixture(scope="module")
+def saved_state(text_path: Path) -> Any:
+    run = LoaderRun(text_path, **PENDING)
+    for _ in range(3):
+        run.step()
+    return run.save()
+
+
+class OtherTokenizer(ByteTokenizer):
+    pass
+
+
+CHANGED = [
+    ("seq_length", {"seq_length": 2048}),
+    ("pad_to_multiple_of", {"pad_to_multiple_of": 16}),
+    ("pad_to_max_length", {"pad_to_max_length": True}),
+    ("packing_buffer_size", {"buffer": 7}),
+    ("packing_buffer_bytes", {"packing_buffer_bytes": 10**6}),
+    ("max_wait", {"max_wait": 3}),
+    ("min_fill", {"min_fill": 0.8}),
+    ("overlong", {"overlong": "skip"}),
+    ("decode", {"decode": "eager"}),
+    ("media.max_pixels", {"media": MediaConfig(max_pixels=28 * 28 * 32)}),
+    ("tokenizer.class", {"tokenizer": OtherTokenizer()}),
+    ("system_prompt", {"system_prompt": "Be brief."}),
+    ("loss_on", {"loss_on": "all"}),
+    ("position_ids", {"position_ids": "mrope"}),
+    ("world_size", {"world_size": 2}),
+    ("num_workers", {"workers": 2}),
+]
+
+
+@pytest.mark.parametrize(("name", "change"), CHANGED, ids=[name for name, _ in CHANGED])
+def test_a_changed_setting_is_refused_by_name(
+    text_path: Path, saved_state: Any, name: str, change: dict[str, Any]
+) -> None:
+    settings = {**PENDING, **change}
+    loader = LoaderRun(text_path, **settings).loader
+    kept = pickle.dumps(saved_state)
+    with pytest.raises(ValueError, match=rf"\b{name}: saved .*, now .*start a fresh run") as error:
+        restore_state_rank(loader, saved_state)
+    assert str(error.value).startswith("cannot restore")
+    assert pickle.dumps(saved_state) == kept
+
+
+def test_a_plain_restore_also_refuses_changed_settings(text_path: Path, saved_state: Any) -> None:
+    loader = LoaderRun(text_path, **{**PENDING, "seq_length": 2048}).loader
+    with pytest.raises(ValueError, match=r"seq_length: saved 1024, now 2048"):
+        loader.restore_state_rank(saved_state)
+
+
+def test_another_number_of_workers_is_refused_by_name(text_path: Path) -> None:
+    run = LoaderRun(text_path, workers=2, **PENDING)
+    for _ in range(3):
+        run.step()
+    state = run.save()
+    with pytest.raises(ValueError, match=r"num_workers: saved 2, now 0"):
+        restore_state_rank(LoaderRun(text_path, **PENDING).loader, state)
+    with pytest.raises(ValueError, match=r"num_workers: saved 2, now 3"):
+        restore_state_rank(LoaderRun(text_path, workers=3, **PENDING).loader, state)
+    # Workers that had no state yet: the count alone still tells.
+    for worker_state in state.worker_states:
+        worker_state.state = None
+    with pytest.raises(ValueError, match=r"num_workers=2, this loader has num_workers=3"):
+        restore_state_rank(LoaderRun(text_path, workers=3, **PENDING).loader, state)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            {"seq_length": 8190, "pad_to_multiple_of": 8, "pad_to_max_length": True},
+            r"pad_to_max_length=True needs seq_length \(8190\) to be a multiple",
+        ),
+        ({"seq_length": 4, "pad_to_multiple_of": 8}, "pad_to_multiple_of=8 is larger"),
+        ({"seq_length": 0}, "seq_length must be a positive int"),
+        ({"seq_length": 1024, "overlong": "truncate"}, "overlong must be 'error' or 'skip'"),
+    ],
+)
+def test_row_settings_are_checked_at_construction(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PackingTaskEncoder(**settings)
