@@ -309,7 +309,7 @@ class ConversationEncoder:
 
     def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
         """Encode a raw WebDataset sample (``json`` plus media members; see the README)."""
-        return self.encode(parse_sample(key, sample))
+        return self.encode(parse_sample(key, sample, self.media))
 
     def encode(self, raw: RawSample) -> EncodedSample:
         """Encode a parsed sample, probing (not decoding) its media."""

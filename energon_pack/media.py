@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from energon_pack.media_guard import Isolation, guarded, media_errors
+
 __all__ = [
     "IMAGE_EXTENSIONS",
     "OPENAI_CLIP_MEAN",
@@ -65,6 +67,8 @@ MediaErrorKind = Literal[
     "too_long",  # video longer than the frame / duration limit
     "unsupported",  # member extension is not a known image/video type
     "bad_sample",  # sample JSON missing or malformed
+    "crashed",  # the decoder died (e.g. SIGSEGV / SIGABRT in decord) on this member
+    "timeout",  # the decoder did not finish within decode_timeout_s
     "placeholder_mismatch",  # <image>/<video> placeholders do not match the media members
 ]
 
@@ -95,6 +99,12 @@ class MediaConfig:
     Limits reject a sample before decoding: ``max_image_pixels`` (decoded-size bomb guard, also
     applied to video frames), ``max_images_per_sample``, ``max_video_source_frames`` and
     ``max_video_seconds``.
+
+    ``decode_isolation="process"`` (default) runs decord and Pillow's pixel decoding in a helper
+    process (:mod:`energon_pack.media_guard`), so a native crash or a hang past
+    ``decode_timeout_s`` becomes a :class:`MediaError` (``crashed`` / ``timeout``) instead of
+    killing the run; ``"off"`` decodes in the calling process. ``max_json_bytes`` and
+    ``max_json_depth`` bound the parsing of a sample's JSON member.
     """
 
     patch_size: int = 14
@@ -114,6 +124,10 @@ class MediaConfig:
     max_images_per_sample: int = 32
     max_video_source_frames: int = 64 * 1024
     max_video_seconds: float = 3600.0
+    decode_isolation: Isolation = "process"
+    decode_timeout_s: float = 60.0
+    max_json_bytes: int = 16 * 2**20
+    max_json_depth: int = 64
 
     def __post_init__(self) -> None:
         positive = {
@@ -132,10 +146,18 @@ class MediaConfig:
             "max_images_per_sample": self.max_images_per_sample,
             "max_video_source_frames": self.max_video_source_frames,
             "max_video_seconds": self.max_video_seconds,
+            "decode_timeout_s": self.decode_timeout_s,
+            "max_json_bytes": self.max_json_bytes,
+            "max_json_depth": self.max_json_depth,
         }
         for name, value in positive.items():
             if not value > 0:
                 raise ValueError(f"MediaConfig.{name} must be > 0, got {value}")
+        if self.decode_isolation not in ("process", "off"):
+            raise ValueError(
+                f"MediaConfig.decode_isolation must be 'process' or 'off', got "
+                f"{self.decode_isolation!r}"
+            )
         if self.min_pixels > self.max_pixels:
             raise ValueError(
                 f"MediaConfig.min_pixels ({self.min_pixels}) exceeds max_pixels ({self.max_pixels})"
@@ -163,6 +185,9 @@ class MediaConfig:
 
 
 _DEFAULT = MediaConfig()
+# Pillow formats tried on an image member: what web data really holds (misnamed extensions
+# included), not the dozens of rare formats whose parsers would see untrusted bytes.
+_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 
 
 @dataclass(frozen=True)
@@ -267,7 +292,7 @@ def probe_image(
 ) -> ImageProbe:
     """Size, grid and token count of an image from its header; pixels are not decoded."""
     cfg = config or _DEFAULT
-    with _open_image(data, cfg, key, member) as img:
+    with media_errors(key, member, "unreadable"), _open_image(data, cfg, key, member) as img:
         width, height = img.size
     grid = _image_grid(height, width, cfg, key, member)
     return ImageProbe(width, height, grid, _tokens(grid, cfg))
@@ -288,17 +313,9 @@ def process_image(
     buffer) the patches are written there and ``out`` is returned.
     """
     cfg = config or _DEFAULT
-    with _open_image(data, cfg, key, member) as img:
-        width, height = img.size
-        _, gh, gw = _image_grid(height, width, cfg, key, member)
-        try:
-            rgb = _to_rgb(img)
-            resized = rgb.resize(
-                (gw * cfg.patch_size, gh * cfg.patch_size), Image.Resampling.BICUBIC
-            )
-        except (OSError, ValueError, SyntaxError) as exc:
-            raise MediaError(key, member, "corrupt", f"cannot decode image: {exc}") from exc
-    frame = torch.from_numpy(np.array(resized, dtype=np.uint8)).permute(2, 0, 1)
+    (rgb,) = _guarded(_decode_image, data, cfg, key, member, kind="corrupt")
+    gh, gw = rgb.shape[0] // cfg.patch_size, rgb.shape[1] // cfg.patch_size
+    frame = torch.from_numpy(rgb).permute(2, 0, 1)
     normalized = _normalize(frame.unsqueeze(0), cfg)  # a still: one frame, repeated as a view
     still = normalized.expand(cfg.temporal_patch_size, -1, -1, -1)
     pixels = _patchify(still, cfg, _checked_out(out, gh * gw, cfg, key, member))
@@ -315,9 +332,8 @@ def probe_video(
     without one).
     """
     cfg = config or _DEFAULT
-    reader = _open_video(data, key, member)
-    width, height = _video_size(reader, data, key, member)
-    return _video_plan(reader, width, height, cfg, key, member)
+    probe: VideoProbe = _guarded(_probe_video, data, cfg, key, member, kind="unreadable")
+    return probe
 
 
 def process_video(
@@ -334,29 +350,7 @@ def process_video(
     ``video_grid_thw [1, 3]`` and ``second_per_grid_t`` (seconds per temporal patch).
     """
     cfg = config or _DEFAULT
-    reader = _open_video(data, key, member)
-    width, height = _video_size(reader, data, key, member)
-    plan = _video_plan(reader, width, height, cfg, key, member)
-    indices = _sample_indices(plan.source_frames, plan.frames)
-    try:
-        batch = _as_numpy(reader.get_batch(indices))
-    except Exception as exc:  # decord raises its own DECORDError and RuntimeErrors
-        raise MediaError(key, member, "corrupt", f"cannot decode video frames: {exc}") from exc
-    if batch.shape[1:3] != (height, width):
-        logger.warning(
-            "%s/%s: decoded frames are %dx%d, header says %dx%d; resizing to the probed grid",
-            key,
-            member,
-            batch.shape[2],
-            batch.shape[1],
-            width,
-            height,
-        )
-    _, gh, gw = plan.grid_thw
-    size = (gw * cfg.patch_size, gh * cfg.patch_size)
-    resized = np.stack(
-        [np.asarray(Image.fromarray(f).resize(size, Image.Resampling.BICUBIC)) for f in batch]
-    )
+    resized, plan = _guarded(_decode_video, data, cfg, key, member, kind="corrupt")
     frames = torch.from_numpy(resized).permute(0, 3, 1, 2)
     rows = plan.grid_thw[0] * plan.grid_thw[1] * plan.grid_thw[2]
     pixels = _patchify(_normalize(frames, cfg), cfg, _checked_out(out, rows, cfg, key, member))
@@ -377,6 +371,79 @@ def footprint(data: bytes, *tensors: torch.Tensor) -> MediaFootprint:
 # --- internals ------------------------------------------------------------------------------
 
 
+def _guarded(fn: Any, data: bytes, cfg: MediaConfig, key: str, member: str, kind: Any) -> Any:
+    """``fn(data, cfg, key, member)`` in the decoder process (see :mod:`media_guard`)."""
+    return guarded(
+        fn,
+        data,
+        cfg,
+        key,
+        member,
+        key=key,
+        member=member,
+        kind=kind,
+        isolation=cfg.decode_isolation,
+        timeout_s=cfg.decode_timeout_s,
+    )
+
+
+def _decode_image(
+    data: bytes, cfg: MediaConfig, key: str, member: str
+) -> tuple[np.ndarray[Any, np.dtype[np.uint8]]]:
+    """RGB uint8 ``[H, W, 3]`` resized to the probed grid (runs in the decoder process)."""
+    with _open_image(data, cfg, key, member) as img:
+        width, height = img.size
+        _, gh, gw = _image_grid(height, width, cfg, key, member)
+        try:
+            rgb = _to_rgb(img)
+            resized = rgb.resize(
+                (gw * cfg.patch_size, gh * cfg.patch_size), Image.Resampling.BICUBIC
+            )
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise MediaError(key, member, "corrupt", f"cannot decode image: {exc}") from exc
+    return (np.array(resized, dtype=np.uint8),)
+
+
+def _probe_video(data: bytes, cfg: MediaConfig, key: str, member: str) -> VideoProbe:
+    """:func:`probe_video` (runs in the decoder process)."""
+    reader = _open_video(data, key, member)
+    width, height = _video_size(reader, data, key, member)
+    return _video_plan(reader, width, height, cfg, key, member)
+
+
+def _decode_video(
+    data: bytes, cfg: MediaConfig, key: str, member: str
+) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], VideoProbe]:
+    """Sampled frames, RGB uint8 ``[T, H, W, 3]`` resized to the probed grid, and the plan
+    (runs in the decoder process)."""
+    reader = _open_video(data, key, member)
+    width, height = _video_size(reader, data, key, member)
+    plan = _video_plan(reader, width, height, cfg, key, member)
+    indices = _sample_indices(plan.source_frames, plan.frames)
+    try:
+        batch = _as_numpy(reader.get_batch(indices))
+    except MemoryError:
+        raise
+    except Exception as exc:  # decord raises its own DECORDError and RuntimeErrors
+        raise MediaError(key, member, "corrupt", f"cannot decode video frames: {exc}") from exc
+    if batch.shape[1:3] != (height, width):
+        logger.warning(
+            "%s/%s: decoded frames are %dx%d, header says %dx%d; resizing to the probed grid",
+            key,
+            member,
+            batch.shape[2],
+            batch.shape[1],
+            width,
+            height,
+        )
+    _, gh, gw = plan.grid_thw
+    size = (gw * cfg.patch_size, gh * cfg.patch_size)
+    resized = np.stack(
+        [np.asarray(Image.fromarray(f).resize(size, Image.Resampling.BICUBIC)) for f in batch]
+    )
+    return resized, plan
+
+
 def _open_image(data: bytes, cfg: MediaConfig, key: str, member: str) -> Image.Image:
     if not data:
         raise MediaError(key, member, "empty", "zero-byte image")
@@ -384,7 +451,7 @@ def _open_image(data: bytes, cfg: MediaConfig, key: str, member: str) -> Image.I
         with warnings.catch_warnings():
             # Our own pixel limit below replaces PIL's warning threshold.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
+            img = Image.open(io.BytesIO(data), formats=_IMAGE_FORMATS)
     except Image.DecompressionBombError as exc:
         raise MediaError(
             key,
@@ -481,6 +548,8 @@ def _open_video(data: bytes, key: str, member: str) -> Any:
         raise MediaError(key, member, "empty", "zero-byte video")
     try:
         return decord.VideoReader(io.BytesIO(data), num_threads=1)
+    except MemoryError:
+        raise
     except Exception as exc:  # decord raises DECORDError / RuntimeError / AssertionError
         raise MediaError(key, member, "unreadable", f"not a readable video: {exc}") from exc
 
@@ -493,6 +562,8 @@ def _video_size(reader: Any, data: bytes, key: str, member: str) -> tuple[int, i
     logger.debug("%s/%s: no MP4 sample entry, decoding one frame for the size", key, member)
     try:
         frame = _as_numpy(reader[0])
+    except MemoryError:
+        raise
     except Exception as exc:
         raise MediaError(key, member, "corrupt", f"cannot decode the first frame: {exc}") from exc
     return int(frame.shape[1]), int(frame.shape[0])
