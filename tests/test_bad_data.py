@@ -292,7 +292,7 @@ def test_all_media_failing_at_decode_time_stops_the_run(tmp_path: Path) -> None:
     members = {"json": conversation("<image>describe"), "0.jpg": jpeg[: len(jpeg) // 2]}
     path = write_dataset(tmp_path / "all_bad", [(f"bad{i:03d}", members) for i in range(30)])
     with pytest.raises(RuntimeError, match=r"10 samples in a row .*kinds: corrupt x10"):
-        list(batches(train_dataset(path, 4, max_consecutive_skips=10, repeat=True)))
+        list(batches(train_dataset(path, 4, max_consecutive_skips=10)))
 
 
 class Items(torch.utils.data.Dataset[tuple[str, dict[str, bytes]]]):
