@@ -241,8 +241,10 @@ def _helper() -> _Helper:
     helper = _HELPER.get(pid)
     if helper is None:
         helper = _HELPER[pid] = _Helper()
-        atexit.register(helper.close)
     return helper
+
+
+atexit.register(shutdown_helper)  # runs in the process that exits: it stops only its own helper
 
 
 # --- helper process -------------------------------------------------------------------------
