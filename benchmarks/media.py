@@ -11,6 +11,10 @@ bicubic resize), both pixel dtypes; videos against their floor (decord decode of
 + pillow resize). Every uint8 result, after ``normalize_pixels``, is checked to equal the
 float32 one. Writes benchmarks/results/media.json (1 CPU thread).
 
+The guard table compares decoding in the helper process (``decode_isolation="process"``, the
+default) with decoding in the calling process (``"off"``), calls interleaved, as the median of
+per-item ratios of median times.
+
 Run: .venv/bin/python benchmarks/media.py [--repeats 3] [--rounds 7]
 """
 
@@ -68,6 +72,39 @@ def fixture_media() -> list[tuple[str, str, str, bytes]]:
     return items
 
 
+UNGUARDED = media.MediaConfig(decode_isolation="off")
+
+
+def paired_seconds(
+    guarded: Callable[[], object], unguarded: Callable[[], object], repeats: int
+) -> tuple[float, float]:
+    """Median wall times of ``guarded`` and ``unguarded``, called alternately."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for fn, bucket in ((unguarded, times[1]), (guarded, times[0])):
+            start = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def measure_guard(kind: str, data: bytes, repeats: int) -> dict[str, float]:
+    """Guarded versus unguarded decode (and probe, for videos) times of one item."""
+    if kind == "image":
+        decode, probe = media.process_image, None
+    else:
+        decode, probe = media.process_video, media.probe_video
+    guarded_s, unguarded_s = paired_seconds(
+        lambda: decode(data), lambda: decode(data, UNGUARDED), repeats
+    )
+    out = {"guarded_ms": guarded_s * 1e3, "unguarded_ms": unguarded_s * 1e3}
+    out["guard_ratio"] = guarded_s / unguarded_s
+    if probe is not None:
+        pg, pu = paired_seconds(lambda: probe(data), lambda: probe(data, UNGUARDED), repeats)
+        out["probe_guard_ratio"] = pg / pu
+    return out
+
+
 def measure(key: str, member: str, kind: str, data: bytes, repeats: int) -> dict[str, Any]:
     """One item's probe/process times and byte counts."""
     if kind == "image":
@@ -99,6 +136,7 @@ def measure(key: str, member: str, kind: str, data: bytes, repeats: int) -> dict
         "compressed_bytes": foot.compressed_bytes,
         "processed_bytes": foot.processed_bytes,
         "bytes_ratio": foot.ratio,
+        **measure_guard(kind, data, repeats * 2),
     }
 
 
@@ -116,10 +154,19 @@ def summary(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
         "median_probe_ms": statistics.median(r["probe_ms"] for r in chosen),
         "median_process_ms": statistics.median(r["process_ms"] for r in chosen),
         "median_speedup": statistics.median(r["speedup"] for r in chosen),
+        "median_unguarded_ms": statistics.median(r["unguarded_ms"] for r in chosen),
+        "median_guarded_ms": statistics.median(r["guarded_ms"] for r in chosen),
+        "median_guard_ratio": statistics.median(r["guard_ratio"] for r in chosen),
+        "median_probe_guard_ratio": statistics.median(
+            r.get("probe_guard_ratio", 1.0) for r in chosen
+        ),
     }
 
 
-FLOAT, UINT8 = media.MediaConfig(), media.MediaConfig(pixel_dtype="uint8")
+# In-process decoding: CPU time of the calling process is what these rows compare (the guard's
+# cost is its own table).
+FLOAT = media.MediaConfig(decode_isolation="off")
+UINT8 = media.MediaConfig(pixel_dtype="uint8", decode_isolation="off")
 SPEED_HEADERS = ["kind", "size", "HF ms", "f32 ms", "u8 ms", "floor ms", "f32 vs HF", "u8 vs HF"]
 SPEED_HEADERS += ["f32/floor", "u8/floor"]
 
@@ -304,6 +351,23 @@ def main() -> None:
     )
     print("(HF: Qwen2VLImageProcessorPil; floor: decode + resize only; uint8 == float32 after")
     print(" normalize_pixels, checked for every size)")
+    print()
+    print(
+        format_table(
+            ["kind", "items", "unguarded ms", "guarded ms", "guard ratio", "probe guard ratio"],
+            [
+                [
+                    s["kind"],
+                    s["items"],
+                    s["median_unguarded_ms"],
+                    s["median_guarded_ms"],
+                    f"{s['median_guard_ratio']:.3f}x",
+                    f"{s['median_probe_guard_ratio']:.3f}x" if s["kind"] == "video" else "-",
+                ]
+                for s in summaries
+            ],
+        )
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "config": str(media.MediaConfig()),

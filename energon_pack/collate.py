@@ -40,7 +40,7 @@ from energon_pack.layout import (
     packed_seq_params_kwargs,
 )
 from energon_pack.media import MediaError, VisionInputs, decode_vision
-from energon_pack.packed import PackedSample, pack_samples
+from energon_pack.packed import PackedSample, pack_samples, padding_pack
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
 
 logger = logging.getLogger("energon_pack.collate")
@@ -331,46 +331,77 @@ class VLMPackingCollator:
             )
         truncated: list[str] = []
         ready = [f for s in samples if (f := self._fit(s, skipped, truncated)) is not None]
-        while True:
-            if not ready:
-                raise ValueError(
-                    f"every sample of the micro-batch was skipped ({skipped}; see the "
-                    "energon_pack.collate log for why); fix or filter those samples, or use "
-                    "overlong='truncate' / a larger seq_length"
-                )
+        while ready:
             try:
                 return self._assemble_rows(ready, skipped, truncated)
-            except MediaError as error:  # decoding failed: skip that sample, pack the others
-                self._media_failed(error.key, error, skipped)
-                failed = next(i for i, s in enumerate(ready) if s.key == error.key)
-                ready = ready[:failed] + ready[failed + 1 :]
+            except _DecodeFailed as failed:  # skip that sample, pack the others
+                self._media_failed(ready[failed.position].key, failed.error, skipped)
+                del ready[failed.position]
+        return self._all_skipped(skipped, truncated)
+
+    def _all_skipped(self, skipped: list[str], truncated: list[str]) -> CollatedBatch:
+        """Every sample was skipped: one padding row with an all-zero loss mask, and a warning."""
+        warnings.warn(
+            f"every sample of the micro-batch was skipped ({skipped}; see the "
+            "energon_pack.collate log for why): it becomes one padding row that contributes "
+            "nothing to the loss. Fix or filter those samples, or use overlong='truncate' / a "
+            "larger seq_length",
+            PackingWarning,
+            stacklevel=4,
+        )
+        pack = padding_pack(**self._row_options())
+        static = self.max_segments if self.pad_cu_seqlens else None
+        return _assemble([pack], pack.vision, static, skipped, truncated)
+
+    def _row_options(self) -> dict[str, Any]:
+        """The row layout settings of :func:`~energon_pack.packed.pack_samples`."""
+        return {
+            "seq_length": self.seq_length,
+            "pad_to_multiple_of": self.pad_to_multiple_of,
+            "pad_to_max_length": self.pad_to_max_length,
+            "pad_cu_seqlens": self.pad_cu_seqlens,
+            "max_segments": self.max_segments,
+            "pad_token_id": self.pad_token_id,
+            "mrope": self.mrope,
+        }
 
     def _assemble_rows(
         self, ready: list[EncodedSample], skipped: list[str], truncated: list[str]
     ) -> CollatedBatch:
-        """Rows of ``ready``; their media are decoded once, straight into the batch tensors."""
+        """Rows of ``ready``; their media are decoded once, straight into the batch tensors.
+
+        While decoding, samples are named by their position (keys may repeat); a failure
+        raises :class:`_DecodeFailed` with the position and the error under the real key.
+        """
         groups = self._groups(ready)
+        by_position = [replace(sample, key=str(i)) for i, sample in enumerate(ready)]
+        try:
+            packs, vision = self._decoded_rows(by_position, groups)
+        except MediaError as error:
+            position = int(error.key)
+            real = MediaError(ready[position].key, error.member, error.kind, error.cause)
+            raise _DecodeFailed(position, real) from error
+        packs = [replace(p, keys=tuple(ready[int(k)].key for k in p.keys)) for p in packs]
+        static = self.max_segments if self.pad_cu_seqlens else None
+        return _assemble(packs, vision, static, skipped, truncated)
+
+    def _decoded_rows(
+        self, ready: list[EncodedSample], groups: list[list[int]]
+    ) -> tuple[list[PackedSample], VisionInputs]:
         single_row = len(groups) == 1
         packs = [
             pack_samples(
                 [ready[i] for i in group],
-                seq_length=self.seq_length,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                pad_to_max_length=self.pad_to_max_length,
-                pad_cu_seqlens=self.pad_cu_seqlens,
-                max_segments=self.max_segments,
-                pad_token_id=self.pad_token_id,
                 media=self.encoder.media,
-                mrope=self.mrope,
                 with_pixels=single_row,
+                **self._row_options(),
             )
             for group in groups
         ]
         # Several rows: the pixels of all rows are decoded once, in row order.
         in_row_order = [ready[i] for group in groups for i in group]
         vision = packs[0].vision if single_row else decode_vision(in_row_order, self.encoder.media)
-        static = self.max_segments if self.pad_cu_seqlens else None
-        return _assemble(packs, vision, static, skipped, truncated)
+        return packs, vision
 
     def _fit(
         self, sample: EncodedSample, skipped: list[str], truncated: list[str]
@@ -445,6 +476,15 @@ class VLMPackingCollator:
         return sorted(sorted(group) for group in groups)
 
 
+class _DecodeFailed(Exception):
+    """The media of the micro-batch's ``position``-th ready sample failed to decode."""
+
+    def __init__(self, position: int, error: MediaError) -> None:
+        super().__init__(str(error))
+        self.position = position
+        self.error = error
+
+
 def _assemble(
     packs: list[PackedSample],
     vision: VisionInputs,
@@ -459,7 +499,7 @@ def _assemble(
     row_offsets = [0]
     real_total = 0
     for index, pack in enumerate(packs):
-        count = len(pack.keys)
+        count = len(pack.keys) or 1  # a padding row has one segment and no keys
         real.append(pack.row.cu_seqlens[1 : count + 1] + real_total)
         physical.append(pack.row.cu_seqlens_padded[1 : count + 1] + index * width)
         real_total += int(pack.row.cu_seqlens[count])

@@ -225,7 +225,7 @@ class ConversationEncoder:
     def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
         """Encode a raw sample of any layout :func:`~energon_pack.formats.parse_any` reads
         (native, Megatron-Bridge Qwen-VL, chat rows); see the README."""
-        return self.encode(parse_any(key, sample))
+        return self.encode(parse_any(key, sample, self.media))
 
     def encode(self, raw: RawSample) -> EncodedSample:
         """Encode a parsed sample, probing (not decoding) its media.

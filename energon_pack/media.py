@@ -38,6 +38,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from energon_pack.media_guard import Isolation, guarded, media_errors
+
 __all__ = [
     "IMAGE_EXTENSIONS",
     "OPENAI_CLIP_MEAN",
@@ -92,6 +94,8 @@ MediaErrorKind = Literal[
     "too_long",  # video longer than the frame / duration limit
     "unsupported",  # member extension is not a known image/video type
     "bad_sample",  # sample JSON missing or malformed
+    "crashed",  # the decoder died (e.g. SIGSEGV / SIGABRT in decord) on this member
+    "timeout",  # the decoder did not finish within decode_timeout_s
     "placeholder_mismatch",  # <image>/<video> placeholders do not match the media members
 ]
 
@@ -126,6 +130,12 @@ class MediaConfig:
     ``pixel_dtype`` is the dtype of the patches handed out: ``"float32"`` (normalised, what a
     model takes as it is) or ``"uint8"`` (raw pixels, 4x smaller through workers, shared memory
     and the loader; the training step must call :func:`normalize_pixels` on them).
+
+    ``decode_isolation="process"`` (default) runs decord and Pillow's pixel decoding in a helper
+    process (:mod:`energon_pack.media_guard`), so a native crash or a hang past
+    ``decode_timeout_s`` becomes a :class:`MediaError` (``crashed`` / ``timeout``) instead of
+    killing the run; ``"off"`` decodes in the calling process. ``max_json_bytes`` and
+    ``max_json_depth`` bound the parsing of a sample's JSON member.
     """
 
     patch_size: int = 14
@@ -146,6 +156,10 @@ class MediaConfig:
     max_video_source_frames: int = 64 * 1024
     max_video_seconds: float = 3600.0
     pixel_dtype: PixelDtype = "float32"
+    decode_isolation: Isolation = "process"
+    decode_timeout_s: float = 60.0
+    max_json_bytes: int = 16 * 2**20
+    max_json_depth: int = 64
 
     def __post_init__(self) -> None:
         if self.pixel_dtype not in _PIXEL_DTYPES:
@@ -170,10 +184,18 @@ class MediaConfig:
             "max_images_per_sample": self.max_images_per_sample,
             "max_video_source_frames": self.max_video_source_frames,
             "max_video_seconds": self.max_video_seconds,
+            "decode_timeout_s": self.decode_timeout_s,
+            "max_json_bytes": self.max_json_bytes,
+            "max_json_depth": self.max_json_depth,
         }
         for name, value in positive.items():
             if not value > 0:
                 raise ValueError(f"MediaConfig.{name} must be > 0, got {value}")
+        if self.decode_isolation not in ("process", "off"):
+            raise ValueError(
+                f"MediaConfig.decode_isolation must be 'process' or 'off', got "
+                f"{self.decode_isolation!r}"
+            )
         if self.min_pixels > self.max_pixels:
             raise ValueError(
                 f"MediaConfig.min_pixels ({self.min_pixels}) exceeds max_pixels ({self.max_pixels})"
@@ -206,6 +228,9 @@ class MediaConfig:
 
 
 _DEFAULT = MediaConfig()
+# Pillow formats tried on an image member: what web data really holds (misnamed extensions
+# included), not the dozens of rare formats whose parsers would see untrusted bytes.
+_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 
 
 @dataclass(frozen=True)
@@ -310,7 +335,7 @@ def probe_image(
 ) -> ImageProbe:
     """Size, grid and token count of an image from its header; pixels are not decoded."""
     cfg = config or _DEFAULT
-    with _open_image(data, cfg, key, member) as img:
+    with media_errors(key, member, "unreadable"), _open_image(data, cfg, key, member) as img:
         width, height = img.size
     grid = _image_grid(height, width, cfg, key, member)
     return ImageProbe(width, height, grid, _tokens(grid, cfg))
@@ -332,17 +357,9 @@ def process_image(
     patches are written there and ``out`` is returned.
     """
     cfg = config or _DEFAULT
-    with _open_image(data, cfg, key, member) as img:
-        width, height = img.size
-        _, gh, gw = _image_grid(height, width, cfg, key, member)
-        try:
-            rgb = _to_rgb(img)
-            resized = rgb.resize(
-                (gw * cfg.patch_size, gh * cfg.patch_size), Image.Resampling.BICUBIC
-            )
-        except (OSError, ValueError, SyntaxError) as exc:
-            raise MediaError(key, member, "corrupt", f"cannot decode image: {exc}") from exc
-    still = _pixel_planes([resized])  # one frame, repeated to temporal_patch_size by _patchify
+    (planes,) = _guarded(_decode_image, data, cfg, key, member, kind="corrupt")
+    gh, gw = planes.shape[2] // cfg.patch_size, planes.shape[3] // cfg.patch_size
+    still = torch.from_numpy(planes)  # one frame, repeated to temporal_patch_size by _patches
     pixels = _patches(still, cfg, _checked_out(out, gh * gw, cfg, key, member))
     return pixels, torch.tensor([[1, gh, gw]], dtype=torch.long)
 
@@ -357,9 +374,8 @@ def probe_video(
     without one).
     """
     cfg = config or _DEFAULT
-    reader = _open_video(data, key, member)
-    width, height = _video_size(reader, data, key, member)
-    return _video_plan(reader, width, height, cfg, key, member)
+    probe: VideoProbe = _guarded(_probe_video, data, cfg, key, member, kind="unreadable")
+    return probe
 
 
 def process_video(
@@ -377,29 +393,9 @@ def process_video(
     temporal patch). ``out`` works as in :func:`process_image`.
     """
     cfg = config or _DEFAULT
-    reader = _open_video(data, key, member)
-    width, height = _video_size(reader, data, key, member)
-    plan = _video_plan(reader, width, height, cfg, key, member)
-    indices = _sample_indices(plan.source_frames, plan.frames)
-    try:
-        batch = _as_numpy(reader.get_batch(indices))
-    except Exception as exc:  # decord raises its own DECORDError and RuntimeErrors
-        raise MediaError(key, member, "corrupt", f"cannot decode video frames: {exc}") from exc
-    if batch.shape[1:3] != (height, width):
-        logger.warning(
-            "%s/%s: decoded frames are %dx%d, header says %dx%d; resizing to the probed grid",
-            key,
-            member,
-            batch.shape[2],
-            batch.shape[1],
-            width,
-            height,
-        )
-    _, gh, gw = plan.grid_thw
-    size = (gw * cfg.patch_size, gh * cfg.patch_size)
-    resized = [Image.fromarray(f).resize(size, Image.Resampling.BICUBIC) for f in batch]
+    planes, plan = _guarded(_decode_video, data, cfg, key, member, kind="corrupt")
     rows = plan.grid_thw[0] * plan.grid_thw[1] * plan.grid_thw[2]
-    pixels = _patches(_pixel_planes(resized), cfg, _checked_out(out, rows, cfg, key, member))
+    pixels = _patches(torch.from_numpy(planes), cfg, _checked_out(out, rows, cfg, key, member))
     grid = torch.tensor([list(plan.grid_thw)], dtype=torch.long)
     return pixels, grid, plan.second_per_grid_t
 
@@ -613,6 +609,78 @@ def _grids(items: list[MediaItem]) -> torch.Tensor | None:
 # --- internals ------------------------------------------------------------------------------
 
 
+def _guarded(fn: Any, data: bytes, cfg: MediaConfig, key: str, member: str, kind: Any) -> Any:
+    """``fn(data, cfg, key, member)`` in the decoder process (see :mod:`media_guard`)."""
+    return guarded(
+        fn,
+        data,
+        cfg,
+        key,
+        member,
+        key=key,
+        member=member,
+        kind=kind,
+        isolation=cfg.decode_isolation,
+        timeout_s=cfg.decode_timeout_s,
+    )
+
+
+def _decode_image(
+    data: bytes, cfg: MediaConfig, key: str, member: str
+) -> tuple[np.ndarray[Any, np.dtype[np.uint8]]]:
+    """RGB uint8 ``[1, 3, H, W]`` planes resized to the probed grid (runs in the decoder
+    process)."""
+    with _open_image(data, cfg, key, member) as img:
+        width, height = img.size
+        _, gh, gw = _image_grid(height, width, cfg, key, member)
+        try:
+            rgb = _to_rgb(img)
+            resized = rgb.resize(
+                (gw * cfg.patch_size, gh * cfg.patch_size), Image.Resampling.BICUBIC
+            )
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise MediaError(key, member, "corrupt", f"cannot decode image: {exc}") from exc
+    return (_pixel_planes([resized]),)
+
+
+def _probe_video(data: bytes, cfg: MediaConfig, key: str, member: str) -> VideoProbe:
+    """:func:`probe_video` (runs in the decoder process)."""
+    reader = _open_video(data, key, member)
+    width, height = _video_size(reader, data, key, member)
+    return _video_plan(reader, width, height, cfg, key, member)
+
+
+def _decode_video(
+    data: bytes, cfg: MediaConfig, key: str, member: str
+) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], VideoProbe]:
+    """Sampled frames as RGB uint8 ``[T, 3, H, W]`` planes resized to the probed grid, and the
+    plan (runs in the decoder process)."""
+    reader = _open_video(data, key, member)
+    width, height = _video_size(reader, data, key, member)
+    plan = _video_plan(reader, width, height, cfg, key, member)
+    indices = _sample_indices(plan.source_frames, plan.frames)
+    try:
+        batch = _as_numpy(reader.get_batch(indices))
+    except MemoryError:
+        raise
+    except Exception as exc:  # decord raises its own DECORDError and RuntimeErrors
+        raise MediaError(key, member, "corrupt", f"cannot decode video frames: {exc}") from exc
+    if batch.shape[1:3] != (height, width):
+        logger.warning(
+            "%s/%s: decoded frames are %dx%d, header says %dx%d; resizing to the probed grid",
+            key,
+            member,
+            batch.shape[2],
+            batch.shape[1],
+            width,
+            height,
+        )
+    _, gh, gw = plan.grid_thw
+    size = (gw * cfg.patch_size, gh * cfg.patch_size)
+    resized = [Image.fromarray(f).resize(size, Image.Resampling.BICUBIC) for f in batch]
+    return _pixel_planes(resized), plan
+
+
 def _open_image(data: bytes, cfg: MediaConfig, key: str, member: str) -> Image.Image:
     if not data:
         raise MediaError(key, member, "empty", "zero-byte image")
@@ -620,7 +688,7 @@ def _open_image(data: bytes, cfg: MediaConfig, key: str, member: str) -> Image.I
         with warnings.catch_warnings():
             # Our own pixel limit below replaces PIL's warning threshold.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
+            img = Image.open(io.BytesIO(data), formats=_IMAGE_FORMATS)
     except Image.DecompressionBombError as exc:
         raise MediaError(
             key,
@@ -685,14 +753,14 @@ def _normalization_table(
     return table
 
 
-def _pixel_planes(frames: Sequence[Image.Image]) -> torch.Tensor:
+def _pixel_planes(frames: Sequence[Image.Image]) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """RGB frames -> uint8 ``[T, C, H, W]`` planes."""
     width, height = frames[0].size
     planes = np.empty((len(frames), 3, height, width), dtype=np.uint8)
     for t, frame in enumerate(frames):
         for c, band in enumerate(frame.split()):
             planes[t, c] = np.asarray(band)
-    return torch.from_numpy(planes)
+    return planes
 
 
 def _patches(planes: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None) -> torch.Tensor:
@@ -761,6 +829,8 @@ def _open_video(data: bytes, key: str, member: str) -> Any:
         raise MediaError(key, member, "empty", "zero-byte video")
     try:
         return decord.VideoReader(io.BytesIO(data), num_threads=1)
+    except MemoryError:
+        raise
     except Exception as exc:  # decord raises DECORDError / RuntimeError / AssertionError
         raise MediaError(key, member, "unreadable", f"not a readable video: {exc}") from exc
 
@@ -773,6 +843,8 @@ def _video_size(reader: Any, data: bytes, key: str, member: str) -> tuple[int, i
     logger.debug("%s/%s: no MP4 sample entry, decoding one frame for the size", key, member)
     try:
         frame = _as_numpy(reader[0])
+    except MemoryError:
+        raise
     except Exception as exc:
         raise MediaError(key, member, "corrupt", f"cannot decode the first frame: {exc}") from exc
     return int(frame.shape[1]), int(frame.shape[0])
@@ -977,7 +1049,7 @@ def process_frames(
     resized = [
         Image.fromarray(frame).resize(size, Image.Resampling.BICUBIC) for frame in frames.array()
     ]
-    planes = _pixel_planes(resized)
+    planes = torch.from_numpy(_pixel_planes(resized))
     wanted = gt * cfg.temporal_patch_size
     if 1 < planes.shape[0] < wanted:  # a clip padded with its last frame (a still is repeated)
         padding = planes[-1:].expand(wanted - planes.shape[0], -1, -1, -1)

@@ -553,7 +553,7 @@ def _samples(
             key = f"{path.name}:{number}"
             try:
                 record = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
                 raise ValueError(
                     f"sample {key}: invalid JSON ({error}); each line must be one JSON object"
                 ) from None

@@ -16,7 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from energon_pack.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, Frames, MediaError, media_kind
+from energon_pack.media import (
+    IMAGE_EXTENSIONS,
+    VIDEO_EXTENSIONS,
+    Frames,
+    MediaConfig,
+    MediaError,
+    media_kind,
+)
+from energon_pack.media_guard import media_errors
 
 _PLACEHOLDER = re.compile(r"<(image|video)>")
 
@@ -32,14 +40,22 @@ class RawSample:
     media: tuple[tuple[str, Literal["image", "video"], bytes | Frames], ...]
 
 
-def parse_sample(key: str, sample: Mapping[str, Any]) -> RawSample:
+def parse_sample(
+    key: str, sample: Mapping[str, Any], config: MediaConfig | None = None
+) -> RawSample:
     """Validate and parse a raw sample (member name -> bytes; ``json`` may be decoded already).
 
     Raises :class:`~energon_pack.media.MediaError` (a ValueError) naming the key and member for
-    missing or malformed JSON, unknown media extensions, missing members, and placeholder/media
-    count mismatches.
+    missing, malformed, too large (``config.max_json_bytes``) or too deeply nested
+    (``config.max_json_depth``) JSON, unknown media extensions, missing members, and
+    placeholder/media count mismatches.
     """
-    meta = _json(key, sample.get("json"))
+    with media_errors(key, "json", "bad_sample"):
+        return _parse(key, sample, config or MediaConfig())
+
+
+def _parse(key: str, sample: Mapping[str, Any], config: MediaConfig) -> RawSample:
+    meta = _json(key, sample.get("json"), config)
     turns = tuple(_turn(key, index, turn) for index, turn in enumerate(meta["conversations"]))
     system = meta.get("system")
     if system is not None and not isinstance(system, str):
@@ -73,13 +89,40 @@ def parse_sample(key: str, sample: Mapping[str, Any]) -> RawSample:
     return RawSample(key, turns, system, tuple(media))
 
 
-def _json(key: str, raw: Any) -> dict[str, Any]:
+def load_json(key: str, raw: Any, config: MediaConfig | None = None, member: str = "json") -> Any:
+    """``raw`` parsed if it is JSON bytes/str, else as given, within ``config``'s
+    ``max_json_bytes`` and ``max_json_depth``; anything else is a :class:`MediaError`."""
+    cfg = config or MediaConfig()
     if raw is None:
-        raise MediaError(key, "json", "bad_sample", "sample has no 'json' member")
-    try:
-        meta = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MediaError(key, "json", "bad_sample", f"invalid JSON: {exc}") from exc
+        raise MediaError(key, member, "bad_sample", f"sample has no {member!r} member")
+    too_deep = (
+        f"the JSON nests deeper than max_json_depth={cfg.max_json_depth}; flatten it or "
+        "raise MediaConfig.max_json_depth"
+    )
+    if isinstance(raw, (bytes, bytearray, str)):
+        if len(raw) > cfg.max_json_bytes:
+            raise MediaError(
+                key,
+                member,
+                "bad_sample",
+                f"the JSON member has {len(raw)} bytes, above max_json_bytes="
+                f"{cfg.max_json_bytes}; shrink it or raise MediaConfig.max_json_bytes",
+            )
+        try:
+            meta = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise MediaError(key, member, "bad_sample", f"invalid JSON: {exc}") from exc
+        except RecursionError:
+            raise MediaError(key, member, "bad_sample", too_deep) from None
+    else:
+        meta = raw
+    if _depth_exceeds(meta, cfg.max_json_depth):
+        raise MediaError(key, member, "bad_sample", too_deep)
+    return meta
+
+
+def _json(key: str, raw: Any, config: MediaConfig) -> dict[str, Any]:
+    meta = load_json(key, raw, config)
     if not isinstance(meta, dict):
         raise MediaError(key, "json", "bad_sample", "the JSON member must be an object")
     conversations = meta.get("conversations")
@@ -88,6 +131,20 @@ def _json(key: str, raw: Any) -> dict[str, Any]:
             key, "json", "bad_sample", "the JSON needs a non-empty 'conversations' list of turns"
         )
     return meta
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists/dicts deeper than ``limit`` (iterative, no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in item)
+    return False
 
 
 def _turn(key: str, index: int, turn: Any) -> tuple[str, str]:

@@ -131,8 +131,9 @@ def test_text_round_trip_property(
     kept = [s for s in samples if aligned_length(s.length, align) <= seq_length]
     needed = sum(aligned_length(s.length, align) for s in kept)
     if not kept:
-        with pytest.raises(ValueError, match="every sample of the micro-batch was skipped"):
-            collate(samples)
+        with pytest.warns(PackingWarning, match="every sample of the micro-batch was skipped"):
+            batch = collate(samples)
+        assert_padding_only(batch, [s.key for s in samples])
         return
     if not fixed and needed > seq_length:
         with pytest.raises(ValueError, match="pass pad_to_max_length=True to split"):
@@ -421,8 +422,36 @@ def test_media_errors_raise_or_skip(caplog: pytest.LogCaptureFixture) -> None:
     assert batch.keys == (("good",),)
     assert batch.vision.tensors() == {}
     assert sum("'broken'" in r.getMessage() for r in caplog.records) == 1
-    with pytest.raises(ValueError, match=r"every sample .* skipped \(\['mismatch', 'broken'\]"):
-        VLMPackingCollator(1024, on_media_error="skip")([broken, mismatch])
+    with pytest.warns(PackingWarning, match=r"every sample .* skipped \(\['mismatch', 'broken'\]"):
+        batch = VLMPackingCollator(1024, on_media_error="skip")([broken, mismatch])
+    assert_padding_only(batch, ["mismatch", "broken"])
+
+
+def assert_padding_only(batch: CollatedBatch, skipped: Sequence[str]) -> None:
+    """A well-formed batch of one padding row that contributes nothing to the loss."""
+    assert batch.skipped_keys == tuple(skipped)
+    assert batch.keys == ((),)
+    assert batch.num_rows == 1
+    assert not batch.loss_mask.any()
+    assert (batch.labels == IGNORE_INDEX).all()
+    width = batch.input_ids.shape[1]
+    assert width > 0
+    assert batch.cu_seqlens_padded_flat[-1] == width
+    assert batch.cu_seqlens_flat.tolist()[:2] == [0, width]
+    assert batch.vision.tensors() == {}
+
+
+def test_samples_are_told_apart_by_position_not_key() -> None:
+    jpeg = image_bytes(320, 240, "JPEG")
+    turn = {"conversations": [{"from": "human", "value": "<image>hi"}]}
+    bad = ("same", {"json": turn, "0.jpg": jpeg[: len(jpeg) // 2]})
+    good = ("same", {"json": turn, "0.jpg": jpeg})
+    other = ("other", {"json": {"conversations": [{"from": "gpt", "value": "ok"}]}})
+    for batch_items in ([bad, good, other], [good, bad, other]):
+        batch = VLMPackingCollator(4096, on_media_error="skip")(batch_items)
+        assert batch.keys == (("same", "other"),)
+        assert batch.skipped_keys == ("same",)
+        assert batch.vision.pixel_values is not None  # the good image was kept
 
 
 def test_input_errors() -> None:

@@ -14,12 +14,19 @@ Saved state (per worker), all listed in ``_savable_fields``:
 * ``settings``: the fingerprint of every setting the packs depend on (see ``fingerprint``).
   Restoring under other settings raises ValueError naming each difference, before anything is
   restored; restoring never changes the state it reads, so one state can be restored twice.
+
+Accounting: every skipped sample is counted once under its reason in ``_counters["skipped"]``
+and reaches the trainer in the ``packing_stats`` of the next pack this worker emits. Samples
+skipped after a worker's last pack (at the end of a ``repeat=False`` epoch) are reported by one
+more pack built from no samples (``pack([])``: a padding row with an all-zero loss mask), so
+the final figures always arrive.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -108,8 +115,10 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             stateless (it runs again on restore).
         overlong: a sample longer than the packer's capacity raises ValueError (``"error"``)
             or is counted and skipped (``"skip"``).
-        max_consecutive_skips: stop with an error after this many skipped samples in a row
-            (0: never), since that means the data or the settings are broken.
+        max_consecutive_skips: stop with an error after this many samples were skipped (when
+            encoded or when decoded) without a pack being emitted in between (0: never), since
+            that means the data or the settings are broken. ``pack([])`` must give an empty
+            pack (see the module docstring).
         monitor: if set, each worker runs an :class:`~energon_pack.memory.RSSMonitor`.
         settings: what else the packs depend on (the task encoder's settings, nested mappings
             or dataclasses of JSON-able values), checked on restore with the packer settings,
@@ -172,7 +181,13 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         self._pending: list[list[int]] = []
         self._next_seq = 0
         self._pack_index = SampleIndex(self.worker_config, src=self)
-        self._counters: dict[str, Any] = {"samples": 0, "packs": 0, "skipped": {}, "in_a_row": 0}
+        self._counters: dict[str, Any] = {
+            "samples": 0,
+            "packs": 0,
+            "skipped": {},
+            "in_a_row": 0,
+            "in_a_row_kinds": {},
+        }
 
     def save_state(self) -> FlexState:
         state = super().save_state()
@@ -208,7 +223,6 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                 continue
             seq = self._next_seq
             self._next_seq += 1
-            self._counters["in_a_row"] = 0
             self._buffer.append(sample)
             self._buffer_seqs.append(seq)
             bins = self.packer.push(seq, length, nbytes=self._nbytes(sample))
@@ -224,6 +238,10 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             yield from self._drain()
         self._pending += [self._seqs(b) for b in self.packer.flush()]
         yield from self._drain()
+        if self._counters["in_a_row"]:  # skips after the last pack: report them now
+            with self._pack_index.ctx() as pack_index:
+                empty = self._pack([])
+            yield self._emit(empty, [], pack_index)
 
     def _overlong(self, sample: T_sample, length: int) -> bool:
         """Whether the sample cannot fit a pack; raises or skips it per ``overlong``."""
@@ -285,8 +303,14 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         else:
             return None
         self._counters["samples"] += len(chosen)
-        self._counters["packs"] += 1
-        self._counters["in_a_row"] = 0
+        return self._emit(packed, chosen, pack_index)
+
+    def _emit(self, packed: T_pack, chosen: list[T_sample], pack_index: int) -> T_pack:
+        """``packed`` with its restore key and this worker's stats; resets the skip run."""
+        counters = self._counters
+        counters["packs"] += 1
+        counters["in_a_row"] = 0
+        counters["in_a_row_kinds"] = {}
         keys = [get_sample_restore_key(sample) for sample in chosen]
         packed = set_sample_restore_key(packed, pack_index, *keys, src=self)
         if hasattr(packed, "packing_stats"):
@@ -297,13 +321,16 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         counters = self._counters
         counters["skipped"][skipped.reason] = counters["skipped"].get(skipped.reason, 0) + 1
         counters["in_a_row"] += 1
+        kinds = counters["in_a_row_kinds"]
+        kinds[skipped.reason] = kinds.get(skipped.reason, 0) + 1
         logger.warning("skipping sample %r (%s): %s", skipped.key, skipped.reason, skipped)
         if self.max_consecutive_skips and counters["in_a_row"] >= self.max_consecutive_skips:
+            seen = ", ".join(f"{kind} x{n}" for kind, n in Counter(kinds).most_common())
             raise RuntimeError(
-                f"{counters['in_a_row']} samples in a row were skipped (last: {skipped.key!r}, "
-                f"{skipped.reason}: {skipped}); the dataset or the packing settings are likely "
-                "wrong. See the log for each key, fix the data or settings, or raise "
-                "max_consecutive_skips."
+                f"{counters['in_a_row']} samples in a row were skipped without a pack emitted "
+                f"(kinds: {seen}; last: {skipped.key!r}, {skipped.reason}: {skipped}); the "
+                "dataset or the packing settings are likely wrong. See the log for each key, "
+                "fix the data or settings, or raise max_consecutive_skips."
             )
 
     def stats(self) -> PackingStats:

@@ -11,6 +11,7 @@ Data flow per worker::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from collections.abc import Sequence
@@ -36,11 +37,14 @@ from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import PackedRow, check_row_options
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.memory import MonitorConfig
-from energon_pack.packed import pack_samples
+from energon_pack.packed import pack_samples, padding_pack
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
 
 STARTING_BUFFER_SIZE = 16
 """The ``packing_buffer_size`` suggested to start with when none is given."""
+
+# How media are decoded, not what they decode to: free to change between save and restore.
+_DECODE_RUNTIME_FIELDS = frozenset({"decode_isolation", "decode_timeout_s"})
 
 
 @edataclass
@@ -166,7 +170,8 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         max_wait: most packs a sample may wait in the buffer (None: unbounded).
         packing_buffer_bytes: also bound the buffer by the bytes its samples hold.
         min_fill: a pack leaves early once it can be filled to this fraction.
-        max_consecutive_skips: stop with an error after this many bad samples in a row.
+        max_consecutive_skips: stop with an error (naming the failure kinds) after this many
+            bad samples (at encoding or decoding) without a pack emitted in between.
         decode: ``"lazy"`` (default) decodes media after a sample is chosen for a pack;
             ``"eager"`` decodes before the buffer (as Megatron-Bridge does), for comparison.
         monitor: run an :class:`~energon_pack.memory.RSSMonitor` in every worker.
@@ -259,7 +264,11 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             "max_wait": self.max_wait,
             "overlong": self.overlong,
             "decode": self.decode,
-            "media": self.media,
+            "media": {
+                f.name: getattr(self.media, f.name)
+                for f in dataclasses.fields(self.media)
+                if f.name not in _DECODE_RUNTIME_FIELDS
+            },
             "tokenizer": tokenizer_identity(self.encoder.tokenizer),
             "system_prompt": self.encoder.system_prompt,
             "default_system_prompt": self.encoder.default_system_prompt,
@@ -301,17 +310,20 @@ class PackingTaskEncoder(DefaultTaskEncoder):
     def pack_selected_samples(self, samples: Sequence[PreparedSample]) -> PackedBatch:
         """The THD row of the chosen samples; their media are decoded only now, straight into
         the row's pixel tensors, in segment order. A sample whose media fail raises
-        :class:`SkippedSample` (the wrapper then packs the others)."""
+        :class:`SkippedSample` (the wrapper then packs the others). No samples give a padding
+        row with an all-zero loss mask (it carries the stats of samples skipped at the end)."""
+        options: dict[str, Any] = {
+            "seq_length": self.seq_length,
+            "pad_to_multiple_of": self.pad_to_multiple_of,
+            "pad_to_max_length": self.pad_to_max_length,
+            "pad_token_id": self.pad_token_id,
+            "mrope": self.mrope,
+        }
         try:
-            packed = pack_samples(
-                [s.encoded for s in samples],
-                seq_length=self.seq_length,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                pad_to_max_length=self.pad_to_max_length,
-                pad_token_id=self.pad_token_id,
-                media=self.media,
-                mrope=self.mrope,
-            )
+            if samples:
+                packed = pack_samples([s.encoded for s in samples], media=self.media, **options)
+            else:
+                packed = padding_pack(**options)
         except MediaError as error:
             raise SkippedSample(error.key, error.kind, str(error)) from error
         row = packed.row

@@ -15,17 +15,21 @@ from typing import Any
 
 from energon_pack.formats.bridge import is_bridge_sample, parse_bridge_sample
 from energon_pack.formats.chat_rows import ChatDataset, is_chat_row, parse_chat_row
+from energon_pack.media import MediaConfig
+from energon_pack.media_guard import media_errors
 from energon_pack.sample import RawSample, parse_sample
 
 __all__ = ["ChatDataset", "parse_any"]
 
 
-def parse_any(key: str, sample: Mapping[str, Any]) -> RawSample:
+def parse_any(key: str, sample: Mapping[str, Any], config: MediaConfig | None = None) -> RawSample:
     """Parse a sample of any supported layout: a chat row (a ``messages`` / ``conversations``
     field, no ``json`` member), Bridge's (``jpgs`` / ``videos`` members), else the native one
-    (:func:`~energon_pack.sample.parse_sample`)."""
-    if is_chat_row(sample):
-        return parse_chat_row(key, sample)
-    if is_bridge_sample(sample):
-        return parse_bridge_sample(key, sample)
-    return parse_sample(key, sample)
+    (:func:`~energon_pack.sample.parse_sample`). JSON is bounded by ``config``'s
+    ``max_json_bytes`` / ``max_json_depth``; every failure is a ``MediaError``."""
+    with media_errors(key, "json", "bad_sample"):
+        if is_chat_row(sample):
+            return parse_chat_row(key, sample)
+        if is_bridge_sample(sample):
+            return parse_bridge_sample(key, sample, config)
+        return parse_sample(key, sample, config)

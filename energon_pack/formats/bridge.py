@@ -24,12 +24,11 @@ import numpy as np
 
 from energon_pack.formats.conversation import (
     conversation_turns,
-    load_json,
     placeholder_kinds,
 )
 from energon_pack.formats.safe_pickle import load_arrays
-from energon_pack.media import Frames, MediaError
-from energon_pack.sample import RawSample
+from energon_pack.media import Frames, MediaConfig, MediaError
+from energon_pack.sample import RawSample, load_json
 
 __all__ = ["BRIDGE_MEMBERS", "is_bridge_sample", "parse_bridge_sample", "rgb_frames"]
 
@@ -43,9 +42,11 @@ def is_bridge_sample(sample: Mapping[str, Any]) -> bool:
     return bool(BRIDGE_MEMBERS & sample.keys())
 
 
-def parse_bridge_sample(key: str, sample: Mapping[str, Any]) -> RawSample:
+def parse_bridge_sample(
+    key: str, sample: Mapping[str, Any], config: MediaConfig | None = None
+) -> RawSample:
     """Parse one Bridge Qwen-VL sample (see the module docstring) into a :class:`RawSample`."""
-    meta = load_json(key, sample.get("json"))
+    meta = load_json(key, sample.get("json"), config)
     system: Any = None
     if isinstance(meta, dict):
         system = meta.get("system")

@@ -8,29 +8,16 @@ native form: text joined without separators, ``<image>`` / ``<video>`` for media
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from energon_pack.media import MediaError
 
-__all__ = ["conversation_turns", "load_json", "placeholder_kinds", "turn_text"]
+__all__ = ["conversation_turns", "placeholder_kinds", "turn_text"]
 
 _PLACEHOLDER = re.compile(r"<(image|video)>")
 _MEDIA_PARTS = {"image": "<image>", "image_url": "<image>", "video": "<video>"}
-
-
-def load_json(key: str, raw: Any, member: str = "json") -> Any:
-    """``raw`` parsed if it is JSON bytes/str, else as given; bad JSON is a MediaError."""
-    if raw is None:
-        raise MediaError(key, member, "bad_sample", f"sample has no {member!r} member")
-    if not isinstance(raw, (bytes, bytearray, str)):
-        return raw
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MediaError(key, member, "bad_sample", f"invalid JSON: {exc}") from exc
 
 
 def conversation_turns(key: str, turns: Any, member: str = "json") -> list[tuple[str, str]]:

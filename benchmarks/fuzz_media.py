@@ -1,0 +1,396 @@
+"""Seeded media fuzzer: mutated MP4 (H.264, MPEG-4), JPEG, PNG and WebP through probe + decode.
+
+Small seed files are written with PyAV / Pillow, then every file ``i`` of a format is mutated
+by its own generator ``(seed, format, i)``: random bytes flipped, truncation, bytes overwritten
+inside the ``moov`` box (videos) or the header, box sizes / chunk lengths set to random values,
+chunks duplicated or deleted. Each file goes through the public API (``probe_*`` then
+``process_*``) in persistent child processes; a child that dies is counted and restarted, one that
+does not answer within ``--hang-s`` is killed and counted as a hang. Anything but a clean result
+or a :class:`~energon_pack.MediaError` is counted as an escaped exception.
+
+    .venv/bin/python benchmarks/fuzz_media.py --videos 5000 --images 5000
+    .venv/bin/python benchmarks/fuzz_media.py --videos 1500 --images 0 --isolation off  # unguarded
+    .venv/bin/python benchmarks/fuzz_media.py --write-corpus   # regression corpus, see below
+
+``--write-corpus`` fuzzes with ``decode_isolation="off"`` and writes the files that killed the
+unguarded child to ``fixtures/crash_corpus/`` (named ``<format>-<index>.<ext>``, listed with how
+they died in ``manifest.json``); the same seed and index always give the same bytes.
+Writes ``benchmarks/results/fuzz_media.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import multiprocessing as mp
+import signal
+import statistics
+import struct
+import time
+from collections import Counter
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+from PIL import Image, ImageDraw
+
+from energon_pack.media import (
+    MediaConfig,
+    MediaError,
+    probe_image,
+    probe_video,
+    process_image,
+    process_video,
+)
+from energon_pack.tables import format_table
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = Path(__file__).resolve().parent / "results" / "fuzz_media.json"
+CORPUS = ROOT / "fixtures" / "crash_corpus"
+SEED = 12
+VIDEO_FORMATS = ("h264", "mpeg4")
+IMAGE_FORMATS = ("jpeg", "png", "webp")
+EXTENSIONS = {"h264": "mp4", "mpeg4": "mp4", "jpeg": "jpg", "png": "png", "webp": "webp"}
+# Small frames keep the fuzzer fast; the native decoders see the same code paths.
+FUZZ_CONFIG = MediaConfig(
+    min_pixels=28 * 28,
+    video_min_pixels=28 * 28,
+    video_max_pixels=56 * 56,
+    video_max_frames=8,
+    decode_timeout_s=10.0,
+)
+
+
+# --- seed files -----------------------------------------------------------------------------
+
+
+def _frames(width: int, height: int, count: int) -> list[np.ndarray[Any, Any]]:
+    frames = []
+    for i in range(count):
+        img = Image.new("RGB", (width, height), (40 + 10 * i, 90, 160))
+        draw = ImageDraw.Draw(img)
+        draw.ellipse((4 * i, 6, 4 * i + 20, 26), fill=(230, 200, 40))
+        frames.append(np.asarray(img))
+    return frames
+
+
+def seed_video(codec: str) -> bytes:
+    """A 12-frame 64x48 MP4 at 6 fps, single-threaded encoder settings."""
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as container:
+        options = {"x264-params": "threads=1:mbtree=0:rc-lookahead=0:bframes=0"}
+        stream = container.add_stream(
+            "libx264" if codec == "h264" else "mpeg4",
+            rate=6,
+            options=options if codec == "h264" else {"threads": "1"},
+        )
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for rgb in _frames(64, 48, 12):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def seed_image(fmt: str) -> bytes:
+    """A 64x48 image; PNG as a palette image with transparency (more decoder paths)."""
+    img = Image.fromarray(_frames(64, 48, 3)[2])
+    buf = io.BytesIO()
+    if fmt == "png":
+        palette = img.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+        palette.save(buf, format="PNG", transparency=0)
+    elif fmt == "jpeg":
+        img.save(buf, format="JPEG", quality=80)
+    else:
+        img.save(buf, format="WEBP", quality=70, method=0)
+    return buf.getvalue()
+
+
+def seed_files() -> dict[str, bytes]:
+    """The unmutated file of every format."""
+    seeds = {codec: seed_video(codec) for codec in VIDEO_FORMATS}
+    seeds.update({fmt: seed_image(fmt) for fmt in IMAGE_FORMATS})
+    return seeds
+
+
+# --- mutations ------------------------------------------------------------------------------
+
+
+def _box_region(data: bytes, box: bytes) -> tuple[int, int]:
+    """Byte range of a top-level MP4 box (the whole file if absent)."""
+    pos = 0
+    while pos + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        if kind == box:
+            return pos, min(len(data), pos + max(size, 8))
+        if size < 8:
+            break
+        pos += size
+    return 0, len(data)
+
+
+def mutate(data: bytes, fmt: str, index: int, seed: int = SEED) -> bytes:
+    """Mutated copy of ``data``: the same ``(seed, fmt, index)`` always gives the same bytes."""
+    rng = np.random.default_rng([seed, list(EXTENSIONS).index(fmt), index])
+    out = bytearray(data)
+    start, end = _box_region(data, b"moov") if fmt in VIDEO_FORMATS else (0, min(len(data), 256))
+    for _ in range(int(rng.integers(1, 4))):
+        op = int(rng.integers(0, 6))
+        if not out:
+            break
+        if op == 0:  # flip random bytes anywhere
+            for pos in rng.integers(0, len(out), int(rng.integers(1, 9))):
+                out[int(pos)] ^= int(rng.integers(1, 256))
+        elif op == 1 and len(out) > 1:  # truncate
+            del out[int(rng.integers(1, len(out))) :]
+        elif op in (2, 3):  # random bytes inside moov / the header
+            hi = min(end, len(out))
+            if hi > start:
+                for pos in rng.integers(start, hi, int(rng.integers(1, 17))):
+                    out[int(pos)] = int(rng.integers(0, 256))
+        elif op == 4:  # a 32-bit size / count field set to an extreme value
+            hi = min(end, len(out)) - 4
+            if hi > start:
+                pos = int(rng.integers(start, hi))
+                value = int(rng.choice([0, 1, 7, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF]))
+                out[pos : pos + 4] = struct.pack(">I", value)
+        else:  # duplicate or delete a chunk
+            a = int(rng.integers(0, len(out)))
+            b = min(len(out), a + int(rng.integers(1, 64)))
+            if rng.random() < 0.5:
+                out[a:a] = out[a:b]
+            else:
+                del out[a:b]
+    return bytes(out)
+
+
+# --- running --------------------------------------------------------------------------------
+
+
+def run_one(data: bytes, fmt: str, config: MediaConfig) -> str:
+    """Outcome of probe + decode: ``ok``, ``media:<kind>`` or ``escaped:<type>``."""
+    member = f"0.{EXTENSIONS[fmt]}"
+    try:
+        if fmt in VIDEO_FORMATS:
+            probe_video(data, config, key="fuzz", member=member)
+            process_video(data, config, key="fuzz", member=member)
+        else:
+            probe_image(data, config, key="fuzz", member=member)
+            process_image(data, config, key="fuzz", member=member)
+    except MediaError as error:
+        return f"media:{error.kind}"
+    except Exception as exc:  # the fuzzer's purpose is to catch anything that escapes
+        return f"escaped:{type(exc).__name__}: {exc}"[:200]
+    return "ok"
+
+
+def _child(conn: Connection, seeds: dict[str, bytes], config: MediaConfig) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            fmt, index = conn.recv()
+        except EOFError:
+            return
+        data = mutate(seeds[fmt], fmt, index)
+        start = time.perf_counter()
+        outcome = run_one(data, fmt, config)
+        conn.send((outcome, time.perf_counter() - start))
+
+
+class _Worker:
+    """A persistent child process, restarted after it dies or hangs."""
+
+    def __init__(self, seeds: dict[str, bytes], config: MediaConfig) -> None:
+        self.seeds, self.config = seeds, config
+        self.job: tuple[str, int] | None = None
+        self.sent = 0.0
+        self._start()
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child_conn = ctx.Pipe()
+        self.proc = ctx.Process(target=_child, args=(child_conn, self.seeds, self.config))
+        self.proc.start()
+        child_conn.close()
+
+    def send(self, job: tuple[str, int]) -> None:
+        self.job, self.sent = job, time.perf_counter()
+        self.conn.send(job)
+
+    def restart(self) -> int | None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join()
+        code = self.proc.exitcode
+        self.conn.close()
+        self._start()
+        return code
+
+    def stop(self) -> None:
+        self.conn.close()
+        self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def fuzz(
+    jobs: list[tuple[str, int]],
+    seeds: dict[str, bytes],
+    config: MediaConfig,
+    workers: int,
+    hang_s: float,
+) -> list[dict[str, Any]]:
+    """Run every job; one record per file: format, index, outcome, seconds."""
+    pool = [_Worker(seeds, config) for _ in range(workers)]
+    todo = list(reversed(jobs))
+    records: list[dict[str, Any]] = []
+    try:
+        for worker in pool:
+            if todo:
+                worker.send(todo.pop())
+        while any(w.job is not None for w in pool):
+            for worker in pool:
+                if worker.job is None:
+                    continue
+                fmt, index = worker.job
+                record: dict[str, Any] | None = None
+                try:
+                    if worker.conn.poll(0.05):
+                        outcome, seconds = worker.conn.recv()
+                        record = {"format": fmt, "index": index, "outcome": outcome}
+                        record["seconds"] = seconds
+                    elif time.perf_counter() - worker.sent > hang_s:
+                        worker.restart()
+                        record = {"format": fmt, "index": index, "outcome": "hang"}
+                        record["seconds"] = hang_s
+                except (EOFError, OSError):
+                    code = worker.restart()
+                    record = {"format": fmt, "index": index, "outcome": f"died:{code}"}
+                    record["seconds"] = time.perf_counter() - worker.sent
+                if record is not None:
+                    records.append(record)
+                    worker.job = None
+                    if todo:
+                        worker.send(todo.pop())
+                    if len(records) % 500 == 0:
+                        print(f"  {len(records)}/{len(jobs)} files", flush=True)
+    finally:
+        for worker in pool:
+            worker.stop()
+    return records
+
+
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per format: files, deaths, hangs, escaped exceptions, outcomes, time per file."""
+    rows = []
+    for fmt in EXTENSIONS:
+        chosen = [r for r in records if r["format"] == fmt]
+        if not chosen:
+            continue
+        outcomes = Counter(r["outcome"].split(":")[0] for r in chosen)
+        kinds = Counter(r["outcome"][6:] for r in chosen if r["outcome"].startswith("media:"))
+        seconds = sorted(r["seconds"] for r in chosen)
+        rows.append(
+            {
+                "format": fmt,
+                "files": len(chosen),
+                "ok": outcomes["ok"],
+                "media_errors": outcomes["media"],
+                "crashed_caught": kinds["crashed"],
+                "timeouts_caught": kinds["timeout"],
+                "deaths": outcomes["died"],
+                "hangs": outcomes["hang"],
+                "escaped": outcomes["escaped"],
+                "median_ms": statistics.median(seconds) * 1e3,
+                "p99_ms": seconds[int(0.99 * (len(seconds) - 1))] * 1e3,
+                "kinds": dict(kinds),
+            }
+        )
+    return rows
+
+
+def write_corpus(records: list[dict[str, Any]], seeds: dict[str, bytes]) -> None:
+    """The files that killed the unguarded child, with a manifest."""
+    CORPUS.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for r in sorted(records, key=lambda r: (r["format"], r["index"])):
+        if not r["outcome"].startswith(("died", "hang")):
+            continue
+        data = mutate(seeds[r["format"]], r["format"], r["index"])
+        name = f"{r['format']}-{r['index']:05d}.{EXTENSIONS[r['format']]}"
+        (CORPUS / name).write_bytes(data)
+        entries.append(
+            {
+                "file": name,
+                "format": r["format"],
+                "index": r["index"],
+                "seed": SEED,
+                "unguarded": r["outcome"],
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
+    manifest = {
+        "made_by": "benchmarks/fuzz_media.py --write-corpus",
+        "files": entries,
+    }
+    (CORPUS / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"wrote {len(entries)} files to {CORPUS.relative_to(ROOT)}")
+
+
+def main() -> None:
+    """Fuzz, print the table, write the JSON (and the corpus with ``--write-corpus``)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--videos", type=int, default=1000)
+    parser.add_argument("--images", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--isolation", choices=("process", "off"), default="process")
+    parser.add_argument("--hang-s", type=float, default=120.0)
+    parser.add_argument("--write-corpus", action="store_true")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    if args.write_corpus:
+        args.isolation = "off"
+    if args.isolation == "off" and args.out == OUT:
+        args.out = OUT.with_name("fuzz_media_unguarded.json")
+    config = replace(FUZZ_CONFIG, decode_isolation=args.isolation)
+    seeds = seed_files()
+    jobs = [(VIDEO_FORMATS[i % 2], i // 2) for i in range(args.videos)]
+    jobs += [(IMAGE_FORMATS[i % 3], i // 3) for i in range(args.images)]
+    start = time.perf_counter()
+    records = fuzz(jobs, seeds, config, args.workers, args.hang_s)
+    wall = time.perf_counter() - start
+    rows = summarize(records)
+    headers = ["format", "files", "ok", "MediaError", "crashed", "timeout", "deaths", "hangs"]
+    headers += ["escaped", "median ms", "p99 ms"]
+    table = [[r[h] for h in list(rows[0])[:11]] for r in rows] if rows else []
+    print(format_table(headers, table))
+    escaped = sorted({r["outcome"] for r in records if r["outcome"].startswith("escaped")})
+    for line in escaped[:20]:
+        print(" ", line)
+    print(f"{len(records)} files in {wall:.0f} s, isolation={args.isolation}")
+    report = {
+        "seed": SEED,
+        "isolation": args.isolation,
+        "config": str(config),
+        "wall_s": wall,
+        "summary": rows,
+        "escaped": escaped,
+        "failures": [r for r in records if r["outcome"].startswith(("died", "hang", "escaped"))],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.write_corpus:
+        write_corpus(records, seeds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,326 @@
+"""Crash-proof media decoding: native decoder calls run in a persistent helper process.
+
+decord (FFmpeg) can segfault, abort or hang on a corrupt MP4, and Pillow's decoders are C code
+too. :func:`guarded` runs such a call in a small helper process, one per calling process,
+started on first use and restarted after it dies. The
+request carries the compressed bytes; the decoded uint8 frames come back through a shared
+memory block the helper reuses, so the only extra copy is one of the uint8 frames. A helper
+that dies becomes a :class:`~energon_pack.media.MediaError` of kind ``crashed``, one that does
+not answer within the timeout is killed and becomes kind ``timeout``; either way the caller's
+process goes on with the next sample.
+
+Exceptions are converted in one place (:func:`media_errors`): a ``MediaError`` passes through,
+``MemoryError`` and ``KeyboardInterrupt`` propagate (same type, the message names the sample
+key and member), and any other exception (Pillow's ``KeyError``, a ``numpy`` error, decord's
+own errors) becomes a ``MediaError`` of the kind the caller names, with the exception type in
+the cause.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing import resource_tracker, shared_memory
+from multiprocessing.connection import Connection
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+
+__all__ = ["Isolation", "guarded", "media_errors", "shutdown_helper"]
+
+Isolation = Literal["process", "off"]
+"""``"process"``: native decoding in the helper process; ``"off"``: in the calling process."""
+
+R = TypeVar("R")
+FallbackKind = Literal["unreadable", "corrupt", "bad_sample"]
+
+_START_TIMEOUT_S = 120.0  # importing torch in the helper on a loaded machine
+_ENTRY = "from energon_pack.media_guard import _main; _main()"
+
+
+def _media_error(key: str, member: str, kind: str, cause: str) -> Exception:
+    from energon_pack.media import MediaError
+
+    return MediaError(key, member, kind, cause)  # type: ignore[arg-type]
+
+
+@contextmanager
+def media_errors(key: str, member: str, kind: FallbackKind) -> Iterator[None]:
+    """Turn any exception of the block into a ``MediaError(key, member, kind)``.
+
+    ``MediaError`` passes unchanged; ``MemoryError`` and ``KeyboardInterrupt`` (resource errors,
+    not bad data) propagate, re-raised as the same type with the sample named.
+    """
+    from energon_pack.media import MediaError
+
+    try:
+        yield
+    except MediaError:
+        raise
+    except (MemoryError, KeyboardInterrupt) as exc:
+        raise type(exc)(f"sample {key!r}, member {member!r}: {exc}") from exc
+    except Exception as exc:
+        raise _media_error(key, member, kind, f"{type(exc).__name__}: {exc}") from exc
+
+
+def guarded(
+    fn: Callable[..., R],
+    *args: Any,
+    key: str,
+    member: str,
+    kind: FallbackKind,
+    isolation: Isolation,
+    timeout_s: float,
+) -> R:
+    """``fn(*args)``, run in the helper process unless ``isolation == "off"``.
+
+    ``fn`` must be a module-level function whose arguments and result pickle; numpy arrays at
+    the top level of a tuple result travel through shared memory. Failures become
+    ``MediaError(key, member, ...)``: ``crashed`` when the helper dies, ``timeout`` after
+    ``timeout_s`` seconds, else ``kind`` for an unexpected exception (see :func:`media_errors`).
+    """
+    with media_errors(key, member, kind):
+        if isolation == "off":
+            return fn(*args)
+        return _helper().call(fn, args, key, member, kind, timeout_s)
+
+
+def shutdown_helper() -> None:
+    """Stop this process's helper (it is also stopped at exit, or when its parent goes away)."""
+    helper = _HELPER.get(os.getpid())
+    if helper is not None:
+        helper.close()
+
+
+class _Helper:
+    """Client side of one helper process: a request pipe, a reply pipe, the shared block."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._requests: Connection | None = None
+        self._replies: Connection | None = None
+        self._block: shared_memory.SharedMemory | None = None
+
+    def call(
+        self,
+        fn: Callable[..., R],
+        args: tuple[Any, ...],
+        key: str,
+        member: str,
+        kind: FallbackKind,
+        timeout_s: float,
+    ) -> R:
+        with self._lock:
+            requests, replies = self._started()
+            try:
+                requests.send((fn.__module__, fn.__qualname__, args, key, member, kind))
+                ready = replies.poll(timeout_s)
+                reply = replies.recv() if ready else None
+            except (EOFError, OSError):
+                raise _media_error(key, member, "crashed", self._died()) from None
+            if reply is None:
+                self._kill()
+                raise _media_error(
+                    key,
+                    member,
+                    "timeout",
+                    f"decoding took longer than decode_timeout_s={timeout_s}; the decoder "
+                    "process was stopped (raise MediaConfig.decode_timeout_s for huge media)",
+                )
+            result: R = self._result(reply, key, member)
+            return result
+
+    def _result(self, reply: tuple[Any, ...], key: str, member: str) -> Any:
+        status, payload = reply
+        if status == "ok":
+            return payload
+        if status == "arrays":
+            name, layout, extra = payload
+            block = self._attach(name)
+            arrays = []
+            for offset, shape, dtype in layout:
+                count = int(np.prod(shape))
+                buffer = block.buf
+                assert buffer is not None  # an attached block is mapped
+                view = np.frombuffer(buffer, dtype=dtype, count=count, offset=offset)
+                arrays.append(view.reshape(shape).copy())
+            return (*arrays, *extra)
+        if status == "memory":
+            raise MemoryError(f"sample {key!r}, member {member!r} (decoder process): {payload}")
+        raise payload  # a MediaError made in the helper
+
+    def _attach(self, name: str) -> shared_memory.SharedMemory:
+        if self._block is None or self._block.name != name:
+            if self._block is not None:
+                self._block.close()
+            self._block = shared_memory.SharedMemory(name=name)
+            # The helper owns (and unlinks) the block; this process only maps it.
+            resource_tracker.unregister(self._block._name, "shared_memory")  # type: ignore[attr-defined]
+        return self._block
+
+    def _started(self) -> tuple[Connection, Connection]:
+        if self._proc is not None and self._requests is not None and self._replies is not None:
+            return self._requests, self._replies
+        request_read, request_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _ENTRY, str(request_read), str(reply_write)],
+            pass_fds=(request_read, reply_write),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(request_read)
+        os.close(reply_write)
+        self._requests = Connection(request_write, readable=False)
+        self._replies = Connection(reply_read, writable=False)
+        if not self._replies.poll(_START_TIMEOUT_S):
+            self._kill()
+            raise RuntimeError(
+                f"the media decoder process did not start within {_START_TIMEOUT_S} s"
+            )
+        self._replies.recv()  # "ready"
+        return self._requests, self._replies
+
+    def _died(self) -> str:
+        proc = self._proc
+        code = proc.wait() if proc is not None else None
+        self._reset()
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"the decoder crashed ({name}); the decoder process was restarted"
+        return f"the decoder process exited with status {code}; it was restarted"
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+        self._reset()
+
+    def _reset(self) -> None:
+        for conn in (self._requests, self._replies):
+            if conn is not None:
+                conn.close()
+        if self._block is not None:
+            self._block.close()
+        self._proc = self._requests = self._replies = self._block = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._requests is not None:
+                self._requests.close()  # the helper exits on end of input
+                self._requests = None
+            if self._proc is not None:
+                try:
+                    self._proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+            self._reset()
+
+
+_HELPER: dict[int, _Helper] = {}
+
+
+def _helper() -> _Helper:
+    """This process's helper client (a forked DataLoader worker gets its own)."""
+    pid = os.getpid()
+    helper = _HELPER.get(pid)
+    if helper is None:
+        helper = _HELPER[pid] = _Helper()
+    return helper
+
+
+atexit.register(shutdown_helper)  # runs in the process that exits: it stops only its own helper
+
+
+# --- helper process -------------------------------------------------------------------------
+
+
+class _Block:
+    """The helper's reusable shared block, grown (replaced) when a result does not fit."""
+
+    def __init__(self) -> None:
+        self.shm: shared_memory.SharedMemory | None = None
+
+    def put(self, arrays: list[np.ndarray[Any, Any]]) -> tuple[str, list[Any]]:
+        need = sum(a.nbytes for a in arrays)
+        if self.shm is None or self.shm.size < need:
+            if self.shm is not None:
+                self.shm.close()
+                self.shm.unlink()
+            self.shm = shared_memory.SharedMemory(create=True, size=max(need, 1 << 20))
+        layout, offset = [], 0
+        for array in arrays:
+            target = np.ndarray(array.shape, array.dtype, buffer=self.shm.buf, offset=offset)
+            np.copyto(target, array)
+            layout.append((offset, array.shape, array.dtype.str))
+            offset += array.nbytes
+        return self.shm.name, layout
+
+    def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
+            self.shm.unlink()
+
+
+def _serve(requests: Connection, replies: Connection) -> None:
+    """Answer requests until the client closes its end."""
+    block = _Block()
+    replies.send("ready")
+    try:
+        while True:
+            try:
+                request = requests.recv()
+            except EOFError:
+                return
+            replies.send(_answer(block, *request))
+    finally:
+        block.close()
+
+
+def _answer(
+    block: _Block,
+    module: str,
+    qualname: str,
+    args: tuple[Any, ...],
+    key: str,
+    member: str,
+    kind: FallbackKind,
+) -> tuple[str, Any]:
+    from energon_pack.media import MediaError
+
+    try:
+        fn = getattr(importlib.import_module(module), qualname)
+        with media_errors(key, member, kind):
+            result = fn(*args)
+    except MemoryError as exc:
+        return "memory", str(exc) or "out of memory"
+    except MediaError as exc:
+        return "error", exc
+    if isinstance(result, tuple) and any(isinstance(x, np.ndarray) for x in result):
+        arrays = [x for x in result if isinstance(x, np.ndarray)]
+        extra = tuple(x for x in result if not isinstance(x, np.ndarray))
+        name, layout = block.put(arrays)
+        return "arrays", (name, layout, extra)
+    return "ok", result
+
+
+def _main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the client's to handle
+    requests = Connection(int(sys.argv[1]), writable=False)
+    replies = Connection(int(sys.argv[2]), readable=False)
+    _serve(requests, replies)
