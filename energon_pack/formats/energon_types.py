@@ -37,15 +37,16 @@ _JSON = frozenset({"json", "jsn"})
 
 
 def _decode_text_and_json(key: str, data: bytes) -> Any:
-    """JSON / text members parsed; a malformed one stays bytes, so the encoder reports it
-    as the sample's ``bad_sample`` (counted and logged) instead of the loader failing."""
+    """JSON / text members parsed; a malformed (or too deeply nested) one stays bytes, so the
+    encoder reports it as the sample's ``bad_sample`` (counted and logged) instead of Energon
+    dropping it uncounted."""
     extension = key.rsplit(".", 1)[-1].lower()
     try:
         if extension in _JSON:
             return json.loads(data)
         if extension in _TEXT:
             return data.decode("utf-8")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return data
     return None  # webdataset: not handled, the member stays bytes
 
