@@ -370,18 +370,21 @@ class VLMPackingCollator:
     ) -> CollatedBatch:
         """Rows of ``ready``; their media are decoded once, straight into the batch tensors.
 
-        While decoding, samples are named by their position (keys may repeat); a failure
+        While decoding, samples are named ``key#position`` (keys may repeat); a media failure
         raises :class:`_DecodeFailed` with the position and the error under the real key.
         """
         groups = self._groups(ready)
-        by_position = [replace(sample, key=str(i)) for i, sample in enumerate(ready)]
+        aliases = {f"{sample.key}#{i}": i for i, sample in enumerate(ready)}
+        by_position = [
+            replace(sample, key=alias) for sample, alias in zip(ready, aliases, strict=True)
+        ]
         try:
             packs, vision = self._decoded_rows(by_position, groups)
         except MediaError as error:
-            position = int(error.key)
+            position = aliases[error.key]
             real = MediaError(ready[position].key, error.member, error.kind, error.cause)
             raise _DecodeFailed(position, real) from error
-        packs = [replace(p, keys=tuple(ready[int(k)].key for k in p.keys)) for p in packs]
+        packs = [replace(p, keys=tuple(ready[aliases[k]].key for k in p.keys)) for p in packs]
         static = self.max_segments if self.pad_cu_seqlens else None
         return _assemble(packs, vision, static, skipped, truncated)
 
