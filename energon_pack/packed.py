@@ -101,20 +101,13 @@ def pack_samples(
 
 
 def padding_pack(
-    *,
-    seq_length: int,
-    pad_to_multiple_of: int = 1,
-    pad_to_max_length: bool = False,
-    pad_cu_seqlens: bool = False,
-    max_segments: int | None = None,
-    pad_token_id: int = 0,
-    mrope: MRopeConfig | None = None,
+    *, pad_token_id: int = 0, pad_to_multiple_of: int = 1, **options: Any
 ) -> PackedSample:
     """A row that contributes nothing to the loss: one segment of padding, no keys, no media.
 
     It stands in for a pack or micro-batch whose samples were all skipped: its loss mask is all
     zero and its labels all ``-100``; it is ``pad_to_multiple_of`` tokens wide (``seq_length``
-    with ``pad_to_max_length``).
+    with ``pad_to_max_length``). ``options`` are the other row options of :func:`pack_samples`.
     """
     filler = EncodedSample(
         "<padding>",
@@ -122,13 +115,6 @@ def padding_pack(
         torch.zeros(pad_to_multiple_of, dtype=torch.long),
     )
     packed = pack_samples(
-        [filler],
-        seq_length=seq_length,
-        pad_to_multiple_of=pad_to_multiple_of,
-        pad_to_max_length=pad_to_max_length,
-        pad_cu_seqlens=pad_cu_seqlens,
-        max_segments=max_segments,
-        pad_token_id=pad_token_id,
-        mrope=mrope,
+        [filler], pad_token_id=pad_token_id, pad_to_multiple_of=pad_to_multiple_of, **options
     )
     return replace(packed, keys=())
