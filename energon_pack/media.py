@@ -28,17 +28,25 @@ import logging
 import math
 import struct
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cache
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import decord
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from energon_pack.media_guard import Isolation, guarded, media_errors
+from energon_pack.media_guard import (
+    Alloc,
+    Isolation,
+    UInt8Array,
+    alloc_in_process,
+    guarded,
+    guarded_frames,
+    media_errors,
+)
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -73,6 +81,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("energon_pack.media")
+
+E = TypeVar("E")
+R = TypeVar("R")
 
 OPENAI_CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
@@ -357,11 +368,15 @@ def process_image(
     patches are written there and ``out`` is returned.
     """
     cfg = config or _DEFAULT
-    (planes,) = _guarded(_decode_image, data, cfg, key, member, kind="corrupt")
-    gh, gw = planes.shape[2] // cfg.patch_size, planes.shape[3] // cfg.patch_size
-    still = torch.from_numpy(planes)  # one frame, repeated to temporal_patch_size by _patches
-    pixels = _patches(still, cfg, _checked_out(out, gh * gw, cfg, key, member))
-    return pixels, torch.tensor([[1, gh, gw]], dtype=torch.long)
+
+    def patches(
+        levels: UInt8Array, grid: tuple[int, int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        target = _checked_out(out, levels.shape[0], cfg, key, member)
+        pixels = _patches(torch.from_numpy(levels), cfg, target)
+        return pixels, torch.tensor([list(grid)], dtype=torch.long)
+
+    return _guarded_frames(_decode_image, data, cfg, key, member, use=patches)
 
 
 def probe_video(
@@ -374,7 +389,18 @@ def probe_video(
     without one).
     """
     cfg = config or _DEFAULT
-    probe: VideoProbe = _guarded(_probe_video, data, cfg, key, member, kind="unreadable")
+    probe: VideoProbe = guarded(
+        _probe_video,
+        data,
+        cfg,
+        key,
+        member,
+        key=key,
+        member=member,
+        kind="unreadable",
+        isolation=cfg.decode_isolation,
+        timeout_s=cfg.decode_timeout_s,
+    )
     return probe
 
 
@@ -393,11 +419,14 @@ def process_video(
     temporal patch). ``out`` works as in :func:`process_image`.
     """
     cfg = config or _DEFAULT
-    planes, plan = _guarded(_decode_video, data, cfg, key, member, kind="corrupt")
-    rows = plan.grid_thw[0] * plan.grid_thw[1] * plan.grid_thw[2]
-    pixels = _patches(torch.from_numpy(planes), cfg, _checked_out(out, rows, cfg, key, member))
-    grid = torch.tensor([list(plan.grid_thw)], dtype=torch.long)
-    return pixels, grid, plan.second_per_grid_t
+
+    def patches(levels: UInt8Array, plan: VideoProbe) -> tuple[torch.Tensor, torch.Tensor, float]:
+        target = _checked_out(out, levels.shape[0], cfg, key, member)
+        pixels = _patches(torch.from_numpy(levels), cfg, target)
+        grid = torch.tensor([list(plan.grid_thw)], dtype=torch.long)
+        return pixels, grid, plan.second_per_grid_t
+
+    return _guarded_frames(_decode_video, data, cfg, key, member, use=patches)
 
 
 def tensor_nbytes(*tensors: torch.Tensor) -> int:
@@ -609,27 +638,36 @@ def _grids(items: list[MediaItem]) -> torch.Tensor | None:
 # --- internals ------------------------------------------------------------------------------
 
 
-def _guarded(fn: Any, data: bytes, cfg: MediaConfig, key: str, member: str, kind: Any) -> Any:
-    """``fn(data, cfg, key, member)`` in the decoder process (see :mod:`media_guard`)."""
-    return guarded(
+def _guarded_frames(
+    fn: Callable[..., tuple[UInt8Array, E]],
+    data: bytes,
+    cfg: MediaConfig,
+    key: str,
+    member: str,
+    use: Callable[[UInt8Array, E], R],
+) -> R:
+    """``use(*fn(data, cfg, key, member, alloc))``, ``fn`` in the decoder process (see
+    :mod:`media_guard`); failures of ``fn`` are ``MediaError`` kind ``corrupt``."""
+    return guarded_frames(
         fn,
         data,
         cfg,
         key,
         member,
+        use=use,
         key=key,
         member=member,
-        kind=kind,
+        kind="corrupt",
         isolation=cfg.decode_isolation,
         timeout_s=cfg.decode_timeout_s,
     )
 
 
 def _decode_image(
-    data: bytes, cfg: MediaConfig, key: str, member: str
-) -> tuple[np.ndarray[Any, np.dtype[np.uint8]]]:
-    """RGB uint8 ``[1, 3, H, W]`` planes resized to the probed grid (runs in the decoder
-    process)."""
+    data: bytes, cfg: MediaConfig, key: str, member: str, alloc: Alloc
+) -> tuple[UInt8Array, tuple[int, int, int]]:
+    """Patch levels (:func:`_patch_levels`) of the image resized to the probed grid, written
+    into ``alloc``, and the grid (runs in the decoder process)."""
     with _open_image(data, cfg, key, member) as img:
         width, height = img.size
         _, gh, gw = _image_grid(height, width, cfg, key, member)
@@ -640,7 +678,7 @@ def _decode_image(
             )
         except (OSError, ValueError, SyntaxError) as exc:
             raise MediaError(key, member, "corrupt", f"cannot decode image: {exc}") from exc
-    return (_pixel_planes([resized]),)
+    return _patch_levels([resized], cfg, alloc), (1, gh, gw)
 
 
 def _probe_video(data: bytes, cfg: MediaConfig, key: str, member: str) -> VideoProbe:
@@ -651,10 +689,10 @@ def _probe_video(data: bytes, cfg: MediaConfig, key: str, member: str) -> VideoP
 
 
 def _decode_video(
-    data: bytes, cfg: MediaConfig, key: str, member: str
-) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], VideoProbe]:
-    """Sampled frames as RGB uint8 ``[T, 3, H, W]`` planes resized to the probed grid, and the
-    plan (runs in the decoder process)."""
+    data: bytes, cfg: MediaConfig, key: str, member: str, alloc: Alloc
+) -> tuple[UInt8Array, VideoProbe]:
+    """Patch levels (:func:`_patch_levels`) of the sampled frames resized to the probed grid,
+    written into ``alloc``, and the plan (runs in the decoder process)."""
     reader = _open_video(data, key, member)
     width, height = _video_size(reader, data, key, member)
     plan = _video_plan(reader, width, height, cfg, key, member)
@@ -678,7 +716,7 @@ def _decode_video(
     _, gh, gw = plan.grid_thw
     size = (gw * cfg.patch_size, gh * cfg.patch_size)
     resized = [Image.fromarray(f).resize(size, Image.Resampling.BICUBIC) for f in batch]
-    return _pixel_planes(resized), plan
+    return _patch_levels(resized, cfg, alloc), plan
 
 
 def _open_image(data: bytes, cfg: MediaConfig, key: str, member: str) -> Image.Image:
@@ -753,60 +791,50 @@ def _normalization_table(
     return table
 
 
-def _pixel_planes(frames: Sequence[Image.Image]) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """RGB frames -> uint8 ``[T, C, H, W]`` planes."""
+def _patch_levels(frames: Sequence[Image.Image], cfg: MediaConfig, alloc: Alloc) -> UInt8Array:
+    """RGB frames -> uint8 patch levels ``[t*h*w, C*tp*p*p]`` in an array from ``alloc``.
+
+    ``tp`` is ``temporal_patch_size`` for a clip (a multiple of it in frames) and 1 for a
+    still, which :func:`_patches` repeats. One transposing copy per frame, straight from the
+    frame's interleaved RGB (numpy's strided copy is faster here than torch's).
+    """
     width, height = frames[0].size
-    planes = np.empty((len(frames), 3, height, width), dtype=np.uint8)
-    for t, frame in enumerate(frames):
-        for c, band in enumerate(frame.split()):
-            planes[t, c] = np.asarray(band)
-    return planes
+    tp = 1 if len(frames) == 1 else cfg.temporal_patch_size
+    p, m = cfg.patch_size, cfg.merge_size
+    gt, gh, gw = len(frames) // tp, height // p, width // p
+    levels = alloc((gt * gh * gw, 3 * tp * p * p))
+    # [t, h/m, w/m, m, m, C, tp, p, p]: the order of the rows and values of a patch.
+    target = levels.reshape(gt, gh // m, gw // m, m, m, 3, tp, p, p)
+    for index, frame in enumerate(frames):
+        rgb = np.asarray(frame).reshape(gh // m, m, p, gw // m, m, p, 3)
+        np.copyto(target[index // tp, ..., index % tp, :, :], rgb.transpose(0, 3, 1, 4, 6, 2, 5))
+    return levels
 
 
-def _patches(planes: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None) -> torch.Tensor:
-    """uint8 ``[T, C, H, W]`` planes -> patches of ``cfg.pixel_dtype`` (float32: normalised).
+def _patches(levels: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None) -> torch.Tensor:
+    """uint8 patch levels (:func:`_patch_levels`) -> patches of ``cfg.pixel_dtype``.
 
-    The permuting patchify copy moves uint8 (a quarter of the bytes); float32 values are then
-    made in place on contiguous patches, where torch's kernels vectorise, and a still's temporal
-    repeat is left to the last copy so that each pixel is normalised once. ``x / 255`` in
-    float32 equals transformers' float32(float64(x) * (1/255)) for every 8-bit level and the
-    mean/std steps are the same float32 operations, so the values are those of
+    Always writes a new tensor (or ``out``): ``levels`` may be a view of the decoder's shared
+    block. A still's temporal repeat is a copy of whole ``p*p`` runs. float32 values are
+    ``x / 255``, ``- mean``, ``/ std`` in float32 on contiguous patches: ``x / 255`` in float32
+    equals transformers' float32(float64(x) * (1/255)) for every 8-bit level and the mean/std
+    steps are the same float32 operations, so the values are those of
     :func:`_normalization_table` (checked level by level in the tests).
     """
-    if cfg.pixel_dtype == "uint8":
-        return _patchify(planes, cfg, out)
-    repeat = cfg.temporal_patch_size if planes.shape[0] == 1 else 1
-    levels = _patchify(planes, replace(cfg, temporal_patch_size=cfg.temporal_patch_size // repeat))
     rows = levels.shape[0]
+    repeat = cfg.patch_dim // levels.shape[1]
     if out is None:
-        out = torch.empty((rows, cfg.patch_dim), dtype=torch.float32)
-    if repeat == 1:
-        values = out.view(rows, 3, -1)
-    else:
-        values = torch.empty((rows, 3, levels.shape[1] // 3), dtype=torch.float32)
-    mean = torch.tensor(cfg.image_mean, dtype=torch.float32).view(1, 3, 1)
-    std = torch.tensor(cfg.image_std, dtype=torch.float32).view(1, 3, 1)
-    values.copy_(levels.view(rows, 3, -1)).div_(255.0).sub_(mean).div_(std)
+        out = torch.empty((rows, cfg.patch_dim), dtype=cfg.torch_pixel_dtype)
+    by_channel = levels.view(rows, 3, 1, -1)
+    if cfg.pixel_dtype == "uint8":
+        out.view(rows, 3, repeat, -1).copy_(by_channel.expand(-1, -1, repeat, -1))
+        return out
+    values = out.view(rows, 3, 1, -1) if repeat == 1 else torch.empty(by_channel.shape)
+    mean = torch.tensor(cfg.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
+    std = torch.tensor(cfg.image_std, dtype=torch.float32).view(1, 3, 1, 1)
+    torch.div(by_channel, 255.0, out=values).sub_(mean).div_(std)
     if repeat > 1:
-        out.view(rows, 3, repeat, -1).copy_(values.unsqueeze(2).expand(-1, -1, repeat, -1))
-    return out
-
-
-def _patchify(
-    frames: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``[T, C, H, W]`` (T a multiple of temporal_patch_size, or 1 for a still, repeated) ->
-    ``[t*h*w, patch_dim]``, written into ``out`` when given (one copy, no intermediate)."""
-    if frames.shape[0] == 1:
-        frames = frames.expand(cfg.temporal_patch_size, -1, -1, -1)
-    n, c, height, width = frames.shape
-    tp, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
-    gt, gh, gw = n // tp, height // p, width // p
-    patches = frames.reshape(gt, tp, c, gh // m, m, p, gw // m, m, p)
-    patches = patches.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    if out is None:
-        return patches.reshape(gt * gh * gw, c * tp * p * p).contiguous()
-    out.view(patches.shape).copy_(patches)
+        out.view(rows, 3, repeat, -1).copy_(values.expand(-1, -1, repeat, -1))
     return out
 
 
@@ -1049,12 +1077,11 @@ def process_frames(
     resized = [
         Image.fromarray(frame).resize(size, Image.Resampling.BICUBIC) for frame in frames.array()
     ]
-    planes = torch.from_numpy(_pixel_planes(resized))
     wanted = gt * cfg.temporal_patch_size
-    if 1 < planes.shape[0] < wanted:  # a clip padded with its last frame (a still is repeated)
-        padding = planes[-1:].expand(wanted - planes.shape[0], -1, -1, -1)
-        planes = torch.cat([planes, padding])
-    return _patches(planes, cfg, _checked_out(out, gt * gh * gw, cfg, key, member))
+    if 1 < len(resized) < wanted:  # a clip padded with its last frame (a still is repeated)
+        resized += [resized[-1]] * (wanted - len(resized))
+    levels = torch.from_numpy(_patch_levels(resized, cfg, alloc_in_process))
+    return _patches(levels, cfg, _checked_out(out, gt * gh * gw, cfg, key, member))
 
 
 def image_frames(image: Image.Image) -> Frames:

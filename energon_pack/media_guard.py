@@ -3,8 +3,9 @@
 decord (FFmpeg) can segfault, abort or hang on a corrupt MP4, and Pillow's decoders are C code
 too. :func:`guarded` runs such a call in a small helper process, one per calling process,
 started on first use and restarted after it dies. The
-request carries the compressed bytes; the decoded uint8 frames come back through a shared
-memory block the helper reuses, so the only extra copy is one of the uint8 frames. A helper
+request carries the compressed bytes; :func:`guarded_frames` has the decoder write its uint8
+frames straight into a shared memory block the helper reuses, and the caller consumes them
+there (no copy on either side). A helper
 that dies becomes a :class:`~energon_pack.media.MediaError` of kind ``crashed``, one that does
 not answer within the timeout is killed and becomes kind ``timeout``; either way the caller's
 process goes on with the next sample.
@@ -19,7 +20,9 @@ the cause.
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
+import math
 import os
 import signal
 import subprocess
@@ -33,12 +36,25 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-__all__ = ["Isolation", "guarded", "media_errors", "shutdown_helper"]
+__all__ = [
+    "Alloc",
+    "Isolation",
+    "UInt8Array",
+    "alloc_in_process",
+    "guarded",
+    "guarded_frames",
+    "media_errors",
+    "shutdown_helper",
+]
 
 Isolation = Literal["process", "off"]
 """``"process"``: native decoding in the helper process; ``"off"``: in the calling process."""
 
 R = TypeVar("R")
+E = TypeVar("E")
+UInt8Array = np.ndarray[Any, np.dtype[np.uint8]]
+Alloc = Callable[[tuple[int, ...]], UInt8Array]
+"""Gives the uint8 array a :func:`guarded_frames` decoder writes its frames into."""
 FallbackKind = Literal["unreadable", "corrupt", "bad_sample"]
 
 _START_TIMEOUT_S = 120.0  # importing torch in the helper on a loaded machine
@@ -82,15 +98,45 @@ def guarded(
 ) -> R:
     """``fn(*args)``, run in the helper process unless ``isolation == "off"``.
 
-    ``fn`` must be a module-level function whose arguments and result pickle; numpy arrays at
-    the top level of a tuple result travel through shared memory. Failures become
+    ``fn`` must be a module-level function whose arguments and result pickle. Failures become
     ``MediaError(key, member, ...)``: ``crashed`` when the helper dies, ``timeout`` after
     ``timeout_s`` seconds, else ``kind`` for an unexpected exception (see :func:`media_errors`).
     """
     with media_errors(key, member, kind):
         if isolation == "off":
             return fn(*args)
-        return _helper().call(fn, args, key, member, kind, timeout_s)
+        result: R = _helper().call(fn, args, key, member, kind, timeout_s, None)
+        return result
+
+
+def guarded_frames(
+    fn: Callable[..., tuple[UInt8Array, E]],
+    *args: Any,
+    use: Callable[[UInt8Array, E], R],
+    key: str,
+    member: str,
+    kind: FallbackKind,
+    isolation: Isolation,
+    timeout_s: float,
+) -> R:
+    """``use(*fn(*args, alloc))`` with ``fn`` in the helper process unless ``isolation == "off"``.
+
+    ``fn`` writes its frames into ``alloc(shape)`` (in the helper: the shared block) and
+    returns ``(frames, extra)``, ``extra`` picklable. ``use`` runs in this process on a view of
+    the frames that is valid only during the call (the block is reused), so it must copy what
+    it keeps; its result is returned. Decoder failures become ``MediaError`` as in
+    :func:`guarded`; exceptions from ``use`` propagate unchanged.
+    """
+    if isolation == "off":
+        with media_errors(key, member, kind):
+            frames, extra = fn(*args, alloc_in_process)
+        return use(frames, extra)
+    return _helper().call(fn, args, key, member, kind, timeout_s, use)
+
+
+def alloc_in_process(shape: tuple[int, ...]) -> UInt8Array:
+    """The :data:`Alloc` of in-process decoding: a new array."""
+    return np.empty(shape, dtype=np.uint8)
 
 
 def shutdown_helper() -> None:
@@ -112,60 +158,69 @@ class _Helper:
 
     def call(
         self,
-        fn: Callable[..., R],
+        fn: Callable[..., Any],
         args: tuple[Any, ...],
         key: str,
         member: str,
         kind: FallbackKind,
         timeout_s: float,
+        use: Callable[[UInt8Array, Any], R] | None,
     ) -> R:
+        """``fn(*args)`` in the helper; with ``use``, ``use(frames, extra)`` on its frames."""
         with self._lock:
-            requests, replies = self._started()
-            try:
-                requests.send((fn.__module__, fn.__qualname__, args, key, member, kind))
-                ready = replies.poll(timeout_s)
-                reply = replies.recv() if ready else None
-            except (EOFError, OSError):
-                raise _media_error(key, member, "crashed", self._died()) from None
-            if reply is None:
-                self._kill()
-                raise _media_error(
-                    key,
-                    member,
-                    "timeout",
-                    f"decoding took longer than decode_timeout_s={timeout_s}; the decoder "
-                    "process was stopped (raise MediaConfig.decode_timeout_s for huge media)",
-                )
-            result: R = self._result(reply, key, member)
-            return result
+            with media_errors(key, member, kind):
+                reply = self._round_trip(fn, args, key, member, kind, timeout_s, use is not None)
+                status, payload = reply
+                if status == "memory":
+                    raise MemoryError(
+                        f"sample {key!r}, member {member!r} (decoder process): {payload}"
+                    )
+                if status == "error":
+                    raise payload  # a MediaError made in the helper
+            if use is None:
+                result: R = payload
+                return result
+            name, shape, extra = payload
+            return use(self._frames(name, shape), extra)
 
-    def _result(self, reply: tuple[Any, ...], key: str, member: str) -> Any:
-        status, payload = reply
-        if status == "ok":
-            return payload
-        if status == "arrays":
-            name, layout, extra = payload
-            block = self._attach(name)
-            arrays = []
-            for offset, shape, dtype in layout:
-                count = int(np.prod(shape))
-                buffer = block.buf
-                assert buffer is not None  # an attached block is mapped
-                view = np.frombuffer(buffer, dtype=dtype, count=count, offset=offset)
-                arrays.append(view.reshape(shape).copy())
-            return (*arrays, *extra)
-        if status == "memory":
-            raise MemoryError(f"sample {key!r}, member {member!r} (decoder process): {payload}")
-        raise payload  # a MediaError made in the helper
+    def _round_trip(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        key: str,
+        member: str,
+        kind: FallbackKind,
+        timeout_s: float,
+        frames: bool,
+    ) -> tuple[str, Any]:
+        requests, replies = self._started()
+        try:
+            requests.send((fn.__module__, fn.__qualname__, args, key, member, kind, frames))
+            reply: tuple[str, Any] | None = replies.recv() if replies.poll(timeout_s) else None
+        except (EOFError, OSError):
+            raise _media_error(key, member, "crashed", self._died()) from None
+        if reply is None:
+            self._kill()
+            raise _media_error(
+                key,
+                member,
+                "timeout",
+                f"decoding took longer than decode_timeout_s={timeout_s}; the decoder "
+                "process was stopped (raise MediaConfig.decode_timeout_s for huge media)",
+            )
+        return reply
 
-    def _attach(self, name: str) -> shared_memory.SharedMemory:
+    def _frames(self, name: str, shape: tuple[int, ...]) -> UInt8Array:
+        """A view of the frames at the start of the helper's block ``name``."""
         if self._block is None or self._block.name != name:
             if self._block is not None:
                 self._block.close()
             self._block = shared_memory.SharedMemory(name=name)
             # The helper owns (and unlinks) the block; this process only maps it.
             resource_tracker.unregister(self._block._name, "shared_memory")  # type: ignore[attr-defined]
-        return self._block
+        buffer = self._block.buf
+        assert buffer is not None  # an attached block is mapped
+        return np.frombuffer(buffer, dtype=np.uint8, count=math.prod(shape)).reshape(shape)
 
     def _started(self) -> tuple[Connection, Connection]:
         if self._proc is not None and self._requests is not None and self._replies is not None:
@@ -255,30 +310,34 @@ atexit.register(shutdown_helper)  # runs in the process that exits: it stops onl
 
 
 class _Block:
-    """The helper's reusable shared block, grown (replaced) when a result does not fit."""
+    """The helper's reusable shared block, replaced by a larger one when frames do not fit."""
 
     def __init__(self) -> None:
         self.shm: shared_memory.SharedMemory | None = None
+        self.last: UInt8Array | None = None  # what alloc gave last
 
-    def put(self, arrays: list[np.ndarray[Any, Any]]) -> tuple[str, list[Any]]:
-        need = sum(a.nbytes for a in arrays)
+    def alloc(self, shape: tuple[int, ...]) -> UInt8Array:
+        """A uint8 array of ``shape`` at the start of the block (valid until the next call)."""
+        need = math.prod(shape)
+        self.last = None
         if self.shm is None or self.shm.size < need:
-            if self.shm is not None:
-                self.shm.close()
-                self.shm.unlink()
+            self.close()
             self.shm = shared_memory.SharedMemory(create=True, size=max(need, 1 << 20))
-        layout, offset = [], 0
-        for array in arrays:
-            target = np.ndarray(array.shape, array.dtype, buffer=self.shm.buf, offset=offset)
-            np.copyto(target, array)
-            layout.append((offset, array.shape, array.dtype.str))
-            offset += array.nbytes
-        return self.shm.name, layout
+        assert self.shm.buf is not None  # a created block is mapped
+        self.last = np.frombuffer(self.shm.buf, dtype=np.uint8, count=need).reshape(shape)
+        return self.last
 
     def close(self) -> None:
-        if self.shm is not None:
+        self.last = None
+        if self.shm is None:
+            return
+        self.shm.unlink()
+        try:
             self.shm.close()
-            self.shm.unlink()
+        except BufferError:  # a failed call's traceback still holds a view
+            gc.collect()
+            self.shm.close()
+        self.shm = None
 
 
 def _serve(requests: Connection, replies: Connection) -> None:
@@ -304,23 +363,24 @@ def _answer(
     key: str,
     member: str,
     kind: FallbackKind,
+    frames: bool,
 ) -> tuple[str, Any]:
     from energon_pack.media import MediaError
 
     try:
         fn = getattr(importlib.import_module(module), qualname)
         with media_errors(key, member, kind):
-            result = fn(*args)
+            if not frames:
+                return "ok", fn(*args)
+            array, extra = fn(*args, block.alloc)
+            if block.last is None or array is not block.last:
+                raise TypeError(f"{qualname} must return the array its alloc gave")
     except MemoryError as exc:
         return "memory", str(exc) or "out of memory"
     except MediaError as exc:
         return "error", exc
-    if isinstance(result, tuple) and any(isinstance(x, np.ndarray) for x in result):
-        arrays = [x for x in result if isinstance(x, np.ndarray)]
-        extra = tuple(x for x in result if not isinstance(x, np.ndarray))
-        name, layout = block.put(arrays)
-        return "arrays", (name, layout, extra)
-    return "ok", result
+    assert block.shm is not None  # alloc made it
+    return "frames", (block.shm.name, array.shape, extra)
 
 
 def _main() -> None:

@@ -17,9 +17,11 @@ import tarfile
 import time
 import warnings
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from helpers import SMALL_MEDIA, batches, image_bytes, read_samples, train_dataset, video_bytes
@@ -30,7 +32,7 @@ from energon_pack import media
 from energon_pack.collate import CollatedBatch, VLMPackingCollator
 from energon_pack.encode import ConversationEncoder
 from energon_pack.media import MediaConfig, MediaError
-from energon_pack.media_guard import guarded
+from energon_pack.media_guard import guarded, guarded_frames, shutdown_helper
 from energon_pack.sample import parse_sample
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -86,18 +88,53 @@ def test_memory_errors_propagate_with_the_sample_named(isolation: str) -> None:
 
 
 def test_guarded_decoding_equals_unguarded(demo: dict[str, dict[str, bytes]]) -> None:
+    """Results are compared after all calls: a result that still pointed into the decoder's
+    reused shared block would have been overwritten by the later calls."""
     off = MediaConfig(decode_isolation="off")
-    checked = Counter()
-    for key, sample in list(demo.items())[:40]:
-        for _, kind, data in parse_sample(key, sample).media:
-            if kind == "image":
-                assert torch.equal(media.process_image(data)[0], media.process_image(data, off)[0])
-            else:
-                assert media.probe_video(data) == media.probe_video(data, off)
-                assert torch.equal(media.process_video(data)[0], media.process_video(data, off)[0])
-            checked[kind] += 1
-    assert checked["image"] > 5
-    assert checked["video"] > 1
+    uint8 = MediaConfig(pixel_dtype="uint8")
+    items = [
+        (kind, data)
+        for key, sample in list(demo.items())[:40]
+        for _, kind, data in parse_sample(key, sample).media
+    ]
+    guarded_results = []
+    for kind, data in items:
+        if kind == "image":
+            guarded_results.append((media.process_image(data), media.process_image(data, uint8)))
+        else:
+            assert media.probe_video(data) == media.probe_video(data, off)
+            guarded_results.append((media.process_video(data), media.process_video(data, uint8)))
+    for (kind, data), (float32, raw) in zip(items, guarded_results, strict=True):
+        process = media.process_image if kind == "image" else media.process_video
+        assert torch.equal(float32[0], process(data, off)[0])
+        assert torch.equal(raw[0], process(data, replace(uint8, decode_isolation="off"))[0])
+    kinds = Counter(kind for kind, _ in items)
+    assert kinds["image"] > 5
+    assert kinds["video"] > 1
+
+
+def test_a_guarded_decoder_must_fill_the_array_it_was_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the helper imports this file
+    shutdown_helper()
+    with pytest.raises(MediaError, match="must return the array its alloc gave"):
+        guarded_frames(
+            fresh_array,
+            (2, 3),
+            use=lambda frames, _: frames.copy(),
+            key="k",
+            member="0.mp4",
+            kind="corrupt",
+            isolation="process",
+            timeout_s=30.0,
+        )
+    shutdown_helper()  # the next test's helper starts without this file on its path
+
+
+def fresh_array(shape: tuple[int, ...], alloc: Any) -> tuple[np.ndarray[Any, Any], None]:
+    """A decoder that ignores ``alloc`` (used by the test above, in the helper process)."""
+    return np.zeros(shape, dtype=np.uint8), None
 
 
 # --- the crash corpus -------------------------------------------------------------------------
