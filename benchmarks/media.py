@@ -13,7 +13,8 @@ float32 one. Writes benchmarks/results/media.json (1 CPU thread).
 
 The guard table compares decoding in the helper process (``decode_isolation="process"``, the
 default) with decoding in the calling process (``"off"``), calls interleaved, as the median of
-per-item ratios of median times.
+per-item ratios of median times: wall time (what one call waits) and CPU time (this process plus
+the helper: what the guard costs a busy loader), and the helper's memory.
 
 Run: .venv/bin/python benchmarks/media.py [--repeats 3] [--rounds 7]
 """
@@ -33,10 +34,11 @@ from typing import Any
 
 import decord
 import numpy as np
+import psutil
 import torch
 from PIL import Image
 
-from energon_pack import media
+from energon_pack import media, media_guard
 from energon_pack.sample import parse_sample
 from energon_pack.tables import format_table
 
@@ -75,17 +77,26 @@ def fixture_media() -> list[tuple[str, str, str, bytes]]:
 UNGUARDED = media.MediaConfig(decode_isolation="off")
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of its decoder helper (Linux: the helper's process CPU
+    clock, as ``clock_getcpuclockid`` gives it)."""
+    pid = media_guard.helper_pid()
+    helper = time.clock_gettime((~pid << 3) | 2) if pid is not None else 0.0
+    return time.process_time() + helper
+
+
 def paired_seconds(
     guarded: Callable[[], object], unguarded: Callable[[], object], repeats: int
-) -> tuple[float, float]:
-    """Median wall times of ``guarded`` and ``unguarded``, called alternately."""
-    times: tuple[list[float], list[float]] = ([], [])
+) -> dict[str, float]:
+    """Median wall and CPU times of ``guarded`` and ``unguarded``, called alternately."""
+    times: dict[str, list[float]] = {name: [] for name in ("wall_g", "wall_u", "cpu_g", "cpu_u")}
     for _ in range(repeats):
-        for fn, bucket in ((unguarded, times[1]), (guarded, times[0])):
-            start = time.perf_counter()
+        for fn, mode in ((unguarded, "u"), (guarded, "g")):
+            wall, cpu = time.perf_counter(), cpu_seconds()
             fn()
-            bucket.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+            times[f"cpu_{mode}"].append(cpu_seconds() - cpu)
+            times[f"wall_{mode}"].append(time.perf_counter() - wall)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def measure_guard(kind: str, data: bytes, repeats: int) -> dict[str, float]:
@@ -94,14 +105,14 @@ def measure_guard(kind: str, data: bytes, repeats: int) -> dict[str, float]:
         decode, probe = media.process_image, None
     else:
         decode, probe = media.process_video, media.probe_video
-    guarded_s, unguarded_s = paired_seconds(
-        lambda: decode(data), lambda: decode(data, UNGUARDED), repeats
-    )
-    out = {"guarded_ms": guarded_s * 1e3, "unguarded_ms": unguarded_s * 1e3}
-    out["guard_ratio"] = guarded_s / unguarded_s
+    t = paired_seconds(lambda: decode(data), lambda: decode(data, UNGUARDED), repeats)
+    out = {"guarded_ms": t["wall_g"] * 1e3, "unguarded_ms": t["wall_u"] * 1e3}
+    out["guard_ratio"] = t["wall_g"] / t["wall_u"]
+    out["guard_cpu_ratio"] = t["cpu_g"] / t["cpu_u"]
     if probe is not None:
-        pg, pu = paired_seconds(lambda: probe(data), lambda: probe(data, UNGUARDED), repeats)
-        out["probe_guard_ratio"] = pg / pu
+        p = paired_seconds(lambda: probe(data), lambda: probe(data, UNGUARDED), repeats)
+        out["probe_guard_ratio"] = p["wall_g"] / p["wall_u"]
+        out["probe_guard_cpu_ratio"] = p["cpu_g"] / p["cpu_u"]
     return out
 
 
@@ -140,6 +151,15 @@ def measure(key: str, member: str, kind: str, data: bytes, repeats: int) -> dict
     }
 
 
+def helper_memory() -> dict[str, float]:
+    """RSS and USS of this process's decoder helper, in MiB."""
+    pid = media_guard.helper_pid()
+    if pid is None:
+        raise SystemExit("the decoder helper is not running")
+    info = psutil.Process(pid).memory_full_info()
+    return {"rss_mib": info.rss / 2**20, "uss_mib": info.uss / 2**20}
+
+
 def summary(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     """Totals and medians over one kind of media."""
     chosen = [r for r in rows if r["kind"] == kind]
@@ -157,8 +177,12 @@ def summary(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
         "median_unguarded_ms": statistics.median(r["unguarded_ms"] for r in chosen),
         "median_guarded_ms": statistics.median(r["guarded_ms"] for r in chosen),
         "median_guard_ratio": statistics.median(r["guard_ratio"] for r in chosen),
+        "median_guard_cpu_ratio": statistics.median(r["guard_cpu_ratio"] for r in chosen),
         "median_probe_guard_ratio": statistics.median(
             r.get("probe_guard_ratio", 1.0) for r in chosen
+        ),
+        "median_probe_guard_cpu_ratio": statistics.median(
+            r.get("probe_guard_cpu_ratio", 1.0) for r in chosen
         ),
     }
 
@@ -169,6 +193,8 @@ FLOAT = media.MediaConfig(decode_isolation="off")
 UINT8 = media.MediaConfig(pixel_dtype="uint8", decode_isolation="off")
 SPEED_HEADERS = ["kind", "size", "HF ms", "f32 ms", "u8 ms", "floor ms", "f32 vs HF", "u8 vs HF"]
 SPEED_HEADERS += ["f32/floor", "u8/floor"]
+GUARD_HEADERS = ["kind", "items", "unguarded ms", "guarded ms", "guard wall", "guard CPU"]
+GUARD_HEADERS += ["probe guard wall", "probe guard CPU"]
 
 
 def image_floor(data: bytes) -> np.ndarray[Any, Any]:
@@ -181,8 +207,8 @@ def image_floor(data: bytes) -> np.ndarray[Any, Any]:
             rgba = img.convert("RGBA")
             white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
             rgb = Image.alpha_composite(white, rgba).convert("RGB")
-        else:
-            rgb = img.convert("RGB")
+        else:  # an RGB image is resized as it is, no conversion copy
+            rgb = img if img.mode == "RGB" else img.convert("RGB")
         return np.asarray(rgb.resize(size, Image.Resampling.BICUBIC))
 
 
@@ -354,7 +380,7 @@ def main() -> None:
     print()
     print(
         format_table(
-            ["kind", "items", "unguarded ms", "guarded ms", "guard ratio", "probe guard ratio"],
+            GUARD_HEADERS,
             [
                 [
                     s["kind"],
@@ -362,16 +388,29 @@ def main() -> None:
                     s["median_unguarded_ms"],
                     s["median_guarded_ms"],
                     f"{s['median_guard_ratio']:.3f}x",
-                    f"{s['median_probe_guard_ratio']:.3f}x" if s["kind"] == "video" else "-",
+                    f"{s['median_guard_cpu_ratio']:.3f}x",
                 ]
+                + (
+                    [
+                        f"{s['median_probe_guard_ratio']:.3f}x",
+                        f"{s['median_probe_guard_cpu_ratio']:.3f}x",
+                    ]
+                    if s["kind"] == "video"
+                    else ["-", "-"]
+                )
                 for s in summaries
             ],
         )
+    )
+    helper = helper_memory()
+    print(
+        f"decoder helper process: RSS {helper['rss_mib']:.0f} MiB, USS {helper['uss_mib']:.0f} MiB"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "config": str(media.MediaConfig()),
         "summary": summaries,
+        "helper_memory": helper,
         "versus_references": speed,
         "items": rows,
     }

@@ -36,19 +36,19 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from energon_pack.media_config import Isolation, MediaError
+
 __all__ = [
     "Alloc",
-    "Isolation",
     "UInt8Array",
     "alloc_in_process",
     "guarded",
     "guarded_frames",
+    "helper_pid",
     "media_errors",
     "shutdown_helper",
 ]
 
-Isolation = Literal["process", "off"]
-"""``"process"``: native decoding in the helper process; ``"off"``: in the calling process."""
 
 R = TypeVar("R")
 E = TypeVar("E")
@@ -58,13 +58,17 @@ Alloc = Callable[[tuple[int, ...]], UInt8Array]
 FallbackKind = Literal["unreadable", "corrupt", "bad_sample"]
 
 _START_TIMEOUT_S = 120.0  # importing torch in the helper on a loaded machine
-_ENTRY = "from energon_pack.media_guard import _main; _main()"
+# The helper maps the package without running energon_pack/__init__.py (which imports torch and
+# everything else): it loads only the modules its requests name, which keeps it small.
+_ENTRY = (
+    "import sys, types; package = types.ModuleType('energon_pack'); "
+    "package.__path__ = [sys.argv[3]]; sys.modules['energon_pack'] = package; "
+    "from energon_pack.media_guard import _main; _main()"
+)
 _PILLOW_BLOCKS_MAX = 8  # memory blocks Pillow keeps in the helper (each at most 16 MiB)
 
 
 def _media_error(key: str, member: str, kind: str, cause: str) -> Exception:
-    from energon_pack.media import MediaError
-
     return MediaError(key, member, kind, cause)  # type: ignore[arg-type]
 
 
@@ -75,8 +79,6 @@ def media_errors(key: str, member: str, kind: FallbackKind) -> Iterator[None]:
     ``MediaError`` passes unchanged; ``MemoryError`` and ``KeyboardInterrupt`` (resource errors,
     not bad data) propagate, re-raised as the same type with the sample named.
     """
-    from energon_pack.media import MediaError
-
     try:
         yield
     except MediaError:
@@ -139,6 +141,13 @@ def alloc_in_process(shape: tuple[int, ...]) -> UInt8Array:
     return np.empty(shape, dtype=np.uint8)
 
 
+def helper_pid() -> int | None:
+    """The process id of this process's helper, ``None`` before it starts (e.g. to watch its
+    memory or CPU time)."""
+    helper = _HELPER.get(os.getpid())
+    return helper.pid if helper is not None else None
+
+
 def shutdown_helper() -> None:
     """Stop this process's helper (it is also stopped at exit, or when its parent goes away)."""
     helper = _HELPER.get(os.getpid())
@@ -155,6 +164,11 @@ class _Helper:
         self._requests: Connection | None = None
         self._replies: Connection | None = None
         self._block: shared_memory.SharedMemory | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The helper's process id while it runs."""
+        return self._proc.pid if self._proc is not None else None
 
     def call(
         self,
@@ -227,14 +241,15 @@ class _Helper:
             return self._requests, self._replies
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        package_dir = os.path.dirname(os.path.abspath(__file__))
+        package_root = os.path.dirname(package_dir)
         path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
         # Pillow frees every image's memory blocks by default; the helper decodes image after
         # image, so it keeps a few for reuse (fewer page faults; measured in benchmarks/media.py).
         env.setdefault("PILLOW_BLOCKS_MAX", str(_PILLOW_BLOCKS_MAX))
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _ENTRY, str(request_read), str(reply_write)],
+            [sys.executable, "-c", _ENTRY, str(request_read), str(reply_write), package_dir],
             pass_fds=(request_read, reply_write),
             env=env,
             stdin=subprocess.DEVNULL,
@@ -365,8 +380,6 @@ def _answer(
     kind: FallbackKind,
     frames: bool,
 ) -> tuple[str, Any]:
-    from energon_pack.media import MediaError
-
     try:
         fn = getattr(importlib.import_module(module), qualname)
         with media_errors(key, member, kind):

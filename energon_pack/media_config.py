@@ -1,0 +1,250 @@
+"""Media settings, limits, errors and probe results (no torch: the decoder process loads this).
+
+Defaults follow the Qwen2-VL processors; :func:`smart_resize` is their sizing rule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "OPENAI_CLIP_MEAN",
+    "OPENAI_CLIP_STD",
+    "PIXEL_DTYPES",
+    "RESCALE_FACTOR",
+    "VIDEO_EXTENSIONS",
+    "ImageProbe",
+    "Isolation",
+    "MediaConfig",
+    "MediaError",
+    "MediaErrorKind",
+    "PixelDtype",
+    "VideoProbe",
+    "smart_resize",
+]
+
+OPENAI_CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+IMAGE_EXTENSIONS: frozenset[str] = frozenset({"jpg", "jpeg", "png", "webp"})
+VIDEO_EXTENSIONS: frozenset[str] = frozenset({"mp4"})
+RESCALE_FACTOR = 1 / 255
+"""transformers' ``rescale_factor`` of 8-bit pixels."""
+
+
+Isolation = Literal["process", "off"]
+"""``"process"``: native decoding in the helper process; ``"off"``: in the calling process."""
+PixelDtype = Literal["float32", "uint8"]
+PIXEL_DTYPES: tuple[PixelDtype, ...] = ("float32", "uint8")
+
+
+MediaErrorKind = Literal[
+    "empty",  # zero-byte member
+    "unreadable",  # header cannot be parsed (not an image / video)
+    "corrupt",  # header parsed but pixel decoding failed (e.g. truncated file)
+    "too_large",  # declared pixel count above the bomb guard
+    "aspect_ratio",  # aspect ratio above 200 (smart_resize limit)
+    "too_many",  # more media in one sample than allowed
+    "too_long",  # video longer than the frame / duration limit
+    "unsupported",  # member extension is not a known image/video type
+    "bad_sample",  # sample JSON missing or malformed
+    "crashed",  # the decoder died (e.g. SIGSEGV / SIGABRT in decord) on this member
+    "timeout",  # the decoder did not finish within decode_timeout_s
+    "placeholder_mismatch",  # <image>/<video> placeholders do not match the media members
+]
+
+
+class MediaError(ValueError):
+    """A sample's media cannot be used; the message names the sample key, member and cause."""
+
+    def __init__(self, key: str, member: str, kind: MediaErrorKind, cause: str) -> None:
+        super().__init__(f"sample {key!r}, member {member!r}: {cause} [{kind}]")
+        self.key = key
+        self.member = member
+        self.kind: MediaErrorKind = kind
+        self.cause = cause
+
+    def __reduce__(self) -> tuple[type[MediaError], tuple[str, str, MediaErrorKind, str]]:
+        return type(self), (self.key, self.member, self.kind, self.cause)
+
+
+@dataclass(frozen=True)
+class MediaConfig:
+    """Preprocessing settings and limits; defaults follow the Qwen2-VL processors.
+
+    Image sizing uses ``min_pixels``/``max_pixels`` (``Qwen2VLImageProcessor``). Videos are sampled
+    at ``video_fps`` within ``[video_min_frames, video_max_frames]`` (rounded down to a multiple of
+    ``temporal_patch_size``) and each frame is resized within ``[video_min_pixels,
+    video_max_pixels]``, further capped so that all frames together stay under
+    ``video_total_pixels`` (``Qwen2VLVideoProcessor`` with ``cap_pixels_per_frame=True``).
+    Limits reject a sample before decoding: ``max_image_pixels`` (decoded-size bomb guard, also
+    applied to video frames), ``max_images_per_sample``, ``max_video_source_frames`` and
+    ``max_video_seconds``.
+
+    ``pixel_dtype`` is the dtype of the patches handed out: ``"float32"`` (normalised, what a
+    model takes as it is) or ``"uint8"`` (raw pixels, 4x smaller through workers, shared memory
+    and the loader; the training step must call :func:`normalize_pixels` on them).
+
+    ``decode_isolation="process"`` (default) runs decord and Pillow's pixel decoding in a helper
+    process (:mod:`energon_pack.media_guard`), so a native crash or a hang past
+    ``decode_timeout_s`` becomes a :class:`MediaError` (``crashed`` / ``timeout``) instead of
+    killing the run; ``"off"`` decodes in the calling process. ``max_json_bytes`` and
+    ``max_json_depth`` bound the parsing of a sample's JSON member.
+    """
+
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
+    image_std: tuple[float, float, float] = OPENAI_CLIP_STD
+    video_fps: float = 2.0
+    video_min_frames: int = 4
+    video_max_frames: int = 768
+    video_min_pixels: int = 128 * 28 * 28
+    video_max_pixels: int = 28 * 28 * 768
+    video_total_pixels: int = int(128000 * 28 * 28 * 0.9)
+    max_image_pixels: int = 8192 * 8192
+    max_images_per_sample: int = 32
+    max_video_source_frames: int = 64 * 1024
+    max_video_seconds: float = 3600.0
+    pixel_dtype: PixelDtype = "float32"
+    decode_isolation: Isolation = "process"
+    decode_timeout_s: float = 60.0
+    max_json_bytes: int = 16 * 2**20
+    max_json_depth: int = 64
+
+    def __post_init__(self) -> None:
+        if self.pixel_dtype not in PIXEL_DTYPES:
+            raise ValueError(
+                f"MediaConfig.pixel_dtype must be one of {list(PIXEL_DTYPES)}, got "
+                f"{self.pixel_dtype!r}; use 'uint8' to ship raw pixels and normalise them in the "
+                "training step with energon_pack.media.normalize_pixels"
+            )
+        positive = {
+            "patch_size": self.patch_size,
+            "merge_size": self.merge_size,
+            "temporal_patch_size": self.temporal_patch_size,
+            "min_pixels": self.min_pixels,
+            "max_pixels": self.max_pixels,
+            "video_fps": self.video_fps,
+            "video_min_frames": self.video_min_frames,
+            "video_max_frames": self.video_max_frames,
+            "video_min_pixels": self.video_min_pixels,
+            "video_max_pixels": self.video_max_pixels,
+            "video_total_pixels": self.video_total_pixels,
+            "max_image_pixels": self.max_image_pixels,
+            "max_images_per_sample": self.max_images_per_sample,
+            "max_video_source_frames": self.max_video_source_frames,
+            "max_video_seconds": self.max_video_seconds,
+            "decode_timeout_s": self.decode_timeout_s,
+            "max_json_bytes": self.max_json_bytes,
+            "max_json_depth": self.max_json_depth,
+        }
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"MediaConfig.{name} must be > 0, got {value}")
+        if self.decode_isolation not in ("process", "off"):
+            raise ValueError(
+                f"MediaConfig.decode_isolation must be 'process' or 'off', got "
+                f"{self.decode_isolation!r}"
+            )
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(
+                f"MediaConfig.min_pixels ({self.min_pixels}) exceeds max_pixels ({self.max_pixels})"
+            )
+        if self.video_min_pixels > self.video_max_pixels:
+            raise ValueError(
+                f"MediaConfig.video_min_pixels ({self.video_min_pixels}) exceeds "
+                f"video_max_pixels ({self.video_max_pixels})"
+            )
+        if self.video_max_frames < self.temporal_patch_size:
+            raise ValueError(
+                f"MediaConfig.video_max_frames ({self.video_max_frames}) must be at least "
+                f"temporal_patch_size ({self.temporal_patch_size})"
+            )
+
+    @property
+    def factor(self) -> int:
+        """Side multiple of resized media: ``patch_size * merge_size``."""
+        return self.patch_size * self.merge_size
+
+    @property
+    def patch_dim(self) -> int:
+        """Values per patch row: ``3 * temporal_patch_size * patch_size**2``."""
+        return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
+
+    @property
+    def torch_pixel_dtype(self) -> torch.dtype:
+        """``pixel_dtype`` as a torch dtype."""
+        import torch  # here, not at the top: the decoder process never imports torch
+
+        dtype: torch.dtype = getattr(torch, self.pixel_dtype)
+        return dtype
+
+
+@dataclass(frozen=True)
+class ImageProbe:
+    """Header facts of an image: source size, patch grid ``(t, h, w)`` and LLM token count."""
+
+    width: int
+    height: int
+    grid_thw: tuple[int, int, int]
+    tokens: int
+
+
+@dataclass(frozen=True)
+class VideoProbe:
+    """Metadata facts of a video: source and sampled frames, grid ``(t, h, w)``, token count.
+
+    ``frames`` is the sampled frame count (a multiple of ``temporal_patch_size``), ``fps`` the
+    source average frame rate, ``second_per_grid_t`` the seconds covered by one temporal patch.
+    """
+
+    frames: int
+    fps: float
+    width: int
+    height: int
+    grid_thw: tuple[int, int, int]
+    tokens: int
+    source_frames: int
+    duration: float
+    second_per_grid_t: float
+
+
+def smart_resize(
+    height: int,
+    width: int,
+    factor: int = 28,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 28 * 28 * 1280,
+) -> tuple[int, int]:
+    """Qwen2-VL target ``(height, width)``: multiples of ``factor`` within the pixel bounds.
+
+    Same results as ``transformers``' ``smart_resize``; raises ``ValueError`` for non-positive
+    sizes or an aspect ratio above 200.
+    """
+    if height <= 0 or width <= 0:
+        raise ValueError(f"image size must be positive, got height={height}, width={width}")
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(
+            "absolute aspect ratio must be smaller than 200, got "
+            f"{max(height, width) / min(height, width)}"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
