@@ -38,7 +38,7 @@ import psutil
 import torch
 from PIL import Image
 
-from energon_pack import media, media_guard
+from energon_pack import media, media_decode, media_guard
 from energon_pack.sample import parse_sample
 from energon_pack.tables import format_table
 
@@ -198,18 +198,13 @@ GUARD_HEADERS += ["probe guard wall", "probe guard CPU"]
 
 
 def image_floor(data: bytes) -> np.ndarray[Any, Any]:
-    """Decode + RGB (transparency on white, as transformers does) + bicubic resize to the probed
-    size: what any image processor must do."""
+    """Decode + RGB (transparency on white, as transformers does, done the fastest way known to
+    give its values: ``media_decode.to_rgb``) + bicubic resize to the probed size: what any
+    image processor must do."""
     _, gh, gw = media.probe_image(data).grid_thw
     with Image.open(io.BytesIO(data)) as img:
         size = (gw * FLOAT.patch_size, gh * FLOAT.patch_size)
-        if "A" in img.getbands() or img.info.get("transparency") is not None:
-            rgba = img.convert("RGBA")
-            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-            rgb = Image.alpha_composite(white, rgba).convert("RGB")
-        else:  # an RGB image is resized as it is, no conversion copy
-            rgb = img if img.mode == "RGB" else img.convert("RGB")
-        return np.asarray(rgb.resize(size, Image.Resampling.BICUBIC))
+        return np.asarray(media_decode.to_rgb(img).resize(size, Image.Resampling.BICUBIC))
 
 
 def video_floor(data: bytes, indices: list[int], size: tuple[int, int]) -> np.ndarray[Any, Any]:

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from energon_pack import media
+from energon_pack import media, media_decode
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.sample import parse_sample
 
@@ -169,6 +169,28 @@ def test_transparent_and_palette_images_composite_on_white() -> None:
     white = (1.0 - np.array(media.OPENAI_CLIP_MEAN)) / np.array(media.OPENAI_CLIP_STD)
     per_channel = pixels.reshape(-1, 3, 2 * 14 * 14)
     np.testing.assert_allclose(per_channel[0, :, 0].numpy(), white, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "PA", "P-transparency", "RGB-transparency"])
+def test_rgb_conversion_equals_transformers_for_every_value_and_alpha(mode: str) -> None:
+    """Every (value, alpha) pair in every channel, against transformers' own convert_to_rgb."""
+    from transformers.image_transforms import convert_to_rgb
+
+    value, alpha = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    rgba = np.stack([value, 255 - value, (value * 7) % 256, alpha], axis=-1).astype(np.uint8)
+    img = Image.fromarray(rgba, "RGBA")
+    if mode == "LA":
+        img = img.convert("LA")
+    elif mode == "PA":
+        img = img.convert("PA")
+    elif mode == "P-transparency":
+        img = Image.fromarray(rgba[..., :3], "RGB").quantize(64)
+        img.info["transparency"] = 5
+    elif mode == "RGB-transparency":
+        img = Image.fromarray(rgba[..., :3], "RGB")
+        img.info["transparency"] = (0, 255, 0)
+    expected = np.asarray(convert_to_rgb(img.copy()))
+    assert np.array_equal(np.asarray(media_decode.to_rgb(img)), expected)
 
 
 # --- videos -----------------------------------------------------------------------------------
