@@ -28,6 +28,7 @@ import statistics
 import tarfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,49 @@ def helper_memory() -> dict[str, float]:
         raise SystemExit("the decoder helper is not running")
     info = psutil.Process(pid).memory_full_info()
     return {"rss_mib": info.rss / 2**20, "uss_mib": info.uss / 2**20}
+
+
+@dataclass(frozen=True)
+class PackSample:
+    """A fixture sample as :func:`energon_pack.media.decode_vision` reads it."""
+
+    key: str
+    media: list[media.MediaItem]
+    vision: media.VisionInputs | None = None
+
+
+def fixture_packs(per_pack: int) -> list[list[PackSample]]:
+    """The fixture samples with media, probed, in packs of ``per_pack`` consecutive samples."""
+    samples: dict[str, list[media.MediaItem]] = {}
+    for key, member, kind, data in fixture_media():
+        if kind == "image":
+            probe: media.ImageProbe | media.VideoProbe = media.probe_image(data)
+            seconds = None
+        else:
+            probe = media.probe_video(data)
+            seconds = probe.second_per_grid_t
+        item = media.MediaItem(member, kind, data, probe.grid_thw, probe.tokens, seconds)
+        samples.setdefault(key, []).append(item)
+    ordered = [PackSample(key, items) for key, items in samples.items()]
+    return [ordered[i : i + per_pack] for i in range(0, len(ordered), per_pack)]
+
+
+def measure_pack_guard(per_pack: int, repeats: int) -> dict[str, float]:
+    """Guarded versus unguarded ``decode_vision`` of whole packs (the loaders' call): the
+    helper decodes the next file while this process patchifies the last."""
+    ratios: dict[str, list[float]] = {"wall": [], "cpu": []}
+    packs = fixture_packs(per_pack)
+    for pack in packs:
+        guarded = partial(media.decode_vision, pack)
+        t = paired_seconds(guarded, partial(media.decode_vision, pack, UNGUARDED), repeats)
+        ratios["wall"].append(t["wall_g"] / t["wall_u"])
+        ratios["cpu"].append(t["cpu_g"] / t["cpu_u"])
+    return {
+        "packs": len(packs),
+        "samples_per_pack": per_pack,
+        "median_guard_ratio": statistics.median(ratios["wall"]),
+        "median_guard_cpu_ratio": statistics.median(ratios["cpu"]),
+    }
 
 
 def summary(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -397,6 +441,12 @@ def main() -> None:
             ],
         )
     )
+    packs = measure_pack_guard(8, args.repeats * 2)
+    print(
+        f"whole packs ({packs['packs']} packs of {packs['samples_per_pack']} samples, "
+        f"decode_vision): guard wall {packs['median_guard_ratio']:.3f}x, "
+        f"guard CPU {packs['median_guard_cpu_ratio']:.3f}x"
+    )
     helper = helper_memory()
     print(
         f"decoder helper process: RSS {helper['rss_mib']:.0f} MiB, USS {helper['uss_mib']:.0f} MiB"
@@ -406,6 +456,7 @@ def main() -> None:
         "config": str(media.MediaConfig()),
         "summary": summaries,
         "helper_memory": helper,
+        "pack_guard": packs,
         "versus_references": speed,
         "items": rows,
     }

@@ -49,8 +49,10 @@ from energon_pack.media_config import (
 )
 from energon_pack.media_decode import (
     decode_image_levels,
+    decode_levels,
     decode_video_levels,
     image_grid,
+    level_bytes,
     open_image,
     patch_levels,
     read_video_probe,
@@ -58,10 +60,12 @@ from energon_pack.media_decode import (
     token_count,
 )
 from energon_pack.media_guard import (
+    FramesJob,
     UInt8Array,
     alloc_in_process,
     guarded,
     guarded_frames,
+    guarded_frames_each,
     media_errors,
 )
 
@@ -372,6 +376,7 @@ def decode_vision(
         for kind in ("image", "video")
     }
     offsets = {"image": 0, "video": 0}
+    encoded: list[tuple[str, MediaItem, torch.Tensor]] = []  # (key, item, slot) of file bytes
     for sample in samples:
         vision = sample.vision
         if vision is not None:  # materialised already: copy its blocks in
@@ -394,12 +399,13 @@ def decode_vision(
             rows = math.prod(item.grid_thw)
             slot = _slot(pixels[item.kind], offsets[item.kind], rows)
             offsets[item.kind] += rows
-            key, member = sample.key, item.member
             if isinstance(item.data, Frames):
-                process_frames(item.data, item.kind, cfg, key=key, member=member, out=slot)
+                process_frames(
+                    item.data, item.kind, cfg, key=sample.key, member=item.member, out=slot
+                )
             else:
-                decode = process_image if item.kind == "image" else process_video
-                decode(item.data, cfg, key=key, member=member, out=slot)
+                encoded.append((sample.key, item, slot))
+    _decode_into(encoded, cfg)
     grids = media_grids(samples)
     return replace(grids, pixel_values=pixels["image"], pixel_values_videos=pixels["video"])
 
@@ -413,6 +419,31 @@ def media_grids(samples: Sequence[MediaSample]) -> VisionInputs:
         image_grid_thw=_grids(images),
         video_grid_thw=_grids(videos),
         second_per_grid_ts=torch.tensor(seconds, dtype=torch.float32) if videos else None,
+    )
+
+
+def _decode_into(encoded: list[tuple[str, MediaItem, torch.Tensor]], cfg: MediaConfig) -> None:
+    """Decode media files into their slots, as one batch through the decoder process (it
+    decodes the next file while this process patchifies the last)."""
+
+    def patches(index: int, levels: UInt8Array, _: object) -> None:
+        key, item, slot = encoded[index]
+        target = _checked_out(slot, levels.shape[0], cfg, key, item.member)
+        _patches(torch.from_numpy(levels), cfg, target)
+
+    jobs = []
+    for key, item, slot in encoded:
+        assert isinstance(item.data, bytes)  # Frames are processed in this process
+        args = (item.data, cfg, key, item.member, item.kind)
+        nbytes = level_bytes(item.kind, slot.shape[0], cfg)
+        jobs.append(FramesJob(args, key, item.member, nbytes))
+    guarded_frames_each(
+        decode_levels,
+        jobs,
+        use=patches,
+        kind="corrupt",
+        isolation=cfg.decode_isolation,
+        timeout_s=cfg.decode_timeout_s,
     )
 
 
@@ -484,11 +515,11 @@ def _patches(levels: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None) -
 
     Always writes a new tensor (or ``out``): ``levels`` may be a view of the decoder's shared
     block. A still's temporal repeat is a copy of whole ``p*p`` runs. float32 values are
-    ``x / 255``, ``- mean``, ``/ std`` in float32 on contiguous patches: ``x / 255`` in float32
-    equals transformers' float32(float64(x) * (1/255)) for every 8-bit level and the mean/std
-    steps are the same float32 operations, so the values are those of
-    :func:`_normalization_table` (checked level by level in the tests). The three passes run
-    on :data:`_NORMALIZE_ROWS` rows at a time, which stay in the CPU cache between passes.
+    ``x / 255``, ``- mean``, ``/ std`` in float32, made in place in the output (a still's first
+    temporal copy): ``x / 255`` in float32 equals transformers' float32(float64(x) * (1/255))
+    for every 8-bit level and the mean/std steps are the same float32 operations, so the values
+    are those of :func:`_normalization_table` (checked level by level in the tests). The three
+    passes run on :data:`_NORMALIZE_ROWS` rows at a time, which stay in the CPU cache.
     """
     rows = levels.shape[0]
     repeat = cfg.patch_dim // levels.shape[1]
@@ -501,14 +532,12 @@ def _patches(levels: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None) -
         return out
     mean = torch.tensor(cfg.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
     std = torch.tensor(cfg.image_std, dtype=torch.float32).view(1, 3, 1, 1)
-    chunk = min(rows, _NORMALIZE_ROWS)
-    scratch = torch.empty((chunk, *by_channel.shape[1:])) if repeat > 1 else None
-    for start in range(0, rows, chunk):
-        stop = min(start + chunk, rows)
-        values = by_repeat[start:stop] if scratch is None else scratch[: stop - start]
-        torch.div(by_channel[start:stop], 255.0, out=values).sub_(mean).div_(std)
-        if scratch is not None:
-            by_repeat[start:stop].copy_(values.expand(-1, -1, repeat, -1))
+    for start in range(0, rows, _NORMALIZE_ROWS):
+        stop = min(start + _NORMALIZE_ROWS, rows)
+        first = by_repeat[start:stop, :, :1]  # a still's other temporal copies follow it
+        torch.div(by_channel[start:stop], 255.0, out=first).sub_(mean).div_(std)
+        if repeat > 1:
+            by_repeat[start:stop, :, 1:].copy_(first.expand(-1, -1, repeat - 1, -1))
     return out
 
 

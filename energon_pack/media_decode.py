@@ -15,7 +15,7 @@ import math
 import struct
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import decord
 import numpy as np
@@ -27,8 +27,10 @@ from energon_pack.media_guard import Alloc, UInt8Array
 __all__ = [
     "IMAGE_FORMATS",
     "decode_image_levels",
+    "decode_levels",
     "decode_video_levels",
     "image_grid",
+    "level_bytes",
     "open_image",
     "patch_levels",
     "read_video_probe",
@@ -59,6 +61,26 @@ def decode_image_levels(
         except (OSError, ValueError, SyntaxError) as exc:
             raise MediaError(key, member, "corrupt", f"cannot decode image: {exc}") from exc
     return patch_levels([resized], cfg, alloc), (1, gh, gw)
+
+
+def decode_levels(
+    data: bytes,
+    cfg: MediaConfig,
+    key: str,
+    member: str,
+    kind: Literal["image", "video"],
+    alloc: Alloc,
+) -> tuple[UInt8Array, tuple[int, int, int] | VideoProbe]:
+    """:func:`decode_image_levels` or :func:`decode_video_levels`, by ``kind``."""
+    if kind == "image":
+        return decode_image_levels(data, cfg, key, member, alloc)
+    return decode_video_levels(data, cfg, key, member, alloc)
+
+
+def level_bytes(kind: Literal["image", "video"], rows: int, cfg: MediaConfig) -> int:
+    """Bytes of the patch levels of a medium of ``rows`` patches (a still's are not repeated)."""
+    frames = 1 if kind == "image" else cfg.temporal_patch_size
+    return rows * 3 * frames * cfg.patch_size * cfg.patch_size
 
 
 def read_video_probe(data: bytes, cfg: MediaConfig, key: str, member: str) -> VideoProbe:

@@ -20,6 +20,8 @@ the cause.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import gc
 import importlib
 import math
@@ -28,11 +30,12 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Connection
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -40,10 +43,12 @@ from energon_pack.media_config import Isolation, MediaError
 
 __all__ = [
     "Alloc",
+    "FramesJob",
     "UInt8Array",
     "alloc_in_process",
     "guarded",
     "guarded_frames",
+    "guarded_frames_each",
     "helper_pid",
     "media_errors",
     "shutdown_helper",
@@ -55,6 +60,27 @@ E = TypeVar("E")
 UInt8Array = np.ndarray[Any, np.dtype[np.uint8]]
 Alloc = Callable[[tuple[int, ...]], UInt8Array]
 """Gives the uint8 array a :func:`guarded_frames` decoder writes its frames into."""
+
+
+class _Region(NamedTuple):
+    """Where in the helper's block a call writes its frames."""
+
+    offset: int
+    limit: int | None  # bytes the frames may take (None: grow the block as needed)
+    reserve: int  # block size to make room for when it grows
+
+
+@dataclass(frozen=True)
+class FramesJob:
+    """One call of a :func:`guarded_frames_each` batch: ``fn(*args, alloc)`` for sample
+    ``key``, member ``member``, whose frames take ``nbytes`` (known from its probe)."""
+
+    args: tuple[Any, ...]
+    key: str
+    member: str
+    nbytes: int
+
+
 FallbackKind = Literal["unreadable", "corrupt", "bad_sample"]
 
 _START_TIMEOUT_S = 120.0  # importing torch in the helper on a loaded machine
@@ -136,6 +162,33 @@ def guarded_frames(
     return _helper().call(fn, args, key, member, kind, timeout_s, use)
 
 
+def guarded_frames_each(
+    fn: Callable[..., tuple[UInt8Array, Any]],
+    jobs: Sequence[FramesJob],
+    *,
+    use: Callable[[int, UInt8Array, Any], None],
+    kind: FallbackKind,
+    isolation: Isolation,
+    timeout_s: float,
+) -> None:
+    """:func:`guarded_frames` for a batch: ``use(i, frames, extra)`` for each job, in order.
+
+    In the helper, job ``i + 1`` is decoded while ``use`` runs on job ``i`` (each into its own
+    half of the shared block, sized from the largest ``nbytes``), so the calling process waits
+    less. The first failure is raised as :func:`guarded_frames` raises it, and the jobs after
+    it are not run; frames larger than their job's ``nbytes`` are a ``MediaError``.
+    """
+    if not jobs:
+        return
+    if isolation == "off":
+        for index, job in enumerate(jobs):
+            with media_errors(job.key, job.member, kind):
+                frames, extra = fn(*job.args, alloc_in_process)
+            use(index, frames, extra)
+        return
+    _helper().call_each(fn, jobs, kind, timeout_s, use)
+
+
 def alloc_in_process(shape: tuple[int, ...]) -> UInt8Array:
     """The :data:`Alloc` of in-process decoding: a new array."""
     return np.empty(shape, dtype=np.uint8)
@@ -182,50 +235,89 @@ class _Helper:
     ) -> R:
         """``fn(*args)`` in the helper; with ``use``, ``use(frames, extra)`` on its frames."""
         with self._lock:
-            with media_errors(key, member, kind):
-                reply = self._round_trip(fn, args, key, member, kind, timeout_s, use is not None)
-                status, payload = reply
-                if status == "memory":
-                    raise MemoryError(
-                        f"sample {key!r}, member {member!r} (decoder process): {payload}"
-                    )
-                if status == "error":
-                    raise payload  # a MediaError made in the helper
+            region = None if use is None else _Region(0, None, 0)
+            self._send(fn, args, key, member, kind, region)
+            payload = self._receive(key, member, kind, timeout_s)
             if use is None:
                 result: R = payload
                 return result
-            name, shape, extra = payload
-            return use(self._frames(name, shape), extra)
+            name, offset, shape, extra = payload
+            return use(self._frames(name, offset, shape), extra)
 
-    def _round_trip(
+    def call_each(
+        self,
+        fn: Callable[..., Any],
+        jobs: Sequence[FramesJob],
+        kind: FallbackKind,
+        timeout_s: float,
+        use: Callable[[int, UInt8Array, Any], None],
+    ) -> None:
+        """:func:`guarded_frames_each`: job ``i + 1`` is sent before ``use`` runs on job ``i``,
+        into the other half of the shared block."""
+        size = max(job.nbytes for job in jobs)
+        with self._lock:
+
+            def send(index: int) -> None:
+                job = jobs[index]
+                region = _Region((index % 2) * size, job.nbytes, 2 * size)
+                self._send(fn, job.args, job.key, job.member, kind, region)
+
+            send(0)
+            for index, job in enumerate(jobs):
+                name, offset, shape, extra = self._receive(job.key, job.member, kind, timeout_s)
+                ahead = index + 1 < len(jobs)
+                if ahead:
+                    send(index + 1)
+                try:
+                    use(index, self._frames(name, offset, shape), extra)
+                except BaseException:
+                    if ahead:  # leave nothing in flight for the next call
+                        with contextlib.suppress(MediaError):
+                            self._receive(jobs[index + 1].key, jobs[index + 1].member, kind, 0)
+                    raise
+
+    def _send(
         self,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         key: str,
         member: str,
         kind: FallbackKind,
-        timeout_s: float,
-        frames: bool,
-    ) -> tuple[str, Any]:
-        requests, replies = self._started()
+        region: _Region | None,
+    ) -> None:
+        requests, _ = self._started()
         try:
-            requests.send((fn.__module__, fn.__qualname__, args, key, member, kind, frames))
-            reply: tuple[str, Any] | None = replies.recv() if replies.poll(timeout_s) else None
-        except (EOFError, OSError):
+            requests.send((fn.__module__, fn.__qualname__, args, key, member, kind, region))
+        except OSError:  # the helper is gone (e.g. killed from outside)
             raise _media_error(key, member, "crashed", self._died()) from None
-        if reply is None:
-            self._kill()
-            raise _media_error(
-                key,
-                member,
-                "timeout",
-                f"decoding took longer than decode_timeout_s={timeout_s}; the decoder "
-                "process was stopped (raise MediaConfig.decode_timeout_s for huge media)",
-            )
-        return reply
 
-    def _frames(self, name: str, shape: tuple[int, ...]) -> UInt8Array:
-        """A view of the frames at the start of the helper's block ``name``."""
+    def _receive(self, key: str, member: str, kind: FallbackKind, timeout_s: float) -> Any:
+        """The next reply's payload; failures as :func:`guarded` describes."""
+        with media_errors(key, member, kind):
+            replies = self._replies
+            assert replies is not None  # a request was sent
+            try:
+                reply: tuple[str, Any] | None = replies.recv() if replies.poll(timeout_s) else None
+            except (EOFError, OSError):
+                raise _media_error(key, member, "crashed", self._died()) from None
+            if reply is None:
+                self._kill()
+                raise _media_error(
+                    key,
+                    member,
+                    "timeout",
+                    f"decoding took longer than decode_timeout_s={timeout_s}; the decoder "
+                    "process was stopped (raise MediaConfig.decode_timeout_s for huge media)",
+                )
+            status, payload = reply
+            if status == "memory":
+                raise MemoryError(f"(decoder process) {payload}")
+            if status == "error":
+                raise payload  # a MediaError made in the helper
+            return payload
+
+    def _frames(self, name: str, offset: int, shape: tuple[int, ...]) -> UInt8Array:
+        """A view of the frames at ``offset`` in the helper's block ``name``."""
         if self._block is None or self._block.name != name:
             if self._block is not None:
                 self._block.close()
@@ -234,7 +326,8 @@ class _Helper:
             resource_tracker.unregister(self._block._name, "shared_memory")  # type: ignore[attr-defined]
         buffer = self._block.buf
         assert buffer is not None  # an attached block is mapped
-        return np.frombuffer(buffer, dtype=np.uint8, count=math.prod(shape)).reshape(shape)
+        count = math.prod(shape)
+        return np.frombuffer(buffer, dtype=np.uint8, count=count, offset=offset).reshape(shape)
 
     def _started(self) -> tuple[Connection, Connection]:
         if self._proc is not None and self._requests is not None and self._replies is not None:
@@ -331,15 +424,26 @@ class _Block:
         self.shm: shared_memory.SharedMemory | None = None
         self.last: UInt8Array | None = None  # what alloc gave last
 
-    def alloc(self, shape: tuple[int, ...]) -> UInt8Array:
-        """A uint8 array of ``shape`` at the start of the block (valid until the next call)."""
+    def alloc(self, shape: tuple[int, ...], region: _Region, key: str, member: str) -> UInt8Array:
+        """A uint8 array of ``shape`` at the region's offset (valid until the next call)."""
         need = math.prod(shape)
+        if region.limit is not None and need > region.limit:
+            raise MediaError(
+                key,
+                member,
+                "corrupt",
+                f"decodes to {need} bytes of patches where its probe planned {region.limit}; "
+                "the probe and the decode disagree (same MediaConfig?)",
+            )
         self.last = None
-        if self.shm is None or self.shm.size < need:
+        end = region.offset + need
+        if self.shm is None or self.shm.size < end:
             self.close()
-            self.shm = shared_memory.SharedMemory(create=True, size=max(need, 1 << 20))
+            size = max(end, region.reserve, 1 << 20)
+            self.shm = shared_memory.SharedMemory(create=True, size=size)
         assert self.shm.buf is not None  # a created block is mapped
-        self.last = np.frombuffer(self.shm.buf, dtype=np.uint8, count=need).reshape(shape)
+        flat = np.frombuffer(self.shm.buf, dtype=np.uint8, count=need, offset=region.offset)
+        self.last = flat.reshape(shape)
         return self.last
 
     def close(self) -> None:
@@ -378,14 +482,16 @@ def _answer(
     key: str,
     member: str,
     kind: FallbackKind,
-    frames: bool,
+    region: _Region | None,
 ) -> tuple[str, Any]:
     try:
         fn = getattr(importlib.import_module(module), qualname)
         with media_errors(key, member, kind):
-            if not frames:
+            if region is None:
                 return "ok", fn(*args)
-            array, extra = fn(*args, block.alloc)
+            array, extra = fn(
+                *args, functools.partial(block.alloc, region=region, key=key, member=member)
+            )
             if block.last is None or array is not block.last:
                 raise TypeError(f"{qualname} must return the array its alloc gave")
     except MemoryError as exc:
@@ -393,7 +499,7 @@ def _answer(
     except MediaError as exc:
         return "error", exc
     assert block.shm is not None  # alloc made it
-    return "frames", (block.shm.name, array.shape, extra)
+    return "frames", (block.shm.name, region.offset, array.shape, extra)
 
 
 def _main() -> None:

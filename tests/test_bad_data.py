@@ -17,6 +17,7 @@ import tarfile
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,14 @@ from energon_pack import media
 from energon_pack.collate import CollatedBatch, VLMPackingCollator
 from energon_pack.encode import ConversationEncoder
 from energon_pack.media import MediaConfig, MediaError
-from energon_pack.media_guard import guarded, guarded_frames, helper_pid, shutdown_helper
+from energon_pack.media_guard import (
+    FramesJob,
+    guarded,
+    guarded_frames,
+    guarded_frames_each,
+    helper_pid,
+    shutdown_helper,
+)
 from energon_pack.sample import parse_sample
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -125,11 +133,8 @@ def test_the_decoder_process_does_not_load_torch(demo: dict[str, dict[str, bytes
     assert "decord" in maps or "PIL" in maps
 
 
-def test_a_guarded_decoder_must_fill_the_array_it_was_given(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the helper imports this file
-    shutdown_helper()
+@pytest.mark.usefixtures("helper_imports_tests")
+def test_a_guarded_decoder_must_fill_the_array_it_was_given() -> None:
     with pytest.raises(MediaError, match="must return the array its alloc gave"):
         guarded_frames(
             fresh_array,
@@ -142,6 +147,106 @@ def test_a_guarded_decoder_must_fill_the_array_it_was_given(
             timeout_s=30.0,
         )
     shutdown_helper()  # the next test's helper starts without this file on its path
+
+
+def filled_frames(
+    value: int, shape: tuple[int, ...], crash: bool, alloc: Any
+) -> tuple[np.ndarray[Any, Any], int]:
+    """A decoder for the batch tests: ``shape`` bytes of ``value``, or a SIGSEGV."""
+    if crash:
+        ctypes.string_at(0)
+    frames = alloc(shape)
+    frames.fill(value)
+    return frames, value
+
+
+@pytest.fixture
+def helper_imports_tests(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A decoder process that can import this file (restarted before and after)."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    shutdown_helper()
+    yield
+    shutdown_helper()
+
+
+def run_batch(jobs: list[tuple[int, int, bool]], isolation: Any = "process") -> dict[int, Any]:
+    """``(value, size, crash)`` jobs through guarded_frames_each; what ``use`` saw, by index."""
+    seen: dict[int, Any] = {}
+
+    def keep(index: int, frames: np.ndarray[Any, Any], extra: int) -> None:
+        time.sleep(0.01)  # the helper has written the next job by now: it must not be here
+        seen[index] = (frames.copy(), extra)
+
+    guarded_frames_each(
+        filled_frames,
+        [
+            FramesJob((value, (size,), crash), f"s{i}", f"{i}.mp4", nbytes=size)
+            for i, (value, size, crash) in enumerate(jobs)
+        ],
+        use=keep,
+        kind="corrupt",
+        isolation=isolation,
+        timeout_s=30.0,
+    )
+    return seen
+
+
+@pytest.mark.usefixtures("helper_imports_tests")
+@pytest.mark.parametrize("isolation", ["process", "off"])
+def test_a_batch_hands_each_job_its_own_frames(isolation: str) -> None:
+    """Job i + 1 is written while use() reads job i: they must not share bytes."""
+    jobs = [(i + 1, 1000 + 700 * (i % 3), False) for i in range(7)]
+    seen = run_batch(jobs, isolation)
+    assert sorted(seen) == list(range(7))
+    for index, (value, size, _) in enumerate(jobs):
+        frames, extra = seen[index]
+        assert extra == value
+        assert frames.shape == (size,)
+        assert np.all(frames == value)
+
+
+@pytest.mark.usefixtures("helper_imports_tests")
+def test_a_crash_inside_a_batch_names_its_job_and_stops_the_batch() -> None:
+    seen: dict[int, Any] = {}
+    with pytest.raises(MediaError, match=r"sample 's2', member '2.mp4'.*SIGSEGV") as info:
+        seen = run_batch([(1, 100, False), (2, 100, False), (3, 100, True), (4, 100, False)])
+    assert info.value.kind == "crashed"
+    assert not seen  # run_batch did not return
+    assert np.all(run_batch([(5, 64, False)])[0][0] == 5)  # the restarted helper works
+
+
+@pytest.mark.usefixtures("helper_imports_tests")
+def test_frames_larger_than_their_job_planned_are_refused() -> None:
+    jobs = [FramesJob((1, (64,), False), "s0", "0.jpg", nbytes=32)]
+    with pytest.raises(MediaError, match="planned 32") as info:
+        guarded_frames_each(
+            filled_frames,
+            jobs,
+            use=lambda *_: None,
+            kind="corrupt",
+            isolation="process",
+            timeout_s=30.0,
+        )
+    assert info.value.kind == "corrupt"
+
+
+@pytest.mark.usefixtures("helper_imports_tests")
+def test_a_failing_use_leaves_nothing_in_flight() -> None:
+    def fail(index: int, frames: np.ndarray[Any, Any], extra: int) -> None:
+        raise RuntimeError("use failed")
+
+    with pytest.raises(RuntimeError, match="use failed"):
+        guarded_frames_each(
+            filled_frames,
+            [FramesJob((v, (10,), False), "s", f"{v}.mp4", nbytes=10) for v in (1, 2, 3)],
+            use=fail,
+            kind="corrupt",
+            isolation="process",
+            timeout_s=30.0,
+        )
+    seen = run_batch([(9, 10, False), (8, 20, False)])
+    assert np.all(seen[0][0] == 9)
+    assert np.all(seen[1][0] == 8)
 
 
 def fresh_array(shape: tuple[int, ...], alloc: Any) -> tuple[np.ndarray[Any, Any], None]:
