@@ -16,7 +16,15 @@ default) with decoding in the calling process (``"off"``), calls interleaved, as
 per-item ratios of median times: wall time (what one call waits) and CPU time (this process plus
 the helper: what the guard costs a busy loader), and the helper's memory.
 
+The whole-pack row times ``decode_vision`` (what the loaders call) on packs of 8 fixture
+samples: guarded, the helper decodes a pack's next file while this process patchifies the last.
+
 Run: .venv/bin/python benchmarks/media.py [--repeats 3] [--rounds 7]
+
+Large outputs (a 720p image's float32 patches are 22 MB) page-fault whenever glibc has just
+returned such a block to the system, which it decides from the history of frees; the README's
+figures fix that (``MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=268435456``), for
+both sides of every comparison.
 """
 
 from __future__ import annotations

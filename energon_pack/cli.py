@@ -43,6 +43,7 @@ from energon_pack.tune import (
     recommend,
     run_once,
     tune_row,
+    worker_total_mb,
 )
 
 
@@ -314,7 +315,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print(
             f"\nrecommended: packing_buffer_size={best.buffer_size} ({best.decode} decode): "
             f"bin fill {best.bin_fill:.4f}, {args.num_workers} workers x "
-            f"{best.peak_worker_rss_mb:.0f} MiB = {projected:.0f} MiB of {budget:.0f} MiB"
+            f"{worker_total_mb(best):.0f} MiB (worker + decoder) = {projected:.0f} MiB of "
+            f"{budget:.0f} MiB"
         )
     elif any(not r.interrupted for r in results):
         print(

@@ -2,13 +2,14 @@
 
 decord (FFmpeg) can segfault, abort or hang on a corrupt MP4, and Pillow's decoders are C code
 too. :func:`guarded` runs such a call in a small helper process, one per calling process,
-started on first use and restarted after it dies. The
-request carries the compressed bytes; :func:`guarded_frames` has the decoder write its uint8
-frames straight into a shared memory block the helper reuses, and the caller consumes them
-there (no copy on either side). A helper
-that dies becomes a :class:`~energon_pack.media.MediaError` of kind ``crashed``, one that does
-not answer within the timeout is killed and becomes kind ``timeout``; either way the caller's
-process goes on with the next sample.
+started on first use and restarted after it dies; the helper loads only the torch-free decoding
+modules. The request carries the compressed bytes; :func:`guarded_frames` has the decoder write
+its uint8 frames straight into a shared memory block the helper reuses, and the caller consumes
+them there (no copy on either side); :func:`guarded_frames_each` runs a batch (a pack's files),
+the next file decoded while the caller consumes the last. A helper that dies becomes a
+:class:`~energon_pack.media.MediaError` of kind ``crashed``, one that does not answer within
+the timeout is killed and becomes kind ``timeout``; either way the caller's process goes on
+with the next sample.
 
 Exceptions are converted in one place (:func:`media_errors`): a ``MediaError`` passes through,
 ``MemoryError`` and ``KeyboardInterrupt`` propagate (same type, the message names the sample

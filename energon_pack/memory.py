@@ -29,6 +29,8 @@ from typing import Any
 
 import psutil
 
+from energon_pack.media_guard import helper_pid
+
 logger = logging.getLogger("energon_pack.memory")
 
 MB = 1024 * 1024
@@ -75,6 +77,8 @@ class Reading:
     samples: int
     packs: int
     bin_fill: float
+    decoder_rss: int | None = None
+    """RSS of this process's decoder process (``media_guard``); None while it has none."""
 
 
 @dataclass
@@ -162,6 +166,7 @@ class RSSMonitor:
             samples=samples,
             packs=packs,
             bin_fill=bin_fill,
+            decoder_rss=_decoder_rss(),
         )
         self.readings.append(reading)
         self.count += 1
@@ -255,6 +260,16 @@ def suggest_buffer_size(buffer: BufferSnapshot, room_bytes: float) -> int:
     return max(1, min(buffer.capacity, int(room_bytes // per_sample)))
 
 
+def _decoder_rss() -> int | None:
+    pid = helper_pid()
+    if pid is None:
+        return None
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:  # it is being restarted
+        return None
+
+
 def _memory() -> tuple[int, int | None]:
     process = psutil.Process()
     try:
@@ -281,6 +296,8 @@ class WorkerSummary:
     """Peak over the first reading."""
     peak_buffer_bytes: int
     peak_uss: int | None
+    peak_decoder_rss: int | None = None
+    """Peak RSS of the worker's decoder process (None: it had none)."""
 
 
 def load_report(report_dir: str | Path) -> list[Reading]:
@@ -311,6 +328,7 @@ def summarize(readings: Sequence[Reading]) -> list[WorkerSummary]:
         rss = [r.rss for r in own]
         later = sorted(rss[len(rss) // 2 :])
         uss = [r.uss for r in own if r.uss is not None]
+        decoder = [r.decoder_rss for r in own if r.decoder_rss is not None]
         summaries.append(
             WorkerSummary(
                 rank=rank,
@@ -321,6 +339,7 @@ def summarize(readings: Sequence[Reading]) -> list[WorkerSummary]:
                 growth=max(rss) / rss[0],
                 peak_buffer_bytes=max(r.buffer_bytes for r in own),
                 peak_uss=max(uss) if uss else None,
+                peak_decoder_rss=max(decoder) if decoder else None,
             )
         )
     return summaries
@@ -365,9 +384,11 @@ def summary_rows(summaries: Sequence[WorkerSummary]) -> list[list[Any]]:
             round(s.steady_rss / MB, 1),
             round(s.growth, 3),
             round(s.peak_buffer_bytes / MB, 2),
+            "-" if s.peak_decoder_rss is None else round(s.peak_decoder_rss / MB, 1),
         ]
         for s in summaries
     ]
 
 
 SUMMARY_HEADERS = ["rank", "worker", "readings", "peak MiB", "steady MiB", "growth", "buffer MiB"]
+SUMMARY_HEADERS += ["decoder MiB"]

@@ -61,6 +61,8 @@ class TuneResult:
     peak_worker_rss_mb: float = 0.0
     steady_worker_rss_mb: float = 0.0
     peak_buffer_mb: float = 0.0
+    peak_decoder_rss_mb: float = 0.0
+    """Peak RSS of a worker's decoder process (``media_guard``), 0 without one."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Skipped samples by kind (``overlong`` or a ``MediaError`` kind), over all workers."""
     unaccounted: int = 0
@@ -239,6 +241,7 @@ def run_once(
         peak_worker_rss_mb=max((w.peak_rss for w in workers), default=0) / MB,
         steady_worker_rss_mb=max((w.steady_rss for w in workers), default=0) / MB,
         peak_buffer_mb=max((w.peak_buffer_bytes for w in workers), default=0) / MB,
+        peak_decoder_rss_mb=max((w.peak_decoder_rss or 0 for w in workers), default=0) / MB,
         skipped=dict(sorted(skipped.items())),
         unaccounted=len(dataset) - samples - sum(skipped.values()) if complete else 0,
         interrupted=interrupted,
@@ -256,6 +259,7 @@ TUNE_HEADERS = [
     "peak RSS MiB",
     "steady MiB",
     "buffer MiB",
+    "decoder MiB",
     "skipped",
     "status",
 ]
@@ -282,14 +286,21 @@ def tune_row(result: TuneResult) -> list[object]:
         f"{result.peak_worker_rss_mb:.0f}",
         f"{result.steady_worker_rss_mb:.0f}",
         f"{result.peak_buffer_mb:.1f}",
+        f"{result.peak_decoder_rss_mb:.0f}",
         skipped_cell(result),
         "interrupted" if result.interrupted else "ok",
     ]
 
 
+def worker_total_mb(result: TuneResult) -> float:
+    """Peak memory of one worker: its RSS and its decoder process's."""
+    return result.peak_worker_rss_mb + result.peak_decoder_rss_mb
+
+
 def projected_rss_mb(result: TuneResult, num_workers: int) -> float:
-    """Worker memory of a training run: ``num_workers`` workers at this run's peak RSS."""
-    return result.peak_worker_rss_mb * max(1, num_workers)
+    """Worker memory of a training run: ``num_workers`` workers, each at this run's peak RSS
+    plus its decoder process's."""
+    return worker_total_mb(result) * max(1, num_workers)
 
 
 def recommend(
@@ -337,7 +348,11 @@ def plot_results(
     budget_label = f"budget {rss_budget_mb:.0f} MiB"
     charts: list[tuple[str, Callable[[TuneResult], float], str]] = [
         ("bin_fill", lambda r: r.bin_fill, "bin fill"),
-        ("rss", lambda r: projected_rss_mb(r, workers), f"worker RSS: {workers} x peak (MiB)"),
+        (
+            "rss",
+            lambda r: projected_rss_mb(r, workers),
+            f"worker RSS: {workers} x (peak + decoder) (MiB)",
+        ),
     ]
     written = []
     for name, value, label in charts:

@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
-from helpers import SMALL_MEDIA, batches, train_dataset
+from helpers import SMALL_MEDIA, batches, image_bytes, train_dataset
 
+from energon_pack import media
 from energon_pack.cli import main
 from energon_pack.media import MediaConfig
+from energon_pack.media_guard import helper_pid
 from energon_pack.memory import (
     KEEP_READINGS,
     MB,
@@ -84,6 +87,24 @@ def test_growth_warning_on_real_allocation() -> None:
     messages = buffer_warnings(caught)
     assert len(messages) == 1
     assert "grew over 1.2x the first full-buffer reading" in messages[0]
+
+
+def test_readings_count_the_decoder_process(tmp_path: Path) -> None:
+    """The decoder process (media_guard) holds memory of its own: readings and the report
+    carry its RSS, and report lines written without it still load."""
+    media.process_image(image_bytes(64, 64))  # starts this process's decoder
+    pid = helper_pid()
+    assert pid is not None
+    monitor = RSSMonitor(MonitorConfig(report_dir=str(tmp_path)))
+    buffer = BufferSnapshot(count=1, capacity=8, bytes=MB, decoded_bytes=0)
+    reading = monitor.read(buffer, samples=1, packs=0, bin_fill=0.0)
+    assert reading.decoder_rss is not None
+    assert reading.decoder_rss == pytest.approx(psutil.Process(pid).memory_info().rss, rel=0.2)
+    report = tmp_path / "rss-rank0-worker0.jsonl"
+    old_line = {k: v for k, v in json.loads(report.read_text()).items() if k != "decoder_rss"}
+    report.write_text(report.read_text() + json.dumps(old_line) + "\n")
+    (summary,) = summarize(load_report(tmp_path))
+    assert summary.peak_decoder_rss == reading.decoder_rss
 
 
 def test_suggested_buffer_size() -> None:
@@ -205,7 +226,8 @@ def test_tune_runs_and_recommends_within_budget(
     fields = {
         "buffer_size", "decode", "samples", "packs", "bin_fill", "token_efficiency",
         "first_pack_seconds", "packs_per_second", "samples_per_second", "peak_worker_rss_mb",
-        "steady_worker_rss_mb", "peak_buffer_mb", "skipped", "unaccounted", "interrupted",
+        "steady_worker_rss_mb", "peak_buffer_mb", "peak_decoder_rss_mb", "skipped", "unaccounted",
+        "interrupted",
     }  # fmt: skip
     assert [r["buffer_size"] for r in report["results"]] == [4, 16]
     for result in report["results"]:
@@ -213,9 +235,12 @@ def test_tune_runs_and_recommends_within_budget(
         assert result["samples"] >= 40
         assert 0 < result["bin_fill"] <= 1
         assert result["peak_worker_rss_mb"] > 50
+        # the decoder process is counted: loaded without torch, far smaller than its worker
+        assert 20 < result["peak_decoder_rss_mb"] < result["peak_worker_rss_mb"]
     best = report["recommendation"]
     assert best["buffer_size"] == 16
-    assert best["peak_worker_rss_mb"] * 1 <= report["rss_budget_mb"]
+    total = best["peak_worker_rss_mb"] + best["peak_decoder_rss_mb"]
+    assert total * 1 <= report["rss_budget_mb"]
     for name in ("bin_fill.png", "rss.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     assert "recommended: packing_buffer_size=16" in capsys.readouterr().out
