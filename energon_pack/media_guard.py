@@ -339,9 +339,15 @@ class _Helper:
         package_root = os.path.dirname(package_dir)
         path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
-        # Pillow frees every image's memory blocks by default; the helper decodes image after
-        # image, so it keeps a few for reuse (fewer page faults; measured in benchmarks/media.py).
+        # The helper decodes file after file, so freed memory is worth keeping for the next one
+        # (fewer page faults; measured in benchmarks/media.py): Pillow keeps a few memory blocks
+        # (it frees every image's by default), and glibc starts from the thresholds its own
+        # adaptation reaches in a long-lived process (32 MiB mmap, 64 MiB trim) instead of
+        # mapping and unmapping every large buffer until then. Settings in the caller's
+        # environment win.
         env.setdefault("PILLOW_BLOCKS_MAX", str(_PILLOW_BLOCKS_MAX))
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
+        env.setdefault("MALLOC_TRIM_THRESHOLD_", str(64 << 20))
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _ENTRY, str(request_read), str(reply_write), package_dir],
             pass_fds=(request_read, reply_write),

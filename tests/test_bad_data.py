@@ -134,6 +134,26 @@ def test_the_decoder_process_does_not_load_torch(demo: dict[str, dict[str, bytes
 
 
 @pytest.mark.usefixtures("helper_imports_tests")
+def test_the_decoder_process_keeps_freed_memory_for_the_next_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Allocator settings of the helper (Pillow blocks, glibc thresholds); the caller's win."""
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345678")
+    shutdown_helper()
+    try:
+        media.process_image(image_bytes(32, 32))
+        pid = helper_pid()
+        assert pid is not None
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+    finally:
+        monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+        shutdown_helper()
+    assert env["PILLOW_BLOCKS_MAX"] == "8"
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "12345678"
+
+
 def test_a_guarded_decoder_must_fill_the_array_it_was_given() -> None:
     with pytest.raises(MediaError, match="must return the array its alloc gave"):
         guarded_frames(
