@@ -84,7 +84,7 @@ class FramesJob:
 
 FallbackKind = Literal["unreadable", "corrupt", "bad_sample"]
 
-_START_TIMEOUT_S = 120.0  # importing torch in the helper on a loaded machine
+_START_TIMEOUT_S = 120.0  # starting Python, numpy, Pillow and decord on a loaded machine
 # The helper maps the package without running energon_pack/__init__.py (which imports torch and
 # everything else): it loads only the modules its requests name, which keeps it small.
 _ENTRY = (
@@ -93,10 +93,6 @@ _ENTRY = (
     "from energon_pack.media_guard import _main; _main()"
 )
 _PILLOW_BLOCKS_MAX = 8  # memory blocks Pillow keeps in the helper (each at most 16 MiB)
-
-
-def _media_error(key: str, member: str, kind: str, cause: str) -> Exception:
-    return MediaError(key, member, kind, cause)  # type: ignore[arg-type]
 
 
 @contextmanager
@@ -113,7 +109,7 @@ def media_errors(key: str, member: str, kind: FallbackKind) -> Iterator[None]:
     except (MemoryError, KeyboardInterrupt) as exc:
         raise type(exc)(f"sample {key!r}, member {member!r}: {exc}") from exc
     except Exception as exc:
-        raise _media_error(key, member, kind, f"{type(exc).__name__}: {exc}") from exc
+        raise MediaError(key, member, kind, f"{type(exc).__name__}: {exc}") from exc
 
 
 def guarded(
@@ -218,6 +214,7 @@ class _Helper:
         self._requests: Connection | None = None
         self._replies: Connection | None = None
         self._block: shared_memory.SharedMemory | None = None
+        self._retired: list[shared_memory.SharedMemory] = []
 
     @property
     def pid(self) -> int | None:
@@ -273,8 +270,9 @@ class _Helper:
                     use(index, self._frames(name, offset, shape), extra)
                 except BaseException:
                     if ahead:  # leave nothing in flight for the next call
+                        following = jobs[index + 1]
                         with contextlib.suppress(MediaError):
-                            self._receive(jobs[index + 1].key, jobs[index + 1].member, kind, 0)
+                            self._receive(following.key, following.member, kind, timeout_s)
                     raise
 
     def _send(
@@ -290,7 +288,7 @@ class _Helper:
         try:
             requests.send((fn.__module__, fn.__qualname__, args, key, member, kind, region))
         except OSError:  # the helper is gone (e.g. killed from outside)
-            raise _media_error(key, member, "crashed", self._died()) from None
+            raise MediaError(key, member, "crashed", self._died()) from None
 
     def _receive(self, key: str, member: str, kind: FallbackKind, timeout_s: float) -> Any:
         """The next reply's payload; failures as :func:`guarded` describes."""
@@ -300,10 +298,10 @@ class _Helper:
             try:
                 reply: tuple[str, Any] | None = replies.recv() if replies.poll(timeout_s) else None
             except (EOFError, OSError):
-                raise _media_error(key, member, "crashed", self._died()) from None
+                raise MediaError(key, member, "crashed", self._died()) from None
             if reply is None:
                 self._kill()
-                raise _media_error(
+                raise MediaError(
                     key,
                     member,
                     "timeout",
@@ -320,8 +318,7 @@ class _Helper:
     def _frames(self, name: str, offset: int, shape: tuple[int, ...]) -> UInt8Array:
         """A view of the frames at ``offset`` in the helper's block ``name``."""
         if self._block is None or self._block.name != name:
-            if self._block is not None:
-                self._block.close()
+            self._unmap()
             self._block = shared_memory.SharedMemory(name=name)
             # The helper owns (and unlinks) the block; this process only maps it.
             resource_tracker.unregister(self._block._name, "shared_memory")  # type: ignore[attr-defined]
@@ -385,12 +382,26 @@ class _Helper:
         self._reset()
 
     def _reset(self) -> None:
-        for conn in (self._requests, self._replies):
+        connections = (self._requests, self._replies)
+        self._proc = self._requests = self._replies = None
+        for conn in connections:
             if conn is not None:
                 conn.close()
+        self._unmap()
+
+    def _unmap(self) -> None:
+        """Drop the mapping of the helper's block. A view may still be alive in an exception's
+        traceback (one raised by ``use``): such a block is kept and closed on a later call."""
         if self._block is not None:
-            self._block.close()
-        self._proc = self._requests = self._replies = self._block = None
+            self._retired.append(self._block)
+            self._block = None
+        still_viewed = []
+        for block in self._retired:
+            try:
+                block.close()
+            except BufferError:
+                still_viewed.append(block)
+        self._retired = still_viewed
 
     def close(self) -> None:
         with self._lock:
