@@ -88,7 +88,8 @@ class MediaConfig:
 
     ``pixel_dtype`` is the dtype of the patches handed out: ``"float32"`` (normalised, what a
     model takes as it is) or ``"uint8"`` (raw pixels, 4x smaller through workers, shared memory
-    and the loader; the training step must call :func:`normalize_pixels` on them).
+    and the loader; the training step must call :func:`energon_pack.media.normalize_pixels`
+    on them).
 
     ``decode_isolation="process"`` (default) runs decord and Pillow's pixel decoding in a helper
     process (:mod:`energon_pack.media_guard`), so a native crash or a hang past

@@ -187,8 +187,8 @@ def patch_levels(frames: Sequence[Image.Image], cfg: MediaConfig, alloc: Alloc) 
     """RGB frames -> uint8 patch levels ``[t*h*w, C*tp*p*p]`` in an array from ``alloc``.
 
     ``tp`` is ``temporal_patch_size`` for a clip (a multiple of it in frames) and 1 for a
-    still, which :func:`_patches` repeats. One transposing copy per frame, straight from the
-    frame's interleaved RGB (numpy's strided copy is faster here than torch's).
+    still, which :mod:`energon_pack.media` repeats. One transposing copy per frame, straight
+    from the frame's interleaved RGB (numpy's strided copy is faster here than torch's).
     """
     width, height = frames[0].size
     tp = 1 if len(frames) == 1 else cfg.temporal_patch_size
