@@ -14,8 +14,10 @@ from helpers import batches, image_bytes, native_pack, train_dataset
 from megatron.energon import SimilarityInterleavedSample
 from megatron.energon.flavors.webdataset import BaseWebdatasetFactory
 
+from energon_pack.energon import PackingTaskEncoder
 from energon_pack.formats.energon_types import MediaKeepingDecoder, typed_sample_row
-from energon_pack.media import MediaError
+from energon_pack.media import MediaConfig, MediaError
+from energon_pack.sample import load_json
 
 VQA_YAML = """__module__: megatron.energon
 __class__: VQAWebdataset
@@ -124,3 +126,17 @@ def test_decoder_parses_json_and_text_only() -> None:
     assert decoded["txt"] == "é"
     for name in ("jpg", "pickle", "pyd", "jsn"):  # a malformed JSON stays bytes for the encoder
         assert decoded[name] == raw[name]
+
+
+def test_a_json_member_over_max_json_bytes_is_not_parsed() -> None:
+    """The encoder's limit reaches the decoder, which leaves the member for the encoder to
+    report (a 200 MB member is never parsed)."""
+    big = json.dumps({"pad": "x" * 200}).encode()
+    encoder = PackingTaskEncoder(seq_length=64, media=MediaConfig(max_json_bytes=100))
+    decoded = encoder.decoder({"__key__": "k", "json": big, "txt": b"t"})
+    assert decoded["json"] == big
+    assert decoded["txt"] == "t"
+    with pytest.raises(MediaError, match="above max_json_bytes=100") as info:
+        load_json("k", decoded["json"], encoder.media)
+    assert info.value.kind == "bad_sample"
+    assert PackingTaskEncoder(seq_length=64).decoder({"json": big})["json"] == {"pad": "x" * 200}

@@ -209,6 +209,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         if decode not in ("lazy", "eager"):
             raise ValueError(f"decode must be 'lazy' or 'eager', got {decode!r}")
         self.media = media or MediaConfig()
+        self.decoder = MediaKeepingDecoder(self.media.max_json_bytes)
         self.encoder = ConversationEncoder(
             tokenizer, media=self.media, system_prompt=system_prompt, loss_on=loss_on
         )

@@ -21,6 +21,7 @@ and nothing is unpickled by webdataset.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 import webdataset
 from megatron.energon import CaptioningSample, SampleDecoder, VQASample
 
-from energon_pack.media import MediaError
+from energon_pack.media import MediaConfig, MediaError
 
 __all__ = ["MediaKeepingDecoder", "typed_sample_row"]
 
@@ -36,14 +37,14 @@ _TEXT = frozenset({"txt", "text", "caption", "question", "answer"})
 _JSON = frozenset({"json", "jsn"})
 
 
-def _decode_text_and_json(key: str, data: bytes) -> Any:
-    """JSON / text members parsed; a malformed (or too deeply nested) one stays bytes, so the
-    encoder reports it as the sample's ``bad_sample`` (counted and logged) instead of Energon
-    dropping it uncounted."""
+def _decode_text_and_json(max_json_bytes: int, key: str, data: bytes) -> Any:
+    """JSON / text members parsed; a malformed, too deeply nested or too large (over
+    ``max_json_bytes``, not parsed) one stays bytes, so the encoder reports it as the sample's
+    ``bad_sample`` (counted and logged) instead of Energon dropping it uncounted."""
     extension = key.rsplit(".", 1)[-1].lower()
     try:
         if extension in _JSON:
-            return json.loads(data)
+            return data if len(data) > max_json_bytes else json.loads(data)
         if extension in _TEXT:
             return data.decode("utf-8")
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -52,11 +53,15 @@ def _decode_text_and_json(key: str, data: bytes) -> Any:
 
 
 class MediaKeepingDecoder(SampleDecoder):  # type: ignore[misc]
-    """Energon sample decoder that parses JSON and text members and leaves all others raw."""
+    """Energon sample decoder that parses JSON and text members and leaves all others raw.
 
-    def __init__(self) -> None:
-        self._config = {"energon_pack": "json+text only"}
-        self._decoder = webdataset.autodecode.Decoder([_decode_text_and_json], pre=[], post=[])
+    A JSON member over ``max_json_bytes`` is not parsed (``PackingTaskEncoder`` passes its
+    ``MediaConfig.max_json_bytes``)."""
+
+    def __init__(self, max_json_bytes: int = MediaConfig.max_json_bytes) -> None:
+        self._config = {"energon_pack": "json+text only", "max_json_bytes": max_json_bytes}
+        handler = functools.partial(_decode_text_and_json, max_json_bytes)
+        self._decoder = webdataset.autodecode.Decoder([handler], pre=[], post=[])
 
 
 def typed_sample_row(sample: Any) -> dict[str, Any] | None:
