@@ -40,7 +40,13 @@ from energon_pack.layout import (
     packed_seq_params_kwargs,
 )
 from energon_pack.media import MediaError, VisionInputs, decode_vision
-from energon_pack.packed import PackedSample, pack_samples, padding_pack
+from energon_pack.packed import (
+    PackedSample,
+    by_position,
+    pack_samples,
+    padding_pack,
+    position_of,
+)
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
 
 logger = logging.getLogger("energon_pack.collate")
@@ -374,17 +380,13 @@ class VLMPackingCollator:
         raises :class:`_DecodeFailed` with the position and the error under the real key.
         """
         groups = self._groups(ready)
-        aliases = {f"{sample.key}#{i}": i for i, sample in enumerate(ready)}
-        by_position = [
-            replace(sample, key=alias) for sample, alias in zip(ready, aliases, strict=True)
-        ]
         try:
-            packs, vision = self._decoded_rows(by_position, groups)
+            packs, vision = self._decoded_rows(by_position(ready), groups)
         except MediaError as error:
-            position = aliases[error.key]
+            position = position_of(error.key)
             real = MediaError(ready[position].key, error.member, error.kind, error.cause)
             raise _DecodeFailed(position, real) from error
-        packs = [replace(p, keys=tuple(ready[aliases[k]].key for k in p.keys)) for p in packs]
+        packs = [replace(p, keys=tuple(ready[position_of(k)].key for k in p.keys)) for p in packs]
         static = self.max_segments if self.pad_cu_seqlens else None
         return _assemble(packs, vision, static, skipped, truncated)
 

@@ -56,6 +56,17 @@ def mrope_for_packed(
     )
 
 
+def by_position(samples: Sequence[EncodedSample]) -> list[EncodedSample]:
+    """``samples`` renamed ``key#position``: keys may repeat (across shards, in a micro-batch),
+    and a media error must name one sample. :func:`position_of` reads the position back."""
+    return [replace(sample, key=f"{sample.key}#{i}") for i, sample in enumerate(samples)]
+
+
+def position_of(alias: str) -> int:
+    """The position in a :func:`by_position` name."""
+    return int(alias.rsplit("#", 1)[1])
+
+
 def pack_samples(
     samples: Sequence[EncodedSample],
     *,

@@ -25,13 +25,23 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import SMALL_MEDIA, batches, image_bytes, read_samples, train_dataset, video_bytes
+from helpers import (
+    SMALL_MEDIA,
+    batches,
+    image_bytes,
+    make_encoder,
+    read_samples,
+    train_dataset,
+    video_bytes,
+)
 from PIL import Image
 from torch.utils.data import DataLoader
 
 from energon_pack import media
 from energon_pack.collate import CollatedBatch, VLMPackingCollator
 from energon_pack.encode import ConversationEncoder
+from energon_pack.energon.carry_over import SkippedSample
+from energon_pack.energon.task_encoder import PreparedSample
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.media_guard import (
     FramesJob,
@@ -493,6 +503,31 @@ def test_energon_two_workers_deliver_every_good_sample_once_and_count_every_bad_
     assert unexplained["crashed"] >= 1
     assert skipped - unexplained == kinds
     assert sum(stats.samples for stats in final.values()) == len(good)
+
+
+def prepared(key: str, members: dict[str, bytes]) -> PreparedSample:
+    encoded = make_encoder().encoder.encode_sample(key, members)
+    return PreparedSample(
+        __key__=key, __restore_key__=(), __subflavors__=None, __sources__=(), encoded=encoded
+    )
+
+
+def test_energon_names_the_failing_sample_by_position_when_keys_repeat() -> None:
+    """Keys repeat across shards: the failing sample is found by its place in the pack, so a
+    good sample with the same key is not dropped in its stead."""
+    encoder = make_encoder()
+    members = {"json": conversation("<image>hi"), "0.png": image_bytes(64, 48)}
+    good = prepared("000001", members)
+    # probed when it entered the buffer, its bytes cut short before the pack decodes it
+    (item,) = good.encoded.media
+    cut = replace(good.encoded, media=[replace(item, data=item.data[:40])])
+    bad = replace(good, encoded=cut)
+    with pytest.raises(SkippedSample) as info:
+        encoder.pack_selected_samples([good, bad])
+    assert (info.value.key, info.value.position, info.value.reason) == ("000001", 1, "unreadable")
+    assert "sample '000001', member '0.png'" in str(info.value)
+    packed = encoder.pack_selected_samples([good, good])
+    assert packed.__keys__ == ["000001", "000001"]
 
 
 def test_skips_after_the_last_pack_reach_the_trainer(

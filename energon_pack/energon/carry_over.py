@@ -52,10 +52,13 @@ T_pack = TypeVar("T_pack")
 class SkippedSample(Exception):
     """Raised by ``pack`` to drop one sample of a pack; the reason is counted in the stats."""
 
-    def __init__(self, key: str, reason: str, message: str) -> None:
+    def __init__(self, key: str, reason: str, message: str, *, position: int | None = None) -> None:
         super().__init__(message)
         self.key = key
         self.reason = reason
+        self.position = position
+        """Index of the sample in the list given to ``pack`` (keys may repeat); None: find it
+        by key."""
 
 
 @edataclass
@@ -111,8 +114,9 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         decoded_nbytes: the part of ``nbytes`` that is decoded media (for the memory monitor).
         pack: builds the packed sample from the chosen samples, in stream order, decoding
             their media. It may raise :class:`SkippedSample` for a sample that cannot be
-            decoded: that sample is skipped and the pack is built from the others. Must be
-            stateless (it runs again on restore).
+            decoded (naming its ``position`` in the list, since keys may repeat in a blend of
+            datasets; else it is found by key): that sample is skipped and the pack is built
+            from the others. Must be stateless (it runs again on restore).
         overlong: a sample longer than the packer's capacity raises ValueError (``"error"``)
             or is counted and skipped (``"skip"``).
         max_consecutive_skips: stop with an error after this many samples were skipped (when
@@ -298,7 +302,9 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                 break
             except SkippedSample as skipped:
                 self._skip(skipped)
-                failed = next(i for i, s in enumerate(chosen) if _key(s) == skipped.key)
+                failed = skipped.position
+                if failed is None:
+                    failed = next(i for i, s in enumerate(chosen) if _key(s) == skipped.key)
                 chosen = chosen[:failed] + chosen[failed + 1 :]
         else:
             return None
