@@ -251,21 +251,22 @@ GUARD_HEADERS += ["probe guard wall", "probe guard CPU"]
 
 def image_floor(data: bytes) -> np.ndarray[Any, Any]:
     """Decode + RGB (transparency on white, as transformers does, done the fastest way known to
-    give its values: ``media_decode.to_rgb``) + bicubic resize to the probed size: what any
-    image processor must do."""
+    give its values: ``media_decode.to_rgb``) + bicubic resize to the probed size (none when the
+    image has that size): what any image processor must do."""
     _, gh, gw = media.probe_image(data).grid_thw
     with Image.open(io.BytesIO(data)) as img:
         size = (gw * FLOAT.patch_size, gh * FLOAT.patch_size)
-        return np.asarray(media_decode.to_rgb(img).resize(size, Image.Resampling.BICUBIC))
+        rgb = media_decode.to_rgb(img)
+        return np.asarray(rgb if rgb.size == size else rgb.resize(size, Image.Resampling.BICUBIC))
 
 
 def video_floor(data: bytes, indices: list[int], size: tuple[int, int]) -> np.ndarray[Any, Any]:
-    """decord decode of the given frames + pillow resize of each (frames and size planned
-    beforehand, outside the timing): what any video processor must do."""
+    """decord decode of the given frames + pillow resize of each (none when a frame has that
+    size already), stacked (frames and size planned beforehand, outside the timing): what any
+    video processor must do."""
     reader = decord.VideoReader(io.BytesIO(data), num_threads=1)
     frames = reader.get_batch(indices).asnumpy()
-    resized = [Image.fromarray(f).resize(size, Image.Resampling.BICUBIC) for f in frames]
-    return np.stack([np.asarray(frame) for frame in resized])
+    return np.stack(media_decode.resized_frames(frames, size))
 
 
 def video_plan(data: bytes) -> tuple[list[int], tuple[int, int]]:

@@ -56,6 +56,7 @@ from energon_pack.media_decode import (
     open_image,
     patch_levels,
     read_video_probe,
+    resized_frames,
     to_rgb,
     token_count,
 )
@@ -628,10 +629,7 @@ def process_frames(
     """
     cfg = config or _DEFAULT
     (gt, gh, gw), _, _ = probe_frames(frames, kind, cfg, key=key, member=member)
-    size = (gw * cfg.patch_size, gh * cfg.patch_size)
-    resized = [
-        Image.fromarray(frame).resize(size, Image.Resampling.BICUBIC) for frame in frames.array()
-    ]
+    resized = resized_frames(frames.array(), (gw * cfg.patch_size, gh * cfg.patch_size))
     wanted = gt * cfg.temporal_patch_size
     if 1 < len(resized) < wanted:  # a clip padded with its last frame (a still is repeated)
         resized += [resized[-1]] * (wanted - len(resized))

@@ -14,7 +14,7 @@ import logging
 import math
 import struct
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import decord
@@ -34,6 +34,7 @@ __all__ = [
     "open_image",
     "patch_levels",
     "read_video_probe",
+    "resized_frames",
     "to_rgb",
     "token_count",
 ]
@@ -53,14 +54,14 @@ def decode_image_levels(
     with open_image(data, cfg, key, member) as img:
         width, height = img.size
         _, gh, gw = image_grid(height, width, cfg, key, member)
+        size = (gw * cfg.patch_size, gh * cfg.patch_size)
         try:
             rgb = to_rgb(img)
-            resized = rgb.resize(
-                (gw * cfg.patch_size, gh * cfg.patch_size), Image.Resampling.BICUBIC
-            )
+            resized = rgb if rgb.size == size else rgb.resize(size, Image.Resampling.BICUBIC)
+            pixels = np.asarray(resized)
         except (OSError, ValueError, SyntaxError) as exc:
             raise MediaError(key, member, "corrupt", f"cannot decode image: {exc}") from exc
-    return patch_levels([resized], cfg, alloc), (1, gh, gw)
+    return patch_levels([pixels], cfg, alloc), (1, gh, gw)
 
 
 def decode_levels(
@@ -117,8 +118,7 @@ def decode_video_levels(
         )
     _, gh, gw = plan.grid_thw
     size = (gw * cfg.patch_size, gh * cfg.patch_size)
-    resized = [Image.fromarray(f).resize(size, Image.Resampling.BICUBIC) for f in batch]
-    return patch_levels(resized, cfg, alloc), plan
+    return patch_levels(resized_frames(batch, size), cfg, alloc), plan
 
 
 def open_image(data: bytes, cfg: MediaConfig, key: str, member: str) -> Image.Image:
@@ -183,14 +183,27 @@ def token_count(grid: tuple[int, int, int], cfg: MediaConfig) -> int:
     return t * h * w // (cfg.merge_size * cfg.merge_size)
 
 
-def patch_levels(frames: Sequence[Image.Image], cfg: MediaConfig, alloc: Alloc) -> UInt8Array:
-    """RGB frames -> uint8 patch levels ``[t*h*w, C*tp*p*p]`` in an array from ``alloc``.
+def resized_frames(frames: Iterable[UInt8Array], size: tuple[int, int]) -> list[UInt8Array]:
+    """HWC RGB frames at ``size`` (width, height): resized bicubic by Pillow, or as they are
+    when they have that size already (Pillow's resize to the same size is a copy)."""
+    out = []
+    for frame in frames:
+        if (frame.shape[1], frame.shape[0]) == size:
+            out.append(frame)
+        else:
+            resized = Image.fromarray(frame).resize(size, Image.Resampling.BICUBIC)
+            out.append(np.asarray(resized))
+    return out
+
+
+def patch_levels(frames: Sequence[UInt8Array], cfg: MediaConfig, alloc: Alloc) -> UInt8Array:
+    """HWC RGB frames -> uint8 patch levels ``[t*h*w, C*tp*p*p]`` in an array from ``alloc``.
 
     ``tp`` is ``temporal_patch_size`` for a clip (a multiple of it in frames) and 1 for a
     still, which :mod:`energon_pack.media` repeats. One transposing copy per frame, straight
     from the frame's interleaved RGB (numpy's strided copy is faster here than torch's).
     """
-    width, height = frames[0].size
+    height, width = frames[0].shape[:2]
     tp = 1 if len(frames) == 1 else cfg.temporal_patch_size
     p, m = cfg.patch_size, cfg.merge_size
     gt, gh, gw = len(frames) // tp, height // p, width // p
@@ -198,7 +211,7 @@ def patch_levels(frames: Sequence[Image.Image], cfg: MediaConfig, alloc: Alloc) 
     # [t, h/m, w/m, m, m, C, tp, p, p]: the order of the rows and values of a patch.
     target = levels.reshape(gt, gh // m, gw // m, m, m, 3, tp, p, p)
     for index, frame in enumerate(frames):
-        rgb = np.asarray(frame).reshape(gh // m, m, p, gw // m, m, p, 3)
+        rgb = frame.reshape(gh // m, m, p, gw // m, m, p, 3)
         np.copyto(target[index // tp, ..., index % tp, :, :], rgb.transpose(0, 3, 1, 4, 6, 2, 5))
     return levels
 

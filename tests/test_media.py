@@ -11,6 +11,7 @@ from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
+import av
 import decord
 import numpy as np
 import pytest
@@ -118,6 +119,25 @@ def test_images_match_transformers_and_probe() -> None:
         assert probe.tokens == pixels.shape[0] // cfg.merge_size**2
         checked += 1
     assert checked > 200
+
+
+@pytest.mark.parametrize(("width", "height"), [(112, 84), (448, 252), (100, 80)])
+def test_images_at_their_grid_size_match_transformers(width: int, height: int) -> None:
+    """112x84 and 448x252 need no resize (skipped), 100x80 does; all equal transformers."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    rows, cols = np.mgrid[0:height, 0:width]
+    rgb = np.stack([rows * 3, cols * 5, rows + cols], axis=-1) % 256
+    buffer = io.BytesIO()
+    Image.fromarray(rgb.astype(np.uint8)).save(buffer, format="PNG")
+    cfg = MediaConfig()
+    pixels, grid = media.process_image(buffer.getvalue(), cfg)
+    hf = Qwen2VLImageProcessorPil(min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+    expected = hf(Image.fromarray(rgb.astype(np.uint8)), return_tensors="np")
+    np.testing.assert_array_equal(grid.numpy(), expected["image_grid_thw"])
+    np.testing.assert_array_equal(pixels.numpy(), expected["pixel_values"])
 
 
 def test_probe_reads_only_the_header() -> None:
@@ -384,13 +404,36 @@ def test_uint8_transport_normalises_to_the_float_path(kind: str) -> None:
         assert torch.equal(halves, expected.to(torch.bfloat16)), f"{key}/{member}"
 
 
-def test_video_frames_normalise_like_transformers() -> None:
+def grid_sized_clip() -> bytes:
+    """448x252 frames (multiples of 28, inside the pixel bounds): no resize is needed."""
+    out = io.BytesIO()
+    rows, cols = np.mgrid[0:252, 0:448]
+    with av.open(out, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=4)
+        stream.width, stream.height, stream.pix_fmt = 448, 252, "yuv444p"
+        for index in range(8):
+            rgb = np.stack([rows + index * 9, cols // 2, (rows + cols) // 3], axis=-1) % 256
+            frame = av.VideoFrame.from_ndarray(rgb.astype(np.uint8), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("clip", ["fixture", "grid-sized"])
+def test_video_frames_normalise_like_transformers(clip: str) -> None:
     """Video frames: decord decode + PIL resize + transformers' numpy rescale/normalise.
 
-    (transformers' video processor itself needs torchvision, which has no CPU build here.)
+    (transformers' video processor itself needs torchvision, which has no CPU build here.) A
+    clip already at its grid size skips the resize, which must change nothing.
     """
     cfg = MediaConfig()
-    key, member, data = next(demo_media("video"))
+    if clip == "fixture":
+        key, member, data = next(demo_media("video"))
+    else:
+        key, member, data = "grid", "0.mp4", grid_sized_clip()
+        probe = media.probe_video(data, cfg)
+        assert (probe.width, probe.height) == (448, 252)
+        assert probe.grid_thw[1:] == (252 // 14, 448 // 14)
     pixels, grid, _ = media.process_video(data, cfg, key=key, member=member)
     probe = media.probe_video(data, cfg)
     reader = decord.VideoReader(io.BytesIO(data))
