@@ -59,6 +59,7 @@ from energon_pack.media_decode import (
     resized_frames,
     to_rgb,
     token_count,
+    video_grid,
 )
 from energon_pack.media_guard import (
     FramesJob,
@@ -601,15 +602,7 @@ def probe_frames(
             f"{count} frames exceed video_max_frames={cfg.video_max_frames}; sample fewer frames "
             "or raise MediaConfig.video_max_frames",
         )
-    budget = max(
-        min(cfg.video_max_pixels, cfg.video_total_pixels * tp // used),
-        int(cfg.video_min_pixels * 1.05),
-    )
-    try:
-        rh, rw = smart_resize(height, width, cfg.factor, cfg.video_min_pixels, budget)
-    except ValueError as exc:
-        raise MediaError(key, member, "aspect_ratio", str(exc)) from exc
-    grid = (used // tp, rh // cfg.patch_size, rw // cfg.patch_size)
+    grid = video_grid(height, width, used, cfg, key, member)
     return grid, token_count(grid, cfg), tp / cfg.video_fps
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "resized_frames",
     "to_rgb",
     "token_count",
+    "video_grid",
 ]
 
 logger = logging.getLogger("energon_pack.media")
@@ -177,6 +178,23 @@ def image_grid(
     return 1, rh // cfg.patch_size, rw // cfg.patch_size
 
 
+def video_grid(
+    height: int, width: int, frames: int, cfg: MediaConfig, key: str, member: str
+) -> tuple[int, int, int]:
+    """The patch grid of ``frames`` sampled frames (a multiple of ``temporal_patch_size``) of
+    that size: each within ``video_min_pixels`` and ``video_max_pixels``, all together under
+    ``video_total_pixels``."""
+    frame_budget = max(
+        min(cfg.video_max_pixels, cfg.video_total_pixels * cfg.temporal_patch_size // frames),
+        int(cfg.video_min_pixels * 1.05),
+    )
+    try:
+        rh, rw = smart_resize(height, width, cfg.factor, cfg.video_min_pixels, frame_budget)
+    except ValueError as exc:
+        raise MediaError(key, member, "aspect_ratio", str(exc)) from exc
+    return frames // cfg.temporal_patch_size, rh // cfg.patch_size, rw // cfg.patch_size
+
+
 def token_count(grid: tuple[int, int, int], cfg: MediaConfig) -> int:
     """LLM tokens of a patch grid (``merge_size**2`` patches per token)."""
     t, h, w = grid
@@ -276,15 +294,7 @@ def _video_plan(
             f"frames of {width}x{height} pixels exceed max_image_pixels={cfg.max_image_pixels}",
         )
     frames = _num_frames(total, fps, cfg)
-    frame_budget = max(
-        min(cfg.video_max_pixels, cfg.video_total_pixels * cfg.temporal_patch_size // frames),
-        int(cfg.video_min_pixels * 1.05),
-    )
-    try:
-        rh, rw = smart_resize(height, width, cfg.factor, cfg.video_min_pixels, frame_budget)
-    except ValueError as exc:
-        raise MediaError(key, member, "aspect_ratio", str(exc)) from exc
-    grid = (frames // cfg.temporal_patch_size, rh // cfg.patch_size, rw // cfg.patch_size)
+    grid = video_grid(height, width, frames, cfg, key, member)
     sampled_fps = frames / duration
     return VideoProbe(
         frames=frames,

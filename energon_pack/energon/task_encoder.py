@@ -183,7 +183,6 @@ class PackingTaskEncoder(DefaultTaskEncoder):
     """
 
     cookers = (Cooker(cook_conversation),)
-    decoder = MediaKeepingDecoder()  # JSON/text parsed; media stay compressed, decoded late
 
     def __init__(
         self,
@@ -209,6 +208,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         if decode not in ("lazy", "eager"):
             raise ValueError(f"decode must be 'lazy' or 'eager', got {decode!r}")
         self.media = media or MediaConfig()
+        # JSON/text parsed; media stay compressed, decoded late
         self.decoder = MediaKeepingDecoder(self.media.max_json_bytes)
         self.encoder = ConversationEncoder(
             tokenizer, media=self.media, system_prompt=system_prompt, loss_on=loss_on
