@@ -9,7 +9,9 @@ Then, per distinct size, side by side and interleaved (CPU time, median of per-r
 against transformers' ``Qwen2VLImageProcessorPil`` and against their floor (pillow decode + RGB +
 bicubic resize), both pixel dtypes; videos against their floor (decord decode of the same frames
 + pillow resize). Every uint8 result, after ``normalize_pixels``, is checked to equal the
-float32 one. Writes benchmarks/results/media.json (1 CPU thread).
+float32 one. The ``levels`` column times the paths' stages before their output tensor (decode,
+resize, uint8 patch cut): levels/floor is the cut's share, float32/levels the normalisation's.
+Writes benchmarks/results/media.json (1 CPU thread).
 
 The guard table compares decoding in the helper process (``decode_isolation="process"``, the
 default) with decoding in the calling process (``"off"``), calls interleaved, as the median of
@@ -39,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import decord
 import numpy as np
@@ -243,8 +245,8 @@ def summary(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 # cost is its own table).
 FLOAT = media.MediaConfig(decode_isolation="off")
 UINT8 = media.MediaConfig(pixel_dtype="uint8", decode_isolation="off")
-SPEED_HEADERS = ["kind", "size", "HF ms", "f32 ms", "u8 ms", "floor ms", "f32 vs HF", "u8 vs HF"]
-SPEED_HEADERS += ["f32/floor", "u8/floor"]
+SPEED_HEADERS = ["kind", "size", "HF ms", "f32 ms", "u8 ms", "levels ms", "floor ms"]
+SPEED_HEADERS += ["f32 vs HF", "u8 vs HF", "f32/floor", "u8/floor", "levels/floor"]
 GUARD_HEADERS = ["kind", "items", "unguarded ms", "guarded ms", "guard wall", "guard CPU"]
 GUARD_HEADERS += ["probe guard wall", "probe guard CPU"]
 
@@ -275,6 +277,17 @@ def video_plan(data: bytes) -> tuple[list[int], tuple[int, int]]:
     indices = [i * probe.source_frames // probe.frames for i in range(probe.frames)]
     _, gh, gw = probe.grid_thw
     return indices, (gw * FLOAT.patch_size, gh * FLOAT.patch_size)
+
+
+def levels(data: bytes, kind: Literal["image", "video"]) -> Callable[[], object]:
+    """Decode + resize + the uint8 patch cut (``media_decode.decode_levels``, in this process)
+    into one array reused across calls: the paths' stages before the output tensor."""
+    kept: dict[tuple[int, ...], np.ndarray[Any, np.dtype[np.uint8]]] = {}
+
+    def alloc(shape: tuple[int, ...]) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        return kept.setdefault(shape, np.empty(shape, dtype=np.uint8))
+
+    return partial(media_decode.decode_levels, data, FLOAT, "?", "?", kind, alloc)
 
 
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
@@ -327,6 +340,7 @@ def versus_references(rows: list[dict[str, Any]], rounds: int) -> list[dict[str,
                 "reference": partial(hf_image, data),
                 "float32": partial(media.process_image, data, FLOAT),
                 "uint8": partial(media.process_image, data, UINT8),
+                "levels": levels(data, "image"),
                 "floor": partial(image_floor, data),
             }
         else:
@@ -334,13 +348,14 @@ def versus_references(rows: list[dict[str, Any]], rounds: int) -> list[dict[str,
             fns = {
                 "float32": partial(media.process_video, data, FLOAT),
                 "uint8": partial(media.process_video, data, UINT8),
+                "levels": levels(data, "video"),
                 "floor": partial(video_floor, data, *video_plan(data)),
             }
         times = interleaved(fns, rounds)
         result: dict[str, Any] = {"kind": kind, "width": width, "height": height}
         result |= {f"{name}_ms": statistics.median(t) * 1e3 for name, t in times.items()}
-        for path in ("float32", "uint8"):
-            if "reference" in times:
+        for path in ("float32", "uint8", "levels"):
+            if "reference" in times and path != "levels":
                 result[f"{path}_speedup_vs_reference"] = median_ratio(times, "reference", path)
             result[f"{path}_over_floor"] = median_ratio(times, path, "floor")
         results.append(result)
@@ -413,18 +428,21 @@ def main() -> None:
                     r.get("reference_ms", "-"),
                     r["float32_ms"],
                     r["uint8_ms"],
+                    r["levels_ms"],
                     r["floor_ms"],
                     r.get("float32_speedup_vs_reference", "-"),
                     r.get("uint8_speedup_vs_reference", "-"),
                     r["float32_over_floor"],
                     r["uint8_over_floor"],
+                    r["levels_over_floor"],
                 ]
                 for r in speed
             ],
         )
     )
-    print("(HF: Qwen2VLImageProcessorPil; floor: decode + resize only; uint8 == float32 after")
-    print(" normalize_pixels, checked for every size)")
+    print("(HF: Qwen2VLImageProcessorPil; floor: decode + resize only; levels: decode + resize +")
+    print(" uint8 patch cut into a reused array; uint8 == float32 after normalize_pixels, checked")
+    print(" for every size)")
     print()
     print(
         format_table(
