@@ -178,8 +178,7 @@ def process_image(
     def patches(
         levels: UInt8Array, grid: tuple[int, int, int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        target = _checked_out(out, levels.shape[0], cfg, key, member)
-        pixels = _patches(torch.from_numpy(levels), cfg, target)
+        pixels = _patches(levels, cfg, out, key, member)
         return pixels, torch.tensor([list(grid)], dtype=torch.long)
 
     return _guarded_frames(decode_image_levels, data, cfg, key, member, use=patches)
@@ -227,8 +226,7 @@ def process_video(
     cfg = config or _DEFAULT
 
     def patches(levels: UInt8Array, plan: VideoProbe) -> tuple[torch.Tensor, torch.Tensor, float]:
-        target = _checked_out(out, levels.shape[0], cfg, key, member)
-        pixels = _patches(torch.from_numpy(levels), cfg, target)
+        pixels = _patches(levels, cfg, out, key, member)
         grid = torch.tensor([list(plan.grid_thw)], dtype=torch.long)
         return pixels, grid, plan.second_per_grid_t
 
@@ -430,8 +428,7 @@ def _decode_into(encoded: list[tuple[str, MediaItem, torch.Tensor]], cfg: MediaC
 
     def patches(index: int, levels: UInt8Array, _: object) -> None:
         key, item, slot = encoded[index]
-        target = _checked_out(slot, levels.shape[0], cfg, key, item.member)
-        _patches(torch.from_numpy(levels), cfg, target)
+        _patches(levels, cfg, slot, key, item.member)
 
     jobs = []
     for key, item, slot in encoded:
@@ -512,22 +509,27 @@ def _normalization_table(
     return table
 
 
-def _patches(levels: torch.Tensor, cfg: MediaConfig, out: torch.Tensor | None) -> torch.Tensor:
-    """uint8 patch levels (:func:`patch_levels`) -> patches of ``cfg.pixel_dtype``.
+def _patches(
+    levels: UInt8Array, cfg: MediaConfig, out: torch.Tensor | None, key: str, member: str
+) -> torch.Tensor:
+    """uint8 patch levels (:func:`patch_levels`) of ``key``/``member`` -> patches of
+    ``cfg.pixel_dtype``.
 
-    Always writes a new tensor (or ``out``): ``levels`` may be a view of the decoder's shared
-    block. A still's temporal repeat is a copy of whole ``p*p`` runs. float32 values are
-    ``x / 255``, ``- mean``, ``/ std`` in float32, made in place in the output (a still's first
-    temporal copy): ``x / 255`` in float32 equals transformers' float32(float64(x) * (1/255))
-    for every 8-bit level and the mean/std steps are the same float32 operations, so the values
-    are those of :func:`_normalization_table` (checked level by level in the tests). The three
-    passes run on :data:`_NORMALIZE_ROWS` rows at a time, which stay in the CPU cache.
+    Always writes a new tensor (or ``out``, which must hold exactly those patches): ``levels``
+    may be a view of the decoder's shared block. A still's temporal repeat is a copy of whole
+    ``p*p`` runs. float32 values are ``x / 255``, ``- mean``, ``/ std`` in float32, made in
+    place in the output (a still's first temporal copy): ``x / 255`` in float32 equals
+    transformers' float32(float64(x) * (1/255)) for every 8-bit level and the mean/std steps are
+    the same float32 operations, so the values are those of :func:`_normalization_table`
+    (checked level by level in the tests). The three passes run on :data:`_NORMALIZE_ROWS` rows
+    at a time, which stay in the CPU cache.
     """
     rows = levels.shape[0]
     repeat = cfg.patch_dim // levels.shape[1]
+    out = _checked_out(out, rows, cfg, key, member)
     if out is None:
         out = torch.empty((rows, cfg.patch_dim), dtype=cfg.torch_pixel_dtype)
-    by_channel = levels.view(rows, 3, 1, -1)
+    by_channel = torch.from_numpy(levels).view(rows, 3, 1, -1)
     by_repeat = out.view(rows, 3, repeat, -1)
     if cfg.pixel_dtype == "uint8":
         by_repeat.copy_(by_channel.expand(-1, -1, repeat, -1))
@@ -626,8 +628,7 @@ def process_frames(
     wanted = gt * cfg.temporal_patch_size
     if 1 < len(resized) < wanted:  # a clip padded with its last frame (a still is repeated)
         resized += [resized[-1]] * (wanted - len(resized))
-    levels = torch.from_numpy(patch_levels(resized, cfg, alloc_in_process))
-    return _patches(levels, cfg, _checked_out(out, gt * gh * gw, cfg, key, member))
+    return _patches(patch_levels(resized, cfg, alloc_in_process), cfg, out, key, member)
 
 
 def image_frames(image: Image.Image) -> Frames:

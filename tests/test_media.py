@@ -383,6 +383,21 @@ def test_every_level_normalises_like_transformers() -> None:
     np.testing.assert_array_equal(media.normalize_pixels(raw, cfg).numpy(), expected)
 
 
+def test_a_slot_that_does_not_fit_the_decoded_patches_is_refused() -> None:
+    """``out`` must hold exactly the decoded patches in the configured dtype; anything else is a
+    MediaError naming the sample (a probe and a decode that disagree), not a silent reshape."""
+    key, member, data = next(demo_media("image"))
+    pixels, _ = media.process_image(data)
+    rows, width = pixels.shape
+    for wrong in (torch.empty(rows + 1, width), torch.empty(rows, width, dtype=torch.uint8)):
+        with pytest.raises(MediaError, match="its slot holds") as info:
+            media.process_image(data, key=key, member=member, out=wrong)
+        assert (info.value.key, info.value.kind) == (key, "corrupt")
+    out = torch.empty(rows, width)
+    assert media.process_image(data, out=out)[0] is out
+    assert torch.equal(out, pixels)
+
+
 @pytest.mark.parametrize("kind", ["image", "video"])
 def test_uint8_transport_normalises_to_the_float_path(kind: str) -> None:
     """uint8 patches + normalize_pixels == the float32 path, bit for bit, on real media."""
