@@ -45,7 +45,8 @@ from energon_pack.packed import (
     by_position,
     pack_samples,
     padding_pack,
-    position_of,
+    real_error,
+    real_keys,
 )
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
 
@@ -383,10 +384,8 @@ class VLMPackingCollator:
         try:
             packs, vision = self._decoded_rows(by_position(ready), groups)
         except MediaError as error:
-            position = position_of(error.key)
-            real = MediaError(ready[position].key, error.member, error.kind, error.cause)
-            raise _DecodeFailed(position, real) from error
-        packs = [replace(p, keys=tuple(ready[position_of(k)].key for k in p.keys)) for p in packs]
+            raise _DecodeFailed(*real_error(ready, error)) from error
+        packs = [replace(p, keys=real_keys(ready, p.keys)) for p in packs]
         static = self.max_segments if self.pad_cu_seqlens else None
         return _assemble(packs, vision, static, skipped, truncated)
 

@@ -15,7 +15,7 @@ from torch.utils.data import get_worker_info
 
 from energon_pack.encode import EncodedSample
 from energon_pack.layout import PackedRow, build_packed_row
-from energon_pack.media import MediaConfig, VisionInputs, decode_vision, media_grids
+from energon_pack.media import MediaConfig, MediaError, VisionInputs, decode_vision, media_grids
 from energon_pack.rope import MRopeConfig, packed_mrope_position_ids
 
 
@@ -58,13 +58,25 @@ def mrope_for_packed(
 
 def by_position(samples: Sequence[EncodedSample]) -> list[EncodedSample]:
     """``samples`` renamed ``key#position``: keys may repeat (across shards, in a micro-batch),
-    and a media error must name one sample. :func:`position_of` reads the position back."""
+    and a media error must name one sample. :func:`real_keys` and :func:`real_error` map the
+    names back."""
     return [replace(sample, key=f"{sample.key}#{i}") for i, sample in enumerate(samples)]
 
 
-def position_of(alias: str) -> int:
-    """The position in a :func:`by_position` name."""
-    return int(alias.rsplit("#", 1)[1])
+def real_keys(samples: Sequence[EncodedSample], names: Sequence[str]) -> tuple[str, ...]:
+    """The keys of ``samples`` that :func:`by_position` ``names`` stand for."""
+    return tuple(samples[_position(name)].key for name in names)
+
+
+def real_error(samples: Sequence[EncodedSample], error: MediaError) -> tuple[int, MediaError]:
+    """The position of the sample a :func:`by_position` ``error`` names, and the error under
+    its real key."""
+    position = _position(error.key)
+    return position, MediaError(samples[position].key, error.member, error.kind, error.cause)
+
+
+def _position(name: str) -> int:
+    return int(name.rsplit("#", 1)[1])
 
 
 def pack_samples(

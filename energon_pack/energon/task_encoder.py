@@ -37,7 +37,7 @@ from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import PackedRow, check_row_options
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.memory import MonitorConfig
-from energon_pack.packed import by_position, pack_samples, padding_pack, position_of
+from energon_pack.packed import by_position, pack_samples, padding_pack, real_error, real_keys
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
 
 STARTING_BUFFER_SIZE = 16
@@ -324,13 +324,11 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         try:
             if samples:
                 packed = pack_samples(by_position(encoded), media=self.media, **options)
-                keys = tuple(encoded[position_of(k)].key for k in packed.keys)
-                packed = dataclasses.replace(packed, keys=keys)
+                packed = dataclasses.replace(packed, keys=real_keys(encoded, packed.keys))
             else:
                 packed = padding_pack(**options)
         except MediaError as error:
-            position = position_of(error.key)
-            real = MediaError(encoded[position].key, error.member, error.kind, error.cause)
+            position, real = real_error(encoded, error)
             raise SkippedSample(real.key, real.kind, str(real), position=position) from error
         row = packed.row
         mrope = packed.mrope_position_ids
