@@ -49,8 +49,10 @@ import psutil
 import torch
 from PIL import Image
 
-from energon_pack import media, media_decode, media_guard
-from energon_pack.sample import parse_sample
+from energon_pack import media
+from energon_pack.formats.native import parse_sample
+from energon_pack.media import decode as media_decode
+from energon_pack.media import guard as media_guard
 from energon_pack.tables import format_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,7 +289,7 @@ def levels(data: bytes, kind: Literal["image", "video"]) -> Callable[[], object]
     def alloc(shape: tuple[int, ...]) -> np.ndarray[Any, np.dtype[np.uint8]]:
         return kept.setdefault(shape, np.empty(shape, dtype=np.uint8))
 
-    return partial(media_decode.decode_levels, data, FLOAT, "?", "?", kind, alloc)
+    return partial(media_decode.decode_levels, data, FLOAT, kind, alloc)
 
 
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:

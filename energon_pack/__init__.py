@@ -11,6 +11,8 @@ from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollat
 from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSample
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
 from energon_pack.formats import ChatDataset, parse_any
+from energon_pack.formats.native import parse_sample
+from energon_pack.formats.raw import RawSample
 from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
 from energon_pack.media import MediaConfig, MediaError, normalize_pixels
@@ -24,7 +26,6 @@ from energon_pack.offline import (
 )
 from energon_pack.packed import PackedSample, mrope_for_packed, pack_samples
 from energon_pack.rope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
-from energon_pack.sample import RawSample, parse_sample
 from energon_pack.topology import (
     DerivedValues,
     PackingConfig,

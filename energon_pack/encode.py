@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from energon_pack.formats import parse_any
+from energon_pack.formats.raw import RawSample
 from energon_pack.media import (
     Frames,
     MediaConfig,
@@ -31,7 +32,6 @@ from energon_pack.media import (
     probe_video,
     tensor_nbytes,
 )
-from energon_pack.sample import RawSample
 
 logger = logging.getLogger("energon_pack.encode")
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from energon_pack.media_guard import helper_pid
+from energon_pack.media.guard import helper_pid
 
 logger = logging.getLogger("energon_pack.memory")
 
@@ -78,7 +78,8 @@ class Reading:
     packs: int
     bin_fill: float
     decoder_rss: int | None = None
-    """RSS of this process's decoder process (``media_guard``); None while it has none."""
+    """RSS of this process's decoder process (:mod:`energon_pack.media.guard`); None while it
+    has none."""
 
 
 @dataclass

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from guard_decoders import filled_frames, fresh_array, labelled_frames, slow_frames
 from helpers import (
     SMALL_MEDIA,
     batches,
@@ -42,16 +43,16 @@ from energon_pack.collate import CollatedBatch, VLMPackingCollator
 from energon_pack.encode import ConversationEncoder
 from energon_pack.energon.carry_over import SkippedSample
 from energon_pack.energon.task_encoder import PreparedSample
+from energon_pack.formats.native import parse_sample
 from energon_pack.media import MediaConfig, MediaError
-from energon_pack.media_guard import (
+from energon_pack.media.errors import medium_label
+from energon_pack.media.guard import (
     FramesJob,
     guarded,
-    guarded_frames,
     guarded_frames_each,
     helper_pid,
     shutdown_helper,
 )
-from energon_pack.sample import parse_sample
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CORPUS = FIXTURES / "crash_corpus"
@@ -166,40 +167,37 @@ def test_the_decoder_process_keeps_freed_memory_for_the_next_file(
 @pytest.mark.usefixtures("helper_imports_tests")
 def test_a_guarded_decoder_must_fill_the_array_it_was_given() -> None:
     with pytest.raises(MediaError, match="must return the array its alloc gave"):
-        guarded_frames(
+        guarded_frames_each(
             fresh_array,
-            (2, 3),
-            use=lambda frames, _: frames.copy(),
-            key="k",
-            member="0.mp4",
+            [FramesJob(((2, 3),), "k", "0.mp4")],
+            use=lambda *_: None,
             kind="corrupt",
             isolation="process",
             timeout_s=30.0,
         )
 
 
-def filled_frames(
-    value: int, shape: tuple[int, ...], crash: bool, alloc: Any
-) -> tuple[np.ndarray[Any, Any], int]:
-    """A decoder for the batch tests: ``shape`` bytes of ``value``, or a SIGSEGV."""
-    if crash:
-        ctypes.string_at(0)
-    frames = alloc(shape)
-    frames.fill(value)
-    return frames, value
-
-
-def slow_frames(value: int, delay: float, alloc: Any) -> tuple[np.ndarray[Any, Any], int]:
-    """A decoder for the batch tests that takes ``delay`` seconds."""
-    time.sleep(delay)
-    frames = alloc((10,))
-    frames.fill(value)
-    return frames, value
+@pytest.mark.usefixtures("helper_imports_tests")
+@pytest.mark.parametrize("isolation", ["process", "off"])
+def test_log_lines_of_the_decoder_name_the_medium(isolation: Any) -> None:
+    """The decoder knows no names; the boundary gives its log lines the sample's."""
+    assert guard(medium_label, isolation=isolation) == "k/0.mp4"
+    seen: list[str] = []
+    guarded_frames_each(
+        labelled_frames,
+        [FramesJob((), "s", "1.jpg", nbytes=1), FramesJob((), "t", "2.jpg", nbytes=1)],
+        use=lambda _, frames, label: seen.append(label),
+        kind="corrupt",
+        isolation=isolation,
+        timeout_s=30.0,
+    )
+    assert seen == ["s/1.jpg", "t/2.jpg"]
+    assert medium_label() == "?/?"  # outside any boundary
 
 
 @pytest.fixture
 def helper_imports_tests(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A decoder process that can import this file (restarted before and after)."""
+    """A decoder process that can import ``guard_decoders`` (restarted before and after)."""
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     shutdown_helper()
     yield
@@ -303,11 +301,6 @@ def test_a_failing_use_then_a_timeout_leave_a_working_helper() -> None:
     seen = run_batch([(7, 10, False), (6, 20, False)])
     assert np.all(seen[0][0] == 7)
     assert np.all(seen[1][0] == 6)
-
-
-def fresh_array(shape: tuple[int, ...], alloc: Any) -> tuple[np.ndarray[Any, Any], None]:
-    """A decoder that ignores ``alloc`` (used by the test above, in the helper process)."""
-    return np.zeros(shape, dtype=np.uint8), None
 
 
 # --- the crash corpus -------------------------------------------------------------------------

@@ -7,8 +7,8 @@ import torch
 from helpers import image_bytes, video_bytes
 
 from energon_pack.encode import SPECIAL_TOKENS, ByteTokenizer, ConversationEncoder
+from energon_pack.formats.native import parse_sample
 from energon_pack.media import MediaError, probe_image
-from energon_pack.sample import parse_sample
 
 TOK = ByteTokenizer()
 S = {token: TOK.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
@@ -205,3 +205,12 @@ def test_parse_sample_takes_media_in_index_order_without_a_list() -> None:
         ("2.jpg", "image"),
         ("10.png", "image"),
     ]
+
+
+def test_the_old_sample_module_still_gives_the_native_parser() -> None:
+    from energon_pack import sample
+    from energon_pack.formats import native, raw
+
+    assert sample.parse_sample is native.parse_sample
+    assert sample.load_json is native.load_json
+    assert sample.RawSample is raw.RawSample

@@ -14,7 +14,7 @@ import pytest
 from helpers import Samples, load_script, read_samples
 
 from energon_pack import media
-from energon_pack.sample import parse_sample
+from energon_pack.formats.native import parse_sample
 
 MAX_FIXTURE_BYTES = 10 * 1024 * 1024
 

@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader
 from energon_pack import VLMPackingCollator
 from energon_pack.encode import ConversationEncoder
 from energon_pack.formats import ChatDataset
+from energon_pack.formats.native import parse_sample
 from energon_pack.media import MediaError, media_kind
-from energon_pack.sample import parse_sample
 
 _PLACEHOLDER = re.compile(r"(<image>|<video>)")
 Native = dict[str, dict[str, bytes]]

@@ -16,8 +16,8 @@ from megatron.energon.flavors.webdataset import BaseWebdatasetFactory
 
 from energon_pack.energon import PackingTaskEncoder
 from energon_pack.formats.energon_types import MediaKeepingDecoder, typed_sample_row
+from energon_pack.formats.native import load_json
 from energon_pack.media import MediaConfig, MediaError
-from energon_pack.sample import load_json
 
 VQA_YAML = """__module__: megatron.energon
 __class__: VQAWebdataset

@@ -7,7 +7,7 @@ import json
 import pickle
 import warnings
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -21,9 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from energon_pack import media, media_decode
+from energon_pack import media
+from energon_pack.formats.native import parse_sample
 from energon_pack.media import MediaConfig, MediaError
-from energon_pack.sample import parse_sample
+from energon_pack.media.decode import to_rgb
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -210,7 +211,7 @@ def test_rgb_conversion_equals_transformers_for_every_value_and_alpha(mode: str)
         img = Image.fromarray(rgba[..., :3], "RGB")
         img.info["transparency"] = (0, 255, 0)
     expected = np.asarray(convert_to_rgb(img.copy()))
-    assert np.array_equal(np.asarray(media_decode.to_rgb(img)), expected)
+    assert np.array_equal(np.asarray(to_rgb(img)), expected)
 
 
 # --- videos -----------------------------------------------------------------------------------
@@ -343,6 +344,91 @@ def test_broken_fixtures_give_documented_errors() -> None:
         assert key in str(err)
         assert expected["member"] in str(err)
         assert str(pickle.loads(pickle.dumps(err))) == str(err)  # crosses worker processes
+
+
+# --- a pack's media: decode_vision names the failing sample by position -----------------------
+
+
+@dataclass(frozen=True)
+class PackSample:
+    """What decode_vision reads of a sample."""
+
+    key: str
+    media: tuple[media.MediaItem, ...]
+    vision: media.VisionInputs | None = None
+
+
+def good_video() -> bytes:
+    return fixture_samples("broken")["good_video"]["0.mp4"]
+
+
+def file_item(member: str, data: bytes, probed: bytes, cfg: MediaConfig) -> media.MediaItem:
+    """A media item of ``data`` with the grid that probing ``probed`` gives."""
+    if member.endswith(".mp4"):
+        video = media.probe_video(probed, cfg)
+        return media.MediaItem(
+            member, "video", data, video.grid_thw, video.tokens, video.second_per_grid_t
+        )
+    image = media.probe_image(probed, cfg)
+    return media.MediaItem(member, "image", data, image.grid_thw, image.tokens)
+
+
+def bad_item(medium: str, cfg: MediaConfig) -> media.MediaItem:
+    broken = fixture_samples("broken")
+    if medium == "image":  # the header probes fine, the pixels do not decode
+        truncated = broken["bad_truncated_jpeg"]["0.jpg"]
+        return file_item("0.jpg", truncated, truncated, cfg)
+    if medium == "video":  # random bytes where the probed clip was
+        return file_item("0.mp4", broken["bad_random_mp4"]["0.mp4"], good_video(), cfg)
+    if medium == "grid":  # a good image whose probed grid is not what it decodes to
+        image = broken["good_image"]["0.jpg"]
+        return media.MediaItem("0.jpg", "image", image, (1, 2, 2), 1)
+    frames = media.Frames(b"\0" * 10, (1, 4, 4, 3))  # fewer bytes than the shape says
+    return media.MediaItem("0.png", "image", frames, (1, 2, 2), 1)
+
+
+@pytest.mark.parametrize("isolation", ["process", "off"])
+@pytest.mark.parametrize(
+    ("medium", "kind"),
+    [("image", "corrupt"), ("video", "unreadable"), ("grid", "corrupt"), ("frames", "bad_sample")],
+)
+def test_decode_vision_names_the_failing_sample_by_position(
+    medium: str, kind: str, isolation: str
+) -> None:
+    """Keys repeat (across shards, in a micro-batch): the error names the real key and gives
+    the index of the sample in the list, not of the medium in the decode batch (the first
+    sample's two media are jobs 0 and 1, the second sample's is job 2)."""
+    cfg = MediaConfig(decode_isolation=isolation)  # type: ignore[arg-type]
+    good = fixture_samples("broken")["good_image"]["0.jpg"]
+    first = PackSample(
+        "dup",
+        (file_item("0.jpg", good, good, cfg), file_item("1.mp4", good_video(), good_video(), cfg)),
+    )
+    second = PackSample("dup", (bad_item(medium, cfg),))
+    assert media.decode_vision([first], cfg).pixel_values is not None
+    with pytest.raises(MediaError) as info:
+        media.decode_vision([first, second], cfg)
+    error = info.value
+    assert (error.key, error.member, error.kind, error.position) == (
+        "dup",
+        second.media[0].member,
+        kind,
+        1,
+    )
+    unplaced = MediaError(error.key, error.member, error.kind, error.cause)
+    assert str(error) == str(unplaced)  # the message does not change
+    again = pickle.loads(pickle.dumps(error))
+    assert (again.position, str(again)) == (1, str(error))
+    with pytest.raises(MediaError) as info:
+        media.decode_vision([second, first], cfg)
+    assert info.value.position == 0
+
+
+def test_media_errors_of_single_calls_have_no_position() -> None:
+    data = fixture_samples("broken")["bad_truncated_jpeg"]["0.jpg"]
+    with pytest.raises(MediaError) as info:
+        media.process_image(data, key="k", member="0.jpg")
+    assert info.value.position is None
 
 
 # --- normalisation table, uint8 transport --------------------------------------------------

@@ -16,7 +16,7 @@ from helpers import SMALL_MEDIA, batches, image_bytes, train_dataset
 from energon_pack import media
 from energon_pack.cli import main
 from energon_pack.media import MediaConfig
-from energon_pack.media_guard import helper_pid
+from energon_pack.media.guard import helper_pid
 from energon_pack.memory import (
     KEEP_READINGS,
     MB,
@@ -90,7 +90,7 @@ def test_growth_warning_on_real_allocation() -> None:
 
 
 def test_readings_count_the_decoder_process(tmp_path: Path) -> None:
-    """The decoder process (media_guard) holds memory of its own: readings and the report
+    """The decoder process (media.guard) holds memory of its own: readings and the report
     carry its RSS, and report lines written without it still load."""
     media.process_image(image_bytes(64, 64))  # starts this process's decoder
     pid = helper_pid()

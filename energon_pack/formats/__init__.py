@@ -1,5 +1,6 @@
-"""Sample formats other than the native one, read into the same :class:`RawSample`.
+"""Sample formats, each read into the same :class:`~energon_pack.formats.raw.RawSample`.
 
+* :mod:`~energon_pack.formats.native`: the native WebDataset layout (``json`` + media members);
 * :mod:`~energon_pack.formats.bridge`: Megatron-Bridge's Qwen-VL WebDataset layout
   (``json`` + pickled ``jpgs`` / ``videos``);
 * :mod:`~energon_pack.formats.chat_rows`: TRL / transformers chat rows (``messages`` +
@@ -15,9 +16,10 @@ from typing import Any
 
 from energon_pack.formats.bridge import is_bridge_sample, parse_bridge_sample
 from energon_pack.formats.chat_rows import ChatDataset, is_chat_row, parse_chat_row
-from energon_pack.media import MediaConfig
-from energon_pack.media_guard import media_errors
-from energon_pack.sample import RawSample, parse_sample
+from energon_pack.formats.native import parse_sample
+from energon_pack.formats.raw import RawSample
+from energon_pack.media.config import MediaConfig
+from energon_pack.media.errors import media_errors
 
 __all__ = ["ChatDataset", "parse_any"]
 
@@ -25,7 +27,7 @@ __all__ = ["ChatDataset", "parse_any"]
 def parse_any(key: str, sample: Mapping[str, Any], config: MediaConfig | None = None) -> RawSample:
     """Parse a sample of any supported layout: a chat row (a ``messages`` / ``conversations``
     field, no ``json`` member), Bridge's (``jpgs`` / ``videos`` members), else the native one
-    (:func:`~energon_pack.sample.parse_sample`). JSON is bounded by ``config``'s
+    (:func:`~energon_pack.formats.native.parse_sample`). JSON is bounded by ``config``'s
     ``max_json_bytes`` / ``max_json_depth``; every failure is a ``MediaError``."""
     with media_errors(key, "json", "bad_sample"):
         if is_chat_row(sample):

@@ -26,9 +26,12 @@ from energon_pack.formats.conversation import (
     conversation_turns,
     placeholder_kinds,
 )
+from energon_pack.formats.native import load_json
+from energon_pack.formats.raw import RawSample
 from energon_pack.formats.safe_pickle import load_arrays
-from energon_pack.media import Frames, MediaConfig, MediaError
-from energon_pack.sample import RawSample, load_json
+from energon_pack.media.config import MediaConfig
+from energon_pack.media.errors import MediaError
+from energon_pack.media.probe import Frames
 
 __all__ = ["BRIDGE_MEMBERS", "is_bridge_sample", "parse_bridge_sample", "rgb_frames"]
 

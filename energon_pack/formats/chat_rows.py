@@ -26,8 +26,9 @@ from PIL import Image
 
 from energon_pack.formats.bridge import rgb_frames
 from energon_pack.formats.conversation import conversation_turns, placeholder_kinds
-from energon_pack.media import Frames, MediaError, image_frames
-from energon_pack.sample import RawSample
+from energon_pack.formats.raw import RawSample
+from energon_pack.media.errors import MediaError
+from energon_pack.media.probe import Frames, image_frames
 
 __all__ = ["ChatDataset", "is_chat_row", "parse_chat_row", "resolve_inside"]
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from energon_pack.media import MediaError
+from energon_pack.media.errors import MediaError
 
 __all__ = ["conversation_turns", "placeholder_kinds", "turn_text"]
 

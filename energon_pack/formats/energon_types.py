@@ -29,7 +29,8 @@ import torch
 import webdataset
 from megatron.energon import CaptioningSample, SampleDecoder, VQASample
 
-from energon_pack.media import MediaConfig, MediaError
+from energon_pack.media.config import MediaConfig
+from energon_pack.media.errors import MediaError
 
 __all__ = ["MediaKeepingDecoder", "typed_sample_row"]
 

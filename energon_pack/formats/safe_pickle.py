@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from energon_pack.media import MediaError
+from energon_pack.media.errors import MediaError
 
 __all__ = ["ALLOWED_DTYPES", "load_arrays"]
 

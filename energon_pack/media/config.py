@@ -1,6 +1,8 @@
-"""Media settings, limits, errors and probe results (no torch: the decoder process loads this).
+"""Media settings, limits, probe results and sizing rules (no torch: the decoder process loads
+this).
 
-Defaults follow the Qwen2-VL processors; :func:`smart_resize` is their sizing rule.
+Defaults follow the Qwen2-VL processors; :func:`smart_resize` is their sizing rule,
+:func:`image_grid` / :func:`video_grid` the patch grids it gives.
 """
 
 from __future__ import annotations
@@ -9,10 +11,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from energon_pack.media.errors import MediaFailure
+
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "DEFAULT_CONFIG",
     "IMAGE_EXTENSIONS",
     "OPENAI_CLIP_MEAN",
     "OPENAI_CLIP_STD",
@@ -22,11 +27,12 @@ __all__ = [
     "ImageProbe",
     "Isolation",
     "MediaConfig",
-    "MediaError",
-    "MediaErrorKind",
     "PixelDtype",
     "VideoProbe",
+    "image_grid",
     "smart_resize",
+    "token_count",
+    "video_grid",
 ]
 
 OPENAI_CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
@@ -41,36 +47,6 @@ Isolation = Literal["process", "off"]
 """``"process"``: native decoding in the helper process; ``"off"``: in the calling process."""
 PixelDtype = Literal["float32", "uint8"]
 PIXEL_DTYPES: tuple[PixelDtype, ...] = ("float32", "uint8")
-
-
-MediaErrorKind = Literal[
-    "empty",  # zero-byte member
-    "unreadable",  # header cannot be parsed (not an image / video)
-    "corrupt",  # header parsed but pixel decoding failed (e.g. truncated file)
-    "too_large",  # declared pixel count above the bomb guard
-    "aspect_ratio",  # aspect ratio above 200 (smart_resize limit)
-    "too_many",  # more media in one sample than allowed
-    "too_long",  # video longer than the frame / duration limit
-    "unsupported",  # member extension is not a known image/video type
-    "bad_sample",  # sample JSON missing or malformed
-    "crashed",  # the decoder died (e.g. SIGSEGV / SIGABRT in decord) on this member
-    "timeout",  # the decoder did not finish within decode_timeout_s
-    "placeholder_mismatch",  # <image>/<video> placeholders do not match the media members
-]
-
-
-class MediaError(ValueError):
-    """A sample's media cannot be used; the message names the sample key, member and cause."""
-
-    def __init__(self, key: str, member: str, kind: MediaErrorKind, cause: str) -> None:
-        super().__init__(f"sample {key!r}, member {member!r}: {cause} [{kind}]")
-        self.key = key
-        self.member = member
-        self.kind: MediaErrorKind = kind
-        self.cause = cause
-
-    def __reduce__(self) -> tuple[type[MediaError], tuple[str, str, MediaErrorKind, str]]:
-        return type(self), (self.key, self.member, self.kind, self.cause)
 
 
 @dataclass(frozen=True)
@@ -92,10 +68,10 @@ class MediaConfig:
     on them).
 
     ``decode_isolation="process"`` (default) runs decord and Pillow's pixel decoding in a helper
-    process (:mod:`energon_pack.media_guard`), so a native crash or a hang past
-    ``decode_timeout_s`` becomes a :class:`MediaError` (``crashed`` / ``timeout``) instead of
-    killing the run; ``"off"`` decodes in the calling process. ``max_json_bytes`` and
-    ``max_json_depth`` bound the parsing of a sample's JSON member.
+    process (:mod:`energon_pack.media.guard`), so a native crash or a hang past
+    ``decode_timeout_s`` becomes a :class:`~energon_pack.media.MediaError` (``crashed`` /
+    ``timeout``) instead of killing the run; ``"off"`` decodes in the calling process.
+    ``max_json_bytes`` and ``max_json_depth`` bound the parsing of a sample's JSON member.
     """
 
     patch_size: int = 14
@@ -190,6 +166,10 @@ class MediaConfig:
         return dtype
 
 
+DEFAULT_CONFIG = MediaConfig()
+"""The settings of calls given no ``config``."""
+
+
 @dataclass(frozen=True)
 class ImageProbe:
     """Header facts of an image: source size, patch grid ``(t, h, w)`` and LLM token count."""
@@ -249,3 +229,33 @@ def smart_resize(
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
+
+
+def image_grid(height: int, width: int, cfg: MediaConfig) -> tuple[int, int, int]:
+    """The patch grid ``(1, h, w)`` of an image of that size."""
+    try:
+        rh, rw = smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
+    except ValueError as exc:
+        raise MediaFailure("aspect_ratio", str(exc)) from exc
+    return 1, rh // cfg.patch_size, rw // cfg.patch_size
+
+
+def video_grid(height: int, width: int, frames: int, cfg: MediaConfig) -> tuple[int, int, int]:
+    """The patch grid of ``frames`` sampled frames (a multiple of ``temporal_patch_size``) of
+    that size: each within ``video_min_pixels`` and ``video_max_pixels``, all together under
+    ``video_total_pixels``."""
+    frame_budget = max(
+        min(cfg.video_max_pixels, cfg.video_total_pixels * cfg.temporal_patch_size // frames),
+        int(cfg.video_min_pixels * 1.05),
+    )
+    try:
+        rh, rw = smart_resize(height, width, cfg.factor, cfg.video_min_pixels, frame_budget)
+    except ValueError as exc:
+        raise MediaFailure("aspect_ratio", str(exc)) from exc
+    return frames // cfg.temporal_patch_size, rh // cfg.patch_size, rw // cfg.patch_size
+
+
+def token_count(grid: tuple[int, int, int], cfg: MediaConfig) -> int:
+    """LLM tokens of a patch grid (``merge_size**2`` patches per token)."""
+    t, h, w = grid
+    return t * h * w // (cfg.merge_size * cfg.merge_size)

@@ -1,10 +1,11 @@
 """Native decoding of untrusted media bytes: Pillow and decord, numpy out, no torch.
 
-These functions run in the decoder process (:mod:`energon_pack.media_guard`), or in the calling
+These functions run in the decoder process (:mod:`energon_pack.media.guard`), or in the calling
 process with ``decode_isolation="off"``. They probe video containers, decode and resize pixels
 to the probed grid, and write the uint8 patch levels (:func:`patch_levels`) into the array an
-:data:`~energon_pack.media_guard.Alloc` gives; :mod:`energon_pack.media` turns levels into
-model-ready patches.
+:data:`~energon_pack.media.guard.Alloc` gives; :mod:`energon_pack.media.pixels` turns levels
+into model-ready patches. Bad media raise :class:`~energon_pack.media.errors.MediaFailure`; the
+caller's boundary names the sample.
 """
 
 from __future__ import annotations
@@ -21,23 +22,21 @@ import decord
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from energon_pack.media_config import MediaConfig, MediaError, VideoProbe, smart_resize
-from energon_pack.media_guard import Alloc, UInt8Array
+from energon_pack.media.config import MediaConfig, VideoProbe, image_grid, token_count, video_grid
+from energon_pack.media.errors import MediaFailure, medium_label
+from energon_pack.media.guard import Alloc, UInt8Array
 
 __all__ = [
     "IMAGE_FORMATS",
     "decode_image_levels",
     "decode_levels",
     "decode_video_levels",
-    "image_grid",
     "level_bytes",
     "open_image",
     "patch_levels",
     "read_video_probe",
     "resized_frames",
     "to_rgb",
-    "token_count",
-    "video_grid",
 ]
 
 logger = logging.getLogger("energon_pack.media")
@@ -48,35 +47,30 @@ IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 
 
 def decode_image_levels(
-    data: bytes, cfg: MediaConfig, key: str, member: str, alloc: Alloc
+    data: bytes, cfg: MediaConfig, alloc: Alloc
 ) -> tuple[UInt8Array, tuple[int, int, int]]:
     """Patch levels (:func:`patch_levels`) of the image resized to the probed grid, written
     into ``alloc``, and the grid (runs in the decoder process)."""
-    with open_image(data, cfg, key, member) as img:
+    with open_image(data, cfg) as img:
         width, height = img.size
-        _, gh, gw = image_grid(height, width, cfg, key, member)
+        _, gh, gw = image_grid(height, width, cfg)
         size = (gw * cfg.patch_size, gh * cfg.patch_size)
         try:
             rgb = to_rgb(img)
             resized = rgb if rgb.size == size else rgb.resize(size, Image.Resampling.BICUBIC)
             pixels = np.asarray(resized)
         except (OSError, ValueError, SyntaxError) as exc:
-            raise MediaError(key, member, "corrupt", f"cannot decode image: {exc}") from exc
+            raise MediaFailure("corrupt", f"cannot decode image: {exc}") from exc
     return patch_levels([pixels], cfg, alloc), (1, gh, gw)
 
 
 def decode_levels(
-    data: bytes,
-    cfg: MediaConfig,
-    key: str,
-    member: str,
-    kind: Literal["image", "video"],
-    alloc: Alloc,
+    data: bytes, cfg: MediaConfig, kind: Literal["image", "video"], alloc: Alloc
 ) -> tuple[UInt8Array, tuple[int, int, int] | VideoProbe]:
     """:func:`decode_image_levels` or :func:`decode_video_levels`, by ``kind``."""
     if kind == "image":
-        return decode_image_levels(data, cfg, key, member, alloc)
-    return decode_video_levels(data, cfg, key, member, alloc)
+        return decode_image_levels(data, cfg, alloc)
+    return decode_video_levels(data, cfg, alloc)
 
 
 def level_bytes(kind: Literal["image", "video"], rows: int, cfg: MediaConfig) -> int:
@@ -85,33 +79,32 @@ def level_bytes(kind: Literal["image", "video"], rows: int, cfg: MediaConfig) ->
     return rows * 3 * frames * cfg.patch_size * cfg.patch_size
 
 
-def read_video_probe(data: bytes, cfg: MediaConfig, key: str, member: str) -> VideoProbe:
+def read_video_probe(data: bytes, cfg: MediaConfig) -> VideoProbe:
     """:func:`energon_pack.media.probe_video` (runs in the decoder process)."""
-    reader = _open_video(data, key, member)
-    width, height = _video_size(reader, data, key, member)
-    return _video_plan(reader, width, height, cfg, key, member)
+    reader = _open_video(data)
+    width, height = _video_size(reader, data)
+    return _video_plan(reader, width, height, cfg)
 
 
 def decode_video_levels(
-    data: bytes, cfg: MediaConfig, key: str, member: str, alloc: Alloc
+    data: bytes, cfg: MediaConfig, alloc: Alloc
 ) -> tuple[UInt8Array, VideoProbe]:
     """Patch levels (:func:`patch_levels`) of the sampled frames resized to the probed grid,
     written into ``alloc``, and the plan (runs in the decoder process)."""
-    reader = _open_video(data, key, member)
-    width, height = _video_size(reader, data, key, member)
-    plan = _video_plan(reader, width, height, cfg, key, member)
+    reader = _open_video(data)
+    width, height = _video_size(reader, data)
+    plan = _video_plan(reader, width, height, cfg)
     indices = _sample_indices(plan.source_frames, plan.frames)
     try:
         batch = _as_numpy(reader.get_batch(indices))
     except MemoryError:
         raise
     except Exception as exc:  # decord raises its own DECORDError and RuntimeErrors
-        raise MediaError(key, member, "corrupt", f"cannot decode video frames: {exc}") from exc
+        raise MediaFailure("corrupt", f"cannot decode video frames: {exc}") from exc
     if batch.shape[1:3] != (height, width):
         logger.warning(
-            "%s/%s: decoded frames are %dx%d, header says %dx%d; resizing to the probed grid",
-            key,
-            member,
+            "%s: decoded frames are %dx%d, header says %dx%d; resizing to the probed grid",
+            medium_label(),
             batch.shape[2],
             batch.shape[1],
             width,
@@ -122,31 +115,27 @@ def decode_video_levels(
     return patch_levels(resized_frames(batch, size), cfg, alloc), plan
 
 
-def open_image(data: bytes, cfg: MediaConfig, key: str, member: str) -> Image.Image:
+def open_image(data: bytes, cfg: MediaConfig) -> Image.Image:
     """Open (header only) an image of one of :data:`IMAGE_FORMATS` within ``max_image_pixels``."""
     if not data:
-        raise MediaError(key, member, "empty", "zero-byte image")
+        raise MediaFailure("empty", "zero-byte image")
     try:
         with warnings.catch_warnings():
             # Our own pixel limit below replaces PIL's warning threshold.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
     except Image.DecompressionBombError as exc:
-        raise MediaError(
-            key,
-            member,
+        raise MediaFailure(
             "too_large",
             f"header declares a decompression bomb ({exc}); max_image_pixels="
             f"{cfg.max_image_pixels}",
         ) from exc
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, struct.error) as exc:
-        raise MediaError(key, member, "unreadable", f"not a readable image: {exc}") from exc
+        raise MediaFailure("unreadable", f"not a readable image: {exc}") from exc
     width, height = img.size
     if width * height > cfg.max_image_pixels:
         img.close()
-        raise MediaError(
-            key,
-            member,
+        raise MediaFailure(
             "too_large",
             f"header declares {width}x{height} = {width * height} pixels, above "
             f"max_image_pixels={cfg.max_image_pixels}; downscale the image or raise "
@@ -167,40 +156,6 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
-def image_grid(
-    height: int, width: int, cfg: MediaConfig, key: str, member: str
-) -> tuple[int, int, int]:
-    """The patch grid ``(1, h, w)`` of an image of that size."""
-    try:
-        rh, rw = smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
-    except ValueError as exc:
-        raise MediaError(key, member, "aspect_ratio", str(exc)) from exc
-    return 1, rh // cfg.patch_size, rw // cfg.patch_size
-
-
-def video_grid(
-    height: int, width: int, frames: int, cfg: MediaConfig, key: str, member: str
-) -> tuple[int, int, int]:
-    """The patch grid of ``frames`` sampled frames (a multiple of ``temporal_patch_size``) of
-    that size: each within ``video_min_pixels`` and ``video_max_pixels``, all together under
-    ``video_total_pixels``."""
-    frame_budget = max(
-        min(cfg.video_max_pixels, cfg.video_total_pixels * cfg.temporal_patch_size // frames),
-        int(cfg.video_min_pixels * 1.05),
-    )
-    try:
-        rh, rw = smart_resize(height, width, cfg.factor, cfg.video_min_pixels, frame_budget)
-    except ValueError as exc:
-        raise MediaError(key, member, "aspect_ratio", str(exc)) from exc
-    return frames // cfg.temporal_patch_size, rh // cfg.patch_size, rw // cfg.patch_size
-
-
-def token_count(grid: tuple[int, int, int], cfg: MediaConfig) -> int:
-    """LLM tokens of a patch grid (``merge_size**2`` patches per token)."""
-    t, h, w = grid
-    return t * h * w // (cfg.merge_size * cfg.merge_size)
-
-
 def resized_frames(frames: Iterable[UInt8Array], size: tuple[int, int]) -> list[UInt8Array]:
     """HWC RGB frames at ``size`` (width, height): resized bicubic by Pillow, or as they are
     when they have that size already (Pillow's resize to the same size is a copy)."""
@@ -218,7 +173,7 @@ def patch_levels(frames: Sequence[UInt8Array], cfg: MediaConfig, alloc: Alloc) -
     """HWC RGB frames -> uint8 patch levels ``[t*h*w, C*tp*p*p]`` in an array from ``alloc``.
 
     ``tp`` is ``temporal_patch_size`` for a clip (a multiple of it in frames) and 1 for a
-    still, which :mod:`energon_pack.media` repeats. One transposing copy per frame, straight
+    still, which :mod:`energon_pack.media.pixels` repeats. One transposing copy per frame, straight
     from the frame's interleaved RGB (numpy's strided copy is faster here than torch's).
     """
     height, width = frames[0].shape[:2]
@@ -234,29 +189,29 @@ def patch_levels(frames: Sequence[UInt8Array], cfg: MediaConfig, alloc: Alloc) -
     return levels
 
 
-def _open_video(data: bytes, key: str, member: str) -> Any:
+def _open_video(data: bytes) -> Any:
     if not data:
-        raise MediaError(key, member, "empty", "zero-byte video")
+        raise MediaFailure("empty", "zero-byte video")
     try:
         return decord.VideoReader(io.BytesIO(data), num_threads=1)
     except MemoryError:
         raise
     except Exception as exc:  # decord raises DECORDError / RuntimeError / AssertionError
-        raise MediaError(key, member, "unreadable", f"not a readable video: {exc}") from exc
+        raise MediaFailure("unreadable", f"not a readable video: {exc}") from exc
 
 
-def _video_size(reader: Any, data: bytes, key: str, member: str) -> tuple[int, int]:
+def _video_size(reader: Any, data: bytes) -> tuple[int, int]:
     """``(width, height)`` from the MP4 header, else from decoding the first frame."""
     size = _mp4_video_size(data)
     if size is not None:
         return size
-    logger.debug("%s/%s: no MP4 sample entry, decoding one frame for the size", key, member)
+    logger.debug("%s: no MP4 sample entry, decoding one frame for the size", medium_label())
     try:
         frame = _as_numpy(reader[0])
     except MemoryError:
         raise
     except Exception as exc:
-        raise MediaError(key, member, "corrupt", f"cannot decode the first frame: {exc}") from exc
+        raise MediaFailure("corrupt", f"cannot decode the first frame: {exc}") from exc
     return int(frame.shape[1]), int(frame.shape[0])
 
 
@@ -269,32 +224,26 @@ def _as_numpy(frames: Any) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return np.asarray(frames, dtype=np.uint8)
 
 
-def _video_plan(
-    reader: Any, width: int, height: int, cfg: MediaConfig, key: str, member: str
-) -> VideoProbe:
+def _video_plan(reader: Any, width: int, height: int, cfg: MediaConfig) -> VideoProbe:
     total = len(reader)
     fps = float(reader.get_avg_fps())
     if not (math.isfinite(fps) and fps > 0) or total <= 0:
-        raise MediaError(key, member, "unreadable", f"video reports {total} frames at {fps} fps")
+        raise MediaFailure("unreadable", f"video reports {total} frames at {fps} fps")
     duration = total / fps
     if total > cfg.max_video_source_frames or duration > cfg.max_video_seconds:
-        raise MediaError(
-            key,
-            member,
+        raise MediaFailure(
             "too_long",
             f"{total} frames / {duration:.1f} s exceed max_video_source_frames="
             f"{cfg.max_video_source_frames} or max_video_seconds={cfg.max_video_seconds}; "
             "cut the clip or raise the limits",
         )
     if width * height > cfg.max_image_pixels:
-        raise MediaError(
-            key,
-            member,
+        raise MediaFailure(
             "too_large",
             f"frames of {width}x{height} pixels exceed max_image_pixels={cfg.max_image_pixels}",
         )
     frames = _num_frames(total, fps, cfg)
-    grid = video_grid(height, width, frames, cfg, key, member)
+    grid = video_grid(height, width, frames, cfg)
     sampled_fps = frames / duration
     return VideoProbe(
         frames=frames,

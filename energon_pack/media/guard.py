@@ -3,19 +3,22 @@
 decord (FFmpeg) can segfault, abort or hang on a corrupt MP4, and Pillow's decoders are C code
 too. :func:`guarded` runs such a call in a small helper process, one per calling process,
 started on first use and restarted after it dies; the helper loads only the torch-free decoding
-modules. The request carries the compressed bytes; :func:`guarded_frames` has the decoder write
-its uint8 frames straight into a shared memory block the helper reuses, and the caller consumes
-them there (no copy on either side); :func:`guarded_frames_each` runs a batch (a pack's files),
-the next file decoded while the caller consumes the last. A helper that dies becomes a
+modules (it maps ``energon_pack`` and ``energon_pack.media`` without running their
+``__init__``, so the module of a function it runs must import their submodules). The request
+carries the compressed bytes; :func:`guarded_frames_each` has the decoder write its uint8
+frames straight into a shared memory block the helper reuses, and the caller consumes them
+there (no copy on either side), for a batch (a pack's files) the next file decoded while the
+caller consumes the last. A helper that dies becomes a
 :class:`~energon_pack.media.MediaError` of kind ``crashed``, one that does not answer within
 the timeout is killed and becomes kind ``timeout``; either way the caller's process goes on
 with the next sample.
 
-Exceptions are converted in one place (:func:`media_errors`): a ``MediaError`` passes through,
-``MemoryError`` and ``KeyboardInterrupt`` propagate (same type, the message names the sample
-key and member), and any other exception (Pillow's ``KeyError``, a ``numpy`` error, decord's
-own errors) becomes a ``MediaError`` of the kind the caller names, with the exception type in
-the cause.
+The helper knows no sample names: it answers with the decoder's
+:class:`~energon_pack.media.errors.MediaFailure` (an unexpected exception made one of the
+caller's kind, :func:`~energon_pack.media.errors.failures`), and the calls here are the boundary
+that names the sample (:func:`~energon_pack.media.errors.media_errors`): a ``MediaError`` of
+the job's key and member, ``MemoryError`` and ``KeyboardInterrupt`` re-raised as the same type
+with the sample named.
 """
 
 from __future__ import annotations
@@ -31,16 +34,24 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Connection
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from energon_pack.media_config import Isolation, MediaError
+from energon_pack.media.config import Isolation
+from energon_pack.media.errors import (
+    FallbackKind,
+    MediaError,
+    MediaFailure,
+    failures,
+    labelled,
+    media_errors,
+    naming,
+)
 
 __all__ = [
     "Alloc",
@@ -48,19 +59,16 @@ __all__ = [
     "UInt8Array",
     "alloc_in_process",
     "guarded",
-    "guarded_frames",
     "guarded_frames_each",
     "helper_pid",
-    "media_errors",
     "shutdown_helper",
 ]
 
 
 R = TypeVar("R")
-E = TypeVar("E")
 UInt8Array = np.ndarray[Any, np.dtype[np.uint8]]
 Alloc = Callable[[tuple[int, ...]], UInt8Array]
-"""Gives the uint8 array a :func:`guarded_frames` decoder writes its frames into."""
+"""Gives the uint8 array a :func:`guarded_frames_each` decoder writes its frames into."""
 
 
 class _Region(NamedTuple):
@@ -71,45 +79,51 @@ class _Region(NamedTuple):
     reserve: int  # block size to make room for when it grows
 
 
+class _Request(NamedTuple):
+    """What the helper runs: ``module.qualname(*args)``, with an alloc into ``region`` (None: a
+    plain call whose result is the reply)."""
+
+    module: str
+    qualname: str
+    args: tuple[Any, ...]
+    label: str  # the medium, for the helper's log lines
+    kind: FallbackKind  # what an unexpected exception becomes
+    region: _Region | None
+
+
 @dataclass(frozen=True)
 class FramesJob:
     """One call of a :func:`guarded_frames_each` batch: ``fn(*args, alloc)`` for sample
-    ``key``, member ``member``, whose frames take ``nbytes`` (known from its probe)."""
+    ``key``, member ``member``, whose frames take ``nbytes`` (known from its probe; ``None``:
+    unknown, the block grows to fit, only in a batch of one). Its failures are named with
+    ``position`` (:attr:`~energon_pack.media.MediaError.position`)."""
 
     args: tuple[Any, ...]
     key: str
     member: str
-    nbytes: int
+    nbytes: int | None = None
+    position: int | None = None
 
+    def errors(self, kind: FallbackKind) -> contextlib.AbstractContextManager[None]:
+        """The boundary of this job's decoding (:func:`media_errors`)."""
+        return media_errors(self.key, self.member, kind, position=self.position)
 
-FallbackKind = Literal["unreadable", "corrupt", "bad_sample"]
+    def named(self) -> contextlib.AbstractContextManager[None]:
+        """The boundary of this job's ``use`` (:func:`naming`: only failures are named)."""
+        return naming(self.key, self.member, position=self.position)
+
 
 _START_TIMEOUT_S = 120.0  # starting Python, numpy, Pillow and decord on a loaded machine
-# The helper maps the package without running energon_pack/__init__.py (which imports torch and
-# everything else): it loads only the modules its requests name, which keeps it small.
+# The helper maps both packages as bare modules, without running energon_pack/__init__.py or
+# energon_pack/media/__init__.py (which import torch and everything else): it loads only the
+# modules its requests name, which keeps it small.
 _ENTRY = (
-    "import sys, types; package = types.ModuleType('energon_pack'); "
-    "package.__path__ = [sys.argv[3]]; sys.modules['energon_pack'] = package; "
-    "from energon_pack.media_guard import _main; _main()"
+    "import sys, types\n"
+    "for name, path in zip(('energon_pack', 'energon_pack.media'), sys.argv[3:5]):\n"
+    "    sys.modules[name] = types.ModuleType(name); sys.modules[name].__path__ = [path]\n"
+    "from energon_pack.media.guard import _main; _main()"
 )
 _PILLOW_BLOCKS_MAX = 8  # memory blocks Pillow keeps in the helper (each at most 16 MiB)
-
-
-@contextmanager
-def media_errors(key: str, member: str, kind: FallbackKind) -> Iterator[None]:
-    """Turn any exception of the block into a ``MediaError(key, member, kind)``.
-
-    ``MediaError`` passes unchanged; ``MemoryError`` and ``KeyboardInterrupt`` (resource errors,
-    not bad data) propagate, re-raised as the same type with the sample named.
-    """
-    try:
-        yield
-    except MediaError:
-        raise
-    except (MemoryError, KeyboardInterrupt) as exc:
-        raise type(exc)(f"sample {key!r}, member {member!r}: {exc}") from exc
-    except Exception as exc:
-        raise MediaError(key, member, kind, f"{type(exc).__name__}: {exc}") from exc
 
 
 def guarded(
@@ -130,33 +144,9 @@ def guarded(
     with media_errors(key, member, kind):
         if isolation == "off":
             return fn(*args)
-        result: R = _helper().call(fn, args, key, member, kind, timeout_s, None)
+        request = _Request(fn.__module__, fn.__qualname__, args, f"{key}/{member}", kind, None)
+        result: R = _helper().call(request, timeout_s)
         return result
-
-
-def guarded_frames(
-    fn: Callable[..., tuple[UInt8Array, E]],
-    *args: Any,
-    use: Callable[[UInt8Array, E], R],
-    key: str,
-    member: str,
-    kind: FallbackKind,
-    isolation: Isolation,
-    timeout_s: float,
-) -> R:
-    """``use(*fn(*args, alloc))`` with ``fn`` in the helper process unless ``isolation == "off"``.
-
-    ``fn`` writes its frames into ``alloc(shape)`` (in the helper: the shared block) and
-    returns ``(frames, extra)``, ``extra`` picklable. ``use`` runs in this process on a view of
-    the frames that is valid only during the call (the block is reused), so it must copy what
-    it keeps; its result is returned. Decoder failures become ``MediaError`` as in
-    :func:`guarded`; exceptions from ``use`` propagate unchanged.
-    """
-    if isolation == "off":
-        with media_errors(key, member, kind):
-            frames, extra = fn(*args, alloc_in_process)
-        return use(frames, extra)
-    return _helper().call(fn, args, key, member, kind, timeout_s, use)
 
 
 def guarded_frames_each(
@@ -168,21 +158,32 @@ def guarded_frames_each(
     isolation: Isolation,
     timeout_s: float,
 ) -> None:
-    """:func:`guarded_frames` for a batch: ``use(i, frames, extra)`` for each job, in order.
+    """``use(i, *fn(*job.args, alloc))`` for each job ``i``, in order, with ``fn`` in the helper
+    process unless ``isolation == "off"``.
 
-    In the helper, job ``i + 1`` is decoded while ``use`` runs on job ``i`` (each into its own
-    half of the shared block, sized from the largest ``nbytes``), so the calling process waits
-    less. The first failure is raised as :func:`guarded_frames` raises it, and the jobs after
-    it are not run; frames larger than their job's ``nbytes`` are a ``MediaError``.
+    ``fn`` writes its frames into ``alloc(shape)`` (in the helper: the shared block) and
+    returns ``(frames, extra)``, ``extra`` picklable. ``use`` runs in this process on a view of
+    the frames that is valid only during the call (the block is reused), so it must copy what
+    it keeps. In the helper, job ``i + 1`` is decoded while ``use`` runs on job ``i`` (each into
+    its own half of the shared block, sized from the largest ``nbytes``), so the calling
+    process waits less.
+
+    The first failure is raised, and the jobs after it are not run: a decoder's failure as
+    :func:`guarded` raises it, named with its job's key, member and position; frames larger
+    than their job's ``nbytes`` are a ``MediaError``. A ``MediaFailure`` from ``use`` is named
+    too, other exceptions from ``use`` propagate unchanged.
     """
     if not jobs:
         return
     if isolation == "off":
         for index, job in enumerate(jobs):
-            with media_errors(job.key, job.member, kind):
+            with job.errors(kind):
                 frames, extra = fn(*job.args, alloc_in_process)
-            use(index, frames, extra)
+            with job.named():
+                use(index, frames, extra)
         return
+    if len(jobs) > 1 and any(job.nbytes is None for job in jobs):
+        raise ValueError("every job of a batch needs its nbytes: two jobs share the block")
     _helper().call_each(fn, jobs, kind, timeout_s, use)
 
 
@@ -221,26 +222,11 @@ class _Helper:
         """The helper's process id while it runs."""
         return self._proc.pid if self._proc is not None else None
 
-    def call(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        key: str,
-        member: str,
-        kind: FallbackKind,
-        timeout_s: float,
-        use: Callable[[UInt8Array, Any], R] | None,
-    ) -> R:
-        """``fn(*args)`` in the helper; with ``use``, ``use(frames, extra)`` on its frames."""
+    def call(self, request: _Request, timeout_s: float) -> Any:
+        """The result of a plain ``request``; failures are not named."""
         with self._lock:
-            region = None if use is None else _Region(0, None, 0)
-            self._send(fn, args, key, member, kind, region)
-            payload = self._receive(key, member, kind, timeout_s)
-            if use is None:
-                result: R = payload
-                return result
-            name, offset, shape, extra = payload
-            return use(self._frames(name, offset, shape), extra)
+            self._send(request)
+            return self._receive(timeout_s)
 
     def call_each(
         self,
@@ -251,69 +237,60 @@ class _Helper:
         use: Callable[[int, UInt8Array, Any], None],
     ) -> None:
         """:func:`guarded_frames_each`: job ``i + 1`` is sent before ``use`` runs on job ``i``,
-        into the other half of the shared block."""
-        size = max(job.nbytes for job in jobs)
+        into the other half of the shared block; each job's failures are named by its own
+        boundary."""
+        size = max(job.nbytes or 0 for job in jobs)
         with self._lock:
 
             def send(index: int) -> None:
                 job = jobs[index]
                 region = _Region((index % 2) * size, job.nbytes, 2 * size)
-                self._send(fn, job.args, job.key, job.member, kind, region)
+                label = f"{job.key}/{job.member}"
+                self._send(_Request(fn.__module__, fn.__qualname__, job.args, label, kind, region))
 
             send(0)
             for index, job in enumerate(jobs):
-                name, offset, shape, extra = self._receive(job.key, job.member, kind, timeout_s)
+                with job.errors(kind):
+                    name, offset, shape, extra = self._receive(timeout_s)
                 ahead = index + 1 < len(jobs)
                 if ahead:
                     send(index + 1)
                 try:
-                    use(index, self._frames(name, offset, shape), extra)
+                    with job.named():
+                        use(index, self._frames(name, offset, shape), extra)
                 except BaseException:
                     if ahead:  # leave nothing in flight for the next call
-                        following = jobs[index + 1]
-                        with contextlib.suppress(MediaError):
-                            self._receive(following.key, following.member, kind, timeout_s)
+                        with contextlib.suppress(MediaError), jobs[index + 1].errors(kind):
+                            self._receive(timeout_s)
                     raise
 
-    def _send(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        key: str,
-        member: str,
-        kind: FallbackKind,
-        region: _Region | None,
-    ) -> None:
+    def _send(self, request: _Request) -> None:
         requests, _ = self._started()
-        try:
-            requests.send((fn.__module__, fn.__qualname__, args, key, member, kind, region))
-        except OSError:  # the helper is gone (e.g. killed from outside)
-            raise MediaError(key, member, "crashed", self._died()) from None
+        with contextlib.suppress(OSError):  # the helper is gone: the reply tells how it ended
+            requests.send(request)
 
-    def _receive(self, key: str, member: str, kind: FallbackKind, timeout_s: float) -> Any:
-        """The next reply's payload; failures as :func:`guarded` describes."""
-        with media_errors(key, member, kind):
-            replies = self._replies
-            assert replies is not None  # a request was sent
-            try:
-                reply: tuple[str, Any] | None = replies.recv() if replies.poll(timeout_s) else None
-            except (EOFError, OSError):
-                raise MediaError(key, member, "crashed", self._died()) from None
-            if reply is None:
-                self._kill()
-                raise MediaError(
-                    key,
-                    member,
-                    "timeout",
-                    f"decoding took longer than decode_timeout_s={timeout_s}; the decoder "
-                    "process was stopped (raise MediaConfig.decode_timeout_s for huge media)",
-                )
-            status, payload = reply
-            if status == "memory":
-                raise MemoryError(f"(decoder process) {payload}")
-            if status == "error":
-                raise payload  # a MediaError made in the helper
-            return payload
+    def _receive(self, timeout_s: float) -> Any:
+        """The next reply's payload; a :class:`MediaFailure` (``crashed``, ``timeout``, or the
+        decoder's own) or ``MemoryError`` when there is none."""
+        replies = self._replies
+        assert replies is not None  # a request was sent
+        try:
+            reply: tuple[str, Any] | None = replies.recv() if replies.poll(timeout_s) else None
+        except (EOFError, OSError):
+            raise MediaFailure("crashed", self._died()) from None
+        if reply is None:
+            self._kill()
+            raise MediaFailure(
+                "timeout",
+                f"decoding took longer than decode_timeout_s={timeout_s}; the decoder "
+                "process was stopped (raise MediaConfig.decode_timeout_s for huge media)",
+            )
+        status, payload = reply
+        if status == "memory":
+            raise MemoryError(f"(decoder process) {payload}")
+        if status == "error":
+            raise payload  # the decoder's failure, made in the helper
+        return payload
 
     def _frames(self, name: str, offset: int, shape: tuple[int, ...]) -> UInt8Array:
         """A view of the frames at ``offset`` in the helper's block ``name``."""
@@ -332,7 +309,8 @@ class _Helper:
             return self._requests, self._replies
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
-        package_dir = os.path.dirname(os.path.abspath(__file__))
+        media_dir = os.path.dirname(os.path.abspath(__file__))
+        package_dir = os.path.dirname(media_dir)
         package_root = os.path.dirname(package_dir)
         path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
@@ -346,7 +324,15 @@ class _Helper:
         env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
         env.setdefault("MALLOC_TRIM_THRESHOLD_", str(64 << 20))
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _ENTRY, str(request_read), str(reply_write), package_dir],
+            [
+                sys.executable,
+                "-c",
+                _ENTRY,
+                str(request_read),
+                str(reply_write),
+                package_dir,
+                media_dir,
+            ],
             pass_fds=(request_read, reply_write),
             env=env,
             stdin=subprocess.DEVNULL,
@@ -442,13 +428,11 @@ class _Block:
         self.shm: shared_memory.SharedMemory | None = None
         self.last: UInt8Array | None = None  # what alloc gave last
 
-    def alloc(self, shape: tuple[int, ...], region: _Region, key: str, member: str) -> UInt8Array:
+    def alloc(self, shape: tuple[int, ...], region: _Region) -> UInt8Array:
         """A uint8 array of ``shape`` at the region's offset (valid until the next call)."""
         need = math.prod(shape)
         if region.limit is not None and need > region.limit:
-            raise MediaError(
-                key,
-                member,
+            raise MediaFailure(
                 "corrupt",
                 f"decodes to {need} bytes of patches where its probe planned {region.limit}; "
                 "the probe and the decode disagree (same MediaConfig?)",
@@ -487,34 +471,24 @@ def _serve(requests: Connection, replies: Connection) -> None:
                 request = requests.recv()
             except EOFError:
                 return
-            replies.send(_answer(block, *request))
+            replies.send(_answer(block, request))
     finally:
         block.close()
 
 
-def _answer(
-    block: _Block,
-    module: str,
-    qualname: str,
-    args: tuple[Any, ...],
-    key: str,
-    member: str,
-    kind: FallbackKind,
-    region: _Region | None,
-) -> tuple[str, Any]:
+def _answer(block: _Block, request: _Request) -> tuple[str, Any]:
+    module, qualname, args, label, kind, region = request
     try:
         fn = getattr(importlib.import_module(module), qualname)
-        with media_errors(key, member, kind):
+        with labelled(label), failures(kind):
             if region is None:
                 return "ok", fn(*args)
-            array, extra = fn(
-                *args, functools.partial(block.alloc, region=region, key=key, member=member)
-            )
+            array, extra = fn(*args, functools.partial(block.alloc, region=region))
             if block.last is None or array is not block.last:
                 raise TypeError(f"{qualname} must return the array its alloc gave")
     except MemoryError as exc:
         return "memory", str(exc) or "out of memory"
-    except MediaError as exc:
+    except (MediaFailure, MediaError) as exc:
         return "error", exc
     assert block.shm is not None  # alloc made it
     return "frames", (block.shm.name, region.offset, array.shape, extra)

@@ -1,0 +1,22 @@
+"""The parsed sample every format's parser gives (native, Bridge, chat rows)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from energon_pack.media.probe import Frames
+
+__all__ = ["RawSample"]
+
+
+@dataclass(frozen=True)
+class RawSample:
+    """A parsed sample: turns as ``(role, content)``, media as ``(member, kind, payload)`` in
+    placeholder order; the payload is a compressed file's bytes or decoded
+    :class:`~energon_pack.media.Frames`."""
+
+    key: str
+    turns: tuple[tuple[str, str], ...]
+    system: str | None
+    media: tuple[tuple[str, Literal["image", "video"], bytes | Frames], ...]

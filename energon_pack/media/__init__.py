@@ -1,0 +1,82 @@
+"""Qwen2-VL-style image and video preprocessing with header-only probing, by concern.
+
+* :mod:`~energon_pack.media.config`: settings, limits, probe results, sizing rules (no torch);
+* :mod:`~energon_pack.media.errors`: :class:`MediaError` and the boundary that names a sample
+  (no torch);
+* :mod:`~energon_pack.media.decode`: native decoding with Pillow and decord (no torch; runs in
+  the decoder process);
+* :mod:`~energon_pack.media.guard`: the decoder process that turns native crashes and hangs
+  into a :class:`MediaError`;
+* :mod:`~energon_pack.media.probe`: grids and token counts from headers, :class:`Frames`;
+* :mod:`~energon_pack.media.pixels`: patches, normalisation, :func:`normalize_pixels`;
+* :mod:`~energon_pack.media.assembly`: a pack's media (:func:`decode_vision`,
+  :class:`VisionInputs`).
+
+Probing (:func:`probe_image`, :func:`probe_video`) reads only the container/image header and
+returns the patch grid and the token count, so a packing buffer can hold compressed bytes and
+decode (:func:`process_image`, :func:`process_video`) only the samples it selected.
+"""
+
+from energon_pack.media.assembly import (
+    MediaFootprint,
+    MediaItem,
+    VisionInputs,
+    decode_vision,
+    footprint,
+    media_grids,
+    tensor_nbytes,
+)
+from energon_pack.media.config import (
+    IMAGE_EXTENSIONS,
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    VIDEO_EXTENSIONS,
+    ImageProbe,
+    MediaConfig,
+    PixelDtype,
+    VideoProbe,
+    smart_resize,
+)
+from energon_pack.media.errors import MediaError, MediaErrorKind
+from energon_pack.media.pixels import normalize_pixels, process_frames, process_image, process_video
+from energon_pack.media.probe import (
+    Frames,
+    check_media_count,
+    image_frames,
+    media_kind,
+    probe_frames,
+    probe_image,
+    probe_video,
+)
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "OPENAI_CLIP_MEAN",
+    "OPENAI_CLIP_STD",
+    "VIDEO_EXTENSIONS",
+    "Frames",
+    "ImageProbe",
+    "MediaConfig",
+    "MediaError",
+    "MediaErrorKind",
+    "MediaFootprint",
+    "MediaItem",
+    "PixelDtype",
+    "VideoProbe",
+    "VisionInputs",
+    "check_media_count",
+    "decode_vision",
+    "footprint",
+    "image_frames",
+    "media_grids",
+    "media_kind",
+    "normalize_pixels",
+    "probe_frames",
+    "probe_image",
+    "probe_video",
+    "process_frames",
+    "process_image",
+    "process_video",
+    "smart_resize",
+    "tensor_nbytes",
+]

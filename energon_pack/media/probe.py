@@ -1,0 +1,178 @@
+"""Header-only probing: the patch grid and token count of a medium before any pixel is decoded.
+
+:func:`probe_image` and :func:`probe_video` read only the container/image header, so a packing
+buffer can hold compressed bytes and decode only the samples it selected; :func:`probe_frames`
+sizes already decoded :class:`Frames`. No torch here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image
+
+from energon_pack.media.config import (
+    DEFAULT_CONFIG,
+    IMAGE_EXTENSIONS,
+    VIDEO_EXTENSIONS,
+    ImageProbe,
+    MediaConfig,
+    VideoProbe,
+    image_grid,
+    token_count,
+    video_grid,
+)
+from energon_pack.media.decode import open_image, read_video_probe, to_rgb
+from energon_pack.media.errors import MediaError, MediaFailure, media_errors, naming
+from energon_pack.media.guard import guarded
+
+__all__ = [
+    "Frames",
+    "check_media_count",
+    "frames_plan",
+    "image_frames",
+    "media_kind",
+    "probe_frames",
+    "probe_image",
+    "probe_video",
+]
+
+
+def media_kind(member: str) -> Literal["image", "video"] | None:
+    """``"image"``/``"video"`` from a member name's last extension, else ``None``."""
+    ext = member.rsplit(".", 1)[-1].lower()
+    if ext in IMAGE_EXTENSIONS:
+        return "image"
+    if ext in VIDEO_EXTENSIONS:
+        return "video"
+    return None
+
+
+def check_media_count(key: str, count: int, config: MediaConfig | None = None) -> None:
+    """Raise :class:`MediaError` when a sample has more media than ``max_images_per_sample``."""
+    cfg = config or DEFAULT_CONFIG
+    if count > cfg.max_images_per_sample:
+        raise MediaError(
+            key,
+            "*",
+            "too_many",
+            f"{count} media members exceed max_images_per_sample={cfg.max_images_per_sample}; "
+            "split the sample or raise MediaConfig.max_images_per_sample",
+        )
+
+
+def probe_image(
+    data: bytes, config: MediaConfig | None = None, *, key: str = "?", member: str = "?"
+) -> ImageProbe:
+    """Size, grid and token count of an image from its header; pixels are not decoded."""
+    cfg = config or DEFAULT_CONFIG
+    with media_errors(key, member, "unreadable"):
+        with open_image(data, cfg) as img:
+            width, height = img.size
+        grid = image_grid(height, width, cfg)
+    return ImageProbe(width, height, grid, token_count(grid, cfg))
+
+
+def probe_video(
+    data: bytes, config: MediaConfig | None = None, *, key: str = "?", member: str = "?"
+) -> VideoProbe:
+    """Frame count, fps, size, grid and token count of a video without decoding pixels.
+
+    decord gives the frame count and average fps from the demuxed index; the frame size comes
+    from the MP4/MOV ``stsd`` sample entry (falls back to decoding one frame for containers
+    without one).
+    """
+    cfg = config or DEFAULT_CONFIG
+    probe: VideoProbe = guarded(
+        read_video_probe,
+        data,
+        cfg,
+        key=key,
+        member=member,
+        kind="unreadable",
+        isolation=cfg.decode_isolation,
+        timeout_s=cfg.decode_timeout_s,
+    )
+    return probe
+
+
+# --- decoded frames (datasets that store pixel arrays, e.g. Megatron-Bridge's Qwen-VL layout) --
+
+
+@dataclass(frozen=True)
+class Frames:
+    """Already decoded RGB pixels of one image or video: ``[T, H, W, 3]`` uint8 as raw bytes.
+
+    An image is one frame. Kept as bytes (not patches) until a pack is chosen, like a
+    compressed member; :func:`probe_frames` reads only the shape.
+    """
+
+    data: bytes
+    shape: tuple[int, int, int, int]
+
+    @classmethod
+    def from_array(cls, array: np.ndarray[Any, Any]) -> Frames:
+        """From a ``[T, H, W, 3]`` uint8 array (copied into bytes)."""
+        frames = np.ascontiguousarray(array, dtype=np.uint8)
+        t, h, w, c = frames.shape
+        return cls(frames.tobytes(), (t, h, w, c))
+
+    def array(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The ``[T, H, W, 3]`` uint8 view of :attr:`data`."""
+        return np.frombuffer(self.data, dtype=np.uint8).reshape(self.shape)
+
+
+def image_frames(image: Image.Image) -> Frames:
+    """A decoded PIL image as :class:`Frames`, converted to RGB as
+    :func:`~energon_pack.media.process_image` does (transparency composited on white), so it
+    gives the same pixels as its file."""
+    return Frames.from_array(np.asarray(to_rgb(image))[None])
+
+
+def probe_frames(
+    frames: Frames,
+    kind: Literal["image", "video"],
+    config: MediaConfig | None = None,
+    *,
+    key: str = "?",
+    member: str = "?",
+) -> tuple[tuple[int, int, int], int, float | None]:
+    """Grid ``(t, h, w)``, token count and (videos) seconds per temporal patch of decoded frames.
+
+    An image is sized like :func:`probe_image`. A video's frames are taken as already sampled
+    (all are used; the last is repeated up to a multiple of ``temporal_patch_size``, as
+    transformers does) at ``video_fps``, each sized like :func:`probe_video` sizes frames.
+    """
+    with naming(key, member):
+        return frames_plan(frames, kind, config or DEFAULT_CONFIG)
+
+
+def frames_plan(
+    frames: Frames, kind: Literal["image", "video"], cfg: MediaConfig
+) -> tuple[tuple[int, int, int], int, float | None]:
+    """:func:`probe_frames`, its failures not yet named."""
+    count, height, width, channels = frames.shape
+    if channels != 3 or min(frames.shape) <= 0 or len(frames.data) != math.prod(frames.shape):
+        raise MediaFailure("bad_sample", f"frames of shape {frames.shape}; expected [T, H, W, 3]")
+    if width * height > cfg.max_image_pixels:
+        raise MediaFailure(
+            "too_large", f"{width}x{height} pixels exceed max_image_pixels={cfg.max_image_pixels}"
+        )
+    if kind == "image":
+        if count != 1:
+            raise MediaFailure("bad_sample", f"an image with {count} frames")
+        grid = image_grid(height, width, cfg)
+        return grid, token_count(grid, cfg), None
+    tp = cfg.temporal_patch_size
+    used = math.ceil(count / tp) * tp
+    if used > cfg.video_max_frames:
+        raise MediaFailure(
+            "too_long",
+            f"{count} frames exceed video_max_frames={cfg.video_max_frames}; sample fewer frames "
+            "or raise MediaConfig.video_max_frames",
+        )
+    grid = video_grid(height, width, used, cfg)
+    return grid, token_count(grid, cfg), tp / cfg.video_fps
