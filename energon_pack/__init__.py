@@ -8,7 +8,7 @@ from energon_pack.binpack import (
     first_fit_decreasing,
 )
 from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
-from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSample
+from energon_pack.encode import ByteTokenizer, ConversationEncoder
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
 from energon_pack.formats import ChatDataset, parse_any
 from energon_pack.formats.native import parse_sample
@@ -24,8 +24,9 @@ from energon_pack.offline import (
     PackMetadata,
     pack_offline,
 )
-from energon_pack.packed import PackedSample, mrope_for_packed, pack_samples
+from energon_pack.packed import EncodedSample, PackedSample, mrope_for_packed, pack_samples
 from energon_pack.rope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
+from energon_pack.row_layout import RowLayout
 from energon_pack.topology import (
     DerivedValues,
     PackingConfig,
@@ -64,6 +65,7 @@ __all__ = [
     "PackingWarning",
     "RSSMonitor",
     "RawSample",
+    "RowLayout",
     "TokenSlotRow",
     "VLMPackingCollator",
     "best_fit_decreasing",

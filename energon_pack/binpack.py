@@ -34,6 +34,8 @@ logger = logging.getLogger("energon_pack.binpack")
 
 Key: TypeAlias = str | int
 Overlong = Literal["error", "skip"]
+"""What a packer or a loader that cannot cut a sample does with one longer than a row (the
+collator and the offline packer can also cut: :data:`~energon_pack.row_layout.OverlongPolicy`)."""
 
 _STATE_VERSION = 2
 
@@ -61,11 +63,18 @@ def _check_length(key: object, length: object) -> int:
     return length
 
 
-def _overlong_message(key: object, length: int, align: int, capacity: int) -> str:
+OVERLONG_FIX = (
+    "raise seq_length, shorten or filter such samples, or pass overlong='skip' to count and skip "
+    "them"
+)
+"""The fix an overlong error names (after :func:`overlong_message`)."""
+
+
+def overlong_message(key: object, length: int, align: int, capacity: int) -> str:
+    """The one statement of a sample longer than a row, in every loader and packer."""
     return (
-        f"sample {key!r} has length {length} (aligned to {aligned_length(length, align)} with "
-        f"align={align}), above the capacity of {capacity}. Raise the capacity (seq_length), "
-        "truncate or filter such samples, or pass overlong='skip' to count and skip them."
+        f"sample {key!r} has {length} tokens ({aligned_length(length, align)} after padding to a "
+        f"multiple of {align}), above seq_length={capacity}"
     )
 
 
@@ -102,7 +111,7 @@ def _decreasing_order(lengths: Sequence[int], capacity: int, align: int) -> list
     for index, length in enumerate(lengths):
         _check_length(index, length)
         if aligned_length(length, align) > capacity:
-            raise ValueError(_overlong_message(index, length, align, capacity))
+            raise ValueError(f"{overlong_message(index, length, align, capacity)}; {OVERLONG_FIX}")
     return sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
 
@@ -334,9 +343,10 @@ class OnlineBinPacker:
         units = aligned_length(length, self.align) // self.align
         if units > self._cap_units:
             if self.overlong == "error":
-                raise ValueError(_overlong_message(key, length, self.align, self.capacity))
+                message = overlong_message(key, length, self.align, self.capacity)
+                raise ValueError(f"{message}; {OVERLONG_FIX}")
             self.stats.rejected += 1
-            logger.warning("skipping %s", _overlong_message(key, length, self.align, self.capacity))
+            logger.warning("skipping %s", overlong_message(key, length, self.align, self.capacity))
             return []
         out: list[Bin] = []
         deadline_bin = -1 if self.max_wait is None else self._deadline_bin_for(units)

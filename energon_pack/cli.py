@@ -27,12 +27,12 @@ from energon_pack.memory import (
     summary_rows,
 )
 from energon_pack.offline import PackingSpec, pack_offline
+from energon_pack.packed import Decode
 from energon_pack.synthetic import DISTRIBUTIONS, lengths_for
 from energon_pack.tables import format_table
 from energon_pack.topology import MODES, PackingConfig
 from energon_pack.tune import (
     TUNE_HEADERS,
-    Decode,
     TuneError,
     TuneResult,
     TuneSettings,

@@ -30,29 +30,25 @@ from typing import Any, Literal, TypeAlias
 
 import torch
 
-from energon_pack.binpack import aligned_length, fewest_bins
-from energon_pack.encode import ConversationEncoder, EncodedSample
-from energon_pack.hf import HFTarget, hf_model_inputs
-from energon_pack.layout import (
-    check_row_options,
-    hf_varlen_kwargs,
-    loss_mask_from_labels,
-    packed_seq_params_kwargs,
-)
-from energon_pack.media import MediaError, VisionInputs, decode_vision
+from energon_pack.binpack import OVERLONG_FIX, fewest_bins
+from energon_pack.encode import ConversationEncoder
+from energon_pack.hf import HFTarget, batch_model_inputs
+from energon_pack.layout import hf_varlen_kwargs, loss_mask_from_labels, packed_seq_params_kwargs
+from energon_pack.media import MediaError, VisionInputs
 from energon_pack.packed import (
+    EncodedSample,
     PackedSample,
-    by_position,
+    SkippedSample,
+    decode_pixels,
+    pack_dropping_failures,
     pack_samples,
     padding_pack,
-    real_error,
-    real_keys,
 )
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
+from energon_pack.row_layout import OverlongPolicy, RowLayout, default_pad_token_id
 
 logger = logging.getLogger("energon_pack.collate")
 
-Overlong = Literal["error", "skip", "truncate"]
 OnMediaError = Literal["error", "skip"]
 Output = Literal["batch", "hf"]
 CollateItem: TypeAlias = "EncodedSample | Mapping[str, Any] | tuple[str, Mapping[str, Any]]"
@@ -140,16 +136,7 @@ class CollatedBatch:
         causal LM or Qwen2-VL / Qwen2.5-VL model (``model``: the model, its config, an
         :class:`~energon_pack.hf.HFTarget`, or None for sdpa/eager); see
         :func:`energon_pack.hf.hf_model_inputs`."""
-        return hf_model_inputs(
-            input_ids=self.input_ids,
-            labels=self.labels,
-            position_ids=self.position_ids,
-            mrope_position_ids=self.mrope_position_ids,
-            cu_seqlens_padded_flat=self.cu_seqlens_padded_flat,
-            max_seqlen=self.max_seqlen,
-            media=self.vision.tensors(),
-            target=HFTarget.of(model),
-        )
+        return batch_model_inputs(self, self.cu_seqlens_padded_flat, self.vision.tensors(), model)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat mapping: every field except ``vision``, plus the media tensors that are set."""
@@ -160,6 +147,9 @@ class CollatedBatch:
 class VLMPackingCollator:
     """Picklable ``collate_fn`` packing a micro-batch into THD rows; see the module docstring.
 
+    The row settings (``seq_length`` ... ``pad_token_id``) build the collator's
+    :class:`~energon_pack.row_layout.RowLayout` (:attr:`layout`); or pass ``layout=`` instead.
+
     Args:
         seq_length: row capacity in tokens.
         pad_to_multiple_of: each segment's physical span is a multiple of this (e.g.
@@ -169,7 +159,9 @@ class VLMPackingCollator:
         pad_cu_seqlens: static-shape ``cu_seqlens`` (needs ``pad_to_max_length`` and
             ``max_segments``); rows then hold at most ``max_segments`` samples.
         max_segments: segment slots per row for ``pad_cu_seqlens``.
-        pad_token_id: id written into padding positions.
+        pad_token_id: id written into padding positions (default: the tokenizer's
+            ``pad_token_id``, else ``<|endoftext|>``, as the task encoder does).
+        layout: the row layout as one object, instead of the settings above.
         encoder: encodes raw samples and gives the media preprocessing used to decode; it must be
             the encoder (tokenizer) that produced any :class:`EncodedSample` given directly.
             Default: ``ConversationEncoder()``.
@@ -191,46 +183,48 @@ class VLMPackingCollator:
 
     def __init__(
         self,
-        seq_length: int,
+        seq_length: int | None = None,
         *,
         pad_to_multiple_of: int = 1,
         pad_to_max_length: bool = False,
         pad_cu_seqlens: bool = False,
         max_segments: int | None = None,
-        pad_token_id: int = 0,
+        pad_token_id: int | None = None,
+        layout: RowLayout | None = None,
         encoder: ConversationEncoder | None = None,
-        overlong: Overlong = "error",
+        overlong: OverlongPolicy = "error",
         on_media_error: OnMediaError = "error",
         position_ids: PositionIds = "1d",
         mrope: MRopeConfig | None = None,
         output: Output = "batch",
         hf_model: Any = None,
     ) -> None:
-        check_row_options(
-            seq_length,
-            pad_to_multiple_of,
-            pad_to_max_length,
-            pad_cu_seqlens,
-            max_segments,
-            pad_token_id,
-        )
         if overlong not in ("error", "skip", "truncate"):
             raise ValueError(f"overlong must be 'error', 'skip' or 'truncate', got {overlong!r}")
         if on_media_error not in ("error", "skip"):
             raise ValueError(f"on_media_error must be 'error' or 'skip', got {on_media_error!r}")
         if output not in ("batch", "hf"):
             raise ValueError(f"output must be 'batch' or 'hf', got {output!r}")
-        self.seq_length = seq_length
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.pad_to_max_length = pad_to_max_length
-        self.pad_cu_seqlens = pad_cu_seqlens
-        self.max_segments = max_segments
-        self.pad_token_id = pad_token_id
         self.encoder = encoder if encoder is not None else ConversationEncoder()
-        self.overlong: Overlong = overlong
+        tokenizer = self.encoder.tokenizer
+        if layout is None:
+            if seq_length is None:
+                raise ValueError("VLMPackingCollator needs seq_length (or layout=RowLayout(...))")
+            layout = RowLayout(
+                seq_length,
+                pad_to_multiple_of,
+                pad_to_max_length,
+                pad_cu_seqlens,
+                max_segments,
+                default_pad_token_id(tokenizer) if pad_token_id is None else pad_token_id,
+            )
+        elif seq_length is not None:
+            raise ValueError("pass seq_length and the other row settings, or layout=, not both")
+        self.layout = layout
+        self.overlong: OverlongPolicy = overlong
         self.on_media_error: OnMediaError = on_media_error
-        self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer)
-        self._vision_end = self.encoder.tokenizer.convert_tokens_to_ids("<|vision_end|>")
+        self.mrope = mrope_setting(position_ids, mrope, tokenizer)
+        self._vision_end = tokenizer.convert_tokens_to_ids("<|vision_end|>")
         self.output: Output = output
         self.hf_target = HFTarget.of(hf_model)
         self._warned_single = False
@@ -338,13 +332,15 @@ class VLMPackingCollator:
             )
         truncated: list[str] = []
         ready = [f for s in samples if (f := self._fit(s, skipped, truncated)) is not None]
-        while ready:
-            try:
-                return self._assemble_rows(ready, skipped, truncated)
-            except _DecodeFailed as failed:  # skip that sample, pack the others
-                self._media_failed(ready[failed.position].key, failed.error, skipped)
-                del ready[failed.position]
-        return self._all_skipped(skipped, truncated)
+
+        def dropped(sample: EncodedSample, failure: SkippedSample) -> None:
+            self._media_failed(sample.key, failure.error, skipped)
+
+        packed = pack_dropping_failures(ready, self._rows, dropped)
+        if packed is None:
+            return self._all_skipped(skipped, truncated)
+        packs, vision = packed[0]
+        return _assemble(packs, vision, self.layout.static_segments, skipped, truncated)
 
     def _all_skipped(self, skipped: list[str], truncated: list[str]) -> CollatedBatch:
         """Every sample was skipped: one padding row with an all-zero loss mask, and a warning."""
@@ -356,55 +352,32 @@ class VLMPackingCollator:
             PackingWarning,
             stacklevel=4,
         )
-        pack = padding_pack(**self._row_options())
-        static = self.max_segments if self.pad_cu_seqlens else None
-        return _assemble([pack], pack.vision, static, skipped, truncated)
+        pack = padding_pack(self.layout, self.mrope)
+        return _assemble([pack], pack.vision, self.layout.static_segments, skipped, truncated)
 
-    def _row_options(self) -> dict[str, Any]:
-        """The row layout settings of :func:`~energon_pack.packed.pack_samples`."""
-        return {
-            "seq_length": self.seq_length,
-            "pad_to_multiple_of": self.pad_to_multiple_of,
-            "pad_to_max_length": self.pad_to_max_length,
-            "pad_cu_seqlens": self.pad_cu_seqlens,
-            "max_segments": self.max_segments,
-            "pad_token_id": self.pad_token_id,
-            "mrope": self.mrope,
-        }
-
-    def _assemble_rows(
-        self, ready: list[EncodedSample], skipped: list[str], truncated: list[str]
-    ) -> CollatedBatch:
-        """Rows of ``ready``; their media are decoded once, straight into the batch tensors.
-
-        While decoding, samples are named ``key#position`` (keys may repeat); a media failure
-        raises :class:`_DecodeFailed` with the position and the error under the real key.
-        """
+    def _rows(self, ready: list[EncodedSample]) -> tuple[list[PackedSample], VisionInputs]:
+        """The rows of ``ready`` and their media, decoded once straight into the batch tensors
+        (several rows: all rows' pixels in row order). A failing sample is raised as
+        :class:`~energon_pack.packed.SkippedSample` at its position in ``ready``."""
         groups = self._groups(ready)
-        try:
-            packs, vision = self._decoded_rows(by_position(ready), groups)
-        except MediaError as error:
-            raise _DecodeFailed(*real_error(ready, error)) from error
-        packs = [replace(p, keys=real_keys(ready, p.keys)) for p in packs]
-        static = self.max_segments if self.pad_cu_seqlens else None
-        return _assemble(packs, vision, static, skipped, truncated)
-
-    def _decoded_rows(
-        self, ready: list[EncodedSample], groups: list[list[int]]
-    ) -> tuple[list[PackedSample], VisionInputs]:
         single_row = len(groups) == 1
         packs = [
             pack_samples(
                 [ready[i] for i in group],
+                self.layout,
                 media=self.encoder.media,
+                mrope=self.mrope,
                 with_pixels=single_row,
-                **self._row_options(),
             )
             for group in groups
         ]
-        # Several rows: the pixels of all rows are decoded once, in row order.
-        in_row_order = [ready[i] for group in groups for i in group]
-        vision = packs[0].vision if single_row else decode_vision(in_row_order, self.encoder.media)
+        if single_row:
+            return packs, packs[0].vision
+        order = [i for group in groups for i in group]
+        try:
+            vision = decode_pixels([ready[i] for i in order], self.encoder.media)
+        except SkippedSample as failure:
+            raise SkippedSample(order[failure.position], failure.error) from failure.error
         return packs, vision
 
     def _fit(
@@ -416,30 +389,23 @@ class VLMPackingCollator:
                 f"sample {sample.key!r} is empty (0 tokens); drop empty samples before the "
                 "DataLoader"
             )
-        limit = self.seq_length // self.pad_to_multiple_of * self.pad_to_multiple_of
-        if sample.length <= limit:
+        reason = self.layout.overlong(sample.key, sample.length)
+        if reason is None:
             return sample
-        reason = (
-            f"{sample.length} tokens (aligned to "
-            f"{aligned_length(sample.length, self.pad_to_multiple_of)} with pad_to_multiple_of="
-            f"{self.pad_to_multiple_of}) exceed seq_length={self.seq_length}"
-        )
         if self.overlong == "error":
-            raise ValueError(
-                f"sample {sample.key!r}: {reason}; raise seq_length, or pass overlong='skip' or "
-                "overlong='truncate'"
-            )
+            raise ValueError(f"{reason}; {OVERLONG_FIX} (or overlong='truncate' to cut them)")
+        limit = self.layout.capacity
         if self.overlong == "truncate":
             media_end = self._media_end(sample)
             if media_end <= limit:
                 truncated.append(sample.key)
-                logger.warning("truncating sample %r to %d tokens: %s", sample.key, limit, reason)
+                logger.warning("truncating to %d tokens: %s", limit, reason)
                 return replace(
                     sample, input_ids=sample.input_ids[:limit], loss_mask=sample.loss_mask[:limit]
                 )
             reason += f", and its last vision block ends at token {media_end}, past the cut"
         skipped.append(sample.key)
-        logger.warning("skipping sample %r: %s", sample.key, reason)
+        logger.warning("skipping: %s", reason)
         return None
 
     def _media_end(self, sample: EncodedSample) -> int:
@@ -462,31 +428,22 @@ class VLMPackingCollator:
 
     def _groups(self, samples: list[EncodedSample]) -> list[list[int]]:
         """Indices of the samples of each row: rows by first sample, samples in batch order."""
-        align = self.pad_to_multiple_of
-        units = [aligned_length(s.length, align) // align for s in samples]
-        capacity = self.seq_length // align
-        if not self.pad_to_max_length:
+        layout = self.layout
+        align = layout.pad_to_multiple_of
+        units = [layout.aligned(s.length) // align for s in samples]
+        capacity = layout.seq_length // align
+        if not layout.pad_to_max_length:
             if sum(units) > capacity:
                 listing = ", ".join(f"{s.key!r}={s.length}" for s in samples)
                 raise ValueError(
                     f"the micro-batch needs {sum(units) * align} tokens after padding each "
                     f"sample to a multiple of {align} (lengths: {listing}) but seq_length="
-                    f"{self.seq_length}; pass pad_to_max_length=True to split it into several "
+                    f"{layout.seq_length}; pass pad_to_max_length=True to split it into several "
                     "rows, or raise seq_length"
                 )
             return [list(range(len(samples)))]
-        max_items = self.max_segments if self.pad_cu_seqlens else None
-        groups = fewest_bins(units, capacity, max_items=max_items)
+        groups = fewest_bins(units, capacity, max_items=layout.static_segments)
         return sorted(sorted(group) for group in groups)
-
-
-class _DecodeFailed(Exception):
-    """The media of the micro-batch's ``position``-th ready sample failed to decode."""
-
-    def __init__(self, position: int, error: MediaError) -> None:
-        super().__init__(str(error))
-        self.position = position
-        self.error = error
 
 
 def _assemble(

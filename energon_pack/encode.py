@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 import torch
@@ -24,14 +23,12 @@ from energon_pack.media import (
     MediaConfig,
     MediaError,
     MediaItem,
-    VisionInputs,
     check_media_count,
-    decode_vision,
     probe_frames,
     probe_image,
     probe_video,
-    tensor_nbytes,
 )
+from energon_pack.packed import EncodedSample
 
 logger = logging.getLogger("energon_pack.encode")
 
@@ -111,49 +108,6 @@ class ByteTokenizer:
             out.append(names[token])
         out.append(run.decode("utf-8", errors="replace"))
         return "".join(out)
-
-
-@dataclass(frozen=True)
-class EncodedSample:
-    """A tokenised sample ready to pack.
-
-    ``loss_mask`` is aligned with ``input_ids``: 1 where that token is a training target. Media
-    are kept as compressed bytes with probed grids until :meth:`materialize`.
-    """
-
-    key: str
-    input_ids: torch.Tensor
-    """``[L]`` long."""
-    loss_mask: torch.Tensor
-    """``[L]`` long, 1 on target tokens."""
-    media: tuple[MediaItem, ...] = ()
-    vision: VisionInputs | None = None
-    """Set by :meth:`materialize`."""
-
-    @property
-    def length(self) -> int:
-        """Token count (vision tokens included)."""
-        return int(self.input_ids.numel())
-
-    @property
-    def is_materialized(self) -> bool:
-        return self.vision is not None or not self.media
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held in memory: tokens, compressed media, and decoded media once materialised."""
-        held = tensor_nbytes(self.input_ids, self.loss_mask) + sum(m.nbytes for m in self.media)
-        return held + (self.vision.nbytes if self.vision is not None else 0)
-
-    def materialize(self, config: MediaConfig | None = None) -> EncodedSample:
-        """A copy with the media decoded and patchified into :attr:`vision`.
-
-        Raises :class:`~energon_pack.media.MediaError` if a member cannot be decoded or decodes
-        to another grid than its probe said (the token layout would no longer match).
-        """
-        if self.is_materialized:
-            return self
-        return replace(self, vision=decode_vision([self], config))
 
 
 def template_system_prompt(tokenizer: object) -> str | None:

@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +72,41 @@ class HFTarget:
                 "config.model_type; pass a transformers model, its config, or an HFTarget"
             )
         return cls(model_type, attn if isinstance(attn, str) else "sdpa")
+
+
+class PackedTokens(Protocol):
+    """The token fields of a packed batch (``R`` rows of ``T`` tokens) a forward reads."""
+
+    @property
+    def input_ids(self) -> torch.Tensor: ...
+    @property
+    def labels(self) -> torch.Tensor: ...
+    @property
+    def position_ids(self) -> torch.Tensor: ...
+    @property
+    def mrope_position_ids(self) -> torch.Tensor | None: ...
+    @property
+    def max_seqlen(self) -> int: ...
+
+
+def batch_model_inputs(
+    batch: PackedTokens,
+    cu_seqlens_padded_flat: torch.Tensor,
+    media: Mapping[str, torch.Tensor | None],
+    model: Any,
+) -> dict[str, Any]:
+    """:func:`hf_model_inputs` of a packed batch's token fields, for ``model`` (a transformers
+    model, its config, an :class:`HFTarget`, or None for sdpa/eager)."""
+    return hf_model_inputs(
+        input_ids=batch.input_ids,
+        labels=batch.labels,
+        position_ids=batch.position_ids,
+        mrope_position_ids=batch.mrope_position_ids,
+        cu_seqlens_padded_flat=cu_seqlens_padded_flat,
+        max_seqlen=batch.max_seqlen,
+        media=media,
+        target=HFTarget.of(model),
+    )
 
 
 def hf_model_inputs(

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from energon_pack.binpack import aligned_length
+from energon_pack.row_layout import RowLayout
 
 IGNORE_INDEX = -100
 """Label value of positions without a training target (PyTorch / HF convention)."""
@@ -103,51 +103,40 @@ def hf_varlen_kwargs(
 
 
 def build_packed_row(
-    sequences: Sequence[Any],
-    *,
-    seq_length: int,
-    pad_to_multiple_of: int = 1,
-    pad_to_max_length: bool = False,
-    pad_cu_seqlens: bool = False,
-    max_segments: int | None = None,
-    pad_token_id: int = 0,
+    sequences: Sequence[Any], layout: RowLayout | None = None, /, **settings: Any
 ) -> PackedRow:
     """Pack ``sequences`` (in order) into one THD row; see the module docstring for the input.
 
-    Each segment's physical span is its length rounded up to ``pad_to_multiple_of``. With
-    ``pad_to_max_length`` the row has exactly ``seq_length`` tokens, the trailing padding
-    absorbed in the last segment. ``pad_cu_seqlens`` (needs ``pad_to_max_length`` and
-    ``max_segments``) gives ``cu_seqlens*`` a fixed length ``max_segments + 1`` and fixes
-    ``max_seqlen`` to ``seq_length``. Raises ``ValueError`` on bad input or an overlong group.
+    ``layout`` is the :class:`~energon_pack.row_layout.RowLayout` (or give its fields as
+    keywords: ``seq_length=...``). Each segment's physical span is its length rounded up to
+    ``pad_to_multiple_of``; with ``pad_to_max_length`` the row has exactly ``seq_length``
+    tokens, the trailing padding absorbed in the last segment; ``pad_cu_seqlens`` gives
+    ``cu_seqlens*`` a fixed length ``max_segments + 1`` and fixes ``max_seqlen`` to
+    ``seq_length``. Raises ``ValueError`` on bad input or an overlong group.
     """
-    check_row_options(
-        seq_length,
-        pad_to_multiple_of,
-        pad_to_max_length,
-        pad_cu_seqlens,
-        max_segments,
-        pad_token_id,
-    )
+    layout = RowLayout.of(layout, settings)
     if len(sequences) == 0:
         raise ValueError("build_packed_row got an empty group; pass at least one sequence")
-    if pad_cu_seqlens and max_segments is not None and len(sequences) > max_segments:
+    slots = layout.static_segments
+    if slots is not None and len(sequences) > slots:
         raise ValueError(
             f"group has {len(sequences)} segments (keys {_keys(sequences)}) but "
-            f"max_segments={max_segments} with pad_cu_seqlens=True; raise max_segments or "
+            f"max_segments={slots} with pad_cu_seqlens=True; raise max_segments or "
             "limit the packer to that many samples per row"
         )
 
     ids_parts, mask_parts, pos_parts, lengths = _read_sequences(sequences)
-    aligned = [aligned_length(n, pad_to_multiple_of) for n in lengths]
+    aligned = [layout.aligned(n) for n in lengths]
     used = sum(aligned)
+    seq_length, pad_token_id = layout.seq_length, layout.pad_token_id
     if used > seq_length:
         listing = ", ".join(f"{k}={n}" for k, n in zip(_keys(sequences), lengths, strict=True))
         raise ValueError(
             f"group needs {used} tokens after padding each segment to a multiple of "
-            f"{pad_to_multiple_of} (lengths: {listing}) but seq_length={seq_length}; "
+            f"{layout.pad_to_multiple_of} (lengths: {listing}) but seq_length={seq_length}; "
             "pack fewer or shorter samples per row, or raise seq_length"
         )
-    if pad_to_max_length:
+    if layout.pad_to_max_length:
         aligned[-1] += seq_length - used
 
     n_seg = len(lengths)
@@ -171,8 +160,8 @@ def build_packed_row(
 
     cu_real, cu_phys = ends, offsets
     max_seqlen = max(aligned)
-    if pad_cu_seqlens and max_segments is not None:  # _check_options requires max_segments
-        fill = max_segments - n_seg
+    if slots is not None:
+        fill = slots - n_seg
         cu_real = cu_real + [cu_real[-1]] * fill
         cu_phys = cu_phys + [cu_phys[-1]] * fill
         max_seqlen = seq_length
@@ -211,48 +200,6 @@ def unpack(row: PackedRow, *, position_ids: bool = False) -> list[dict[str, torc
     return out
 
 
-def check_row_options(
-    seq_length: int,
-    pad_to_multiple_of: int,
-    pad_to_max_length: bool,
-    pad_cu_seqlens: bool,
-    max_segments: int | None,
-    pad_token_id: int,
-) -> None:
-    """Validate the row options of :func:`build_packed_row` (ValueError naming the setting)."""
-    for name, value in (("seq_length", seq_length), ("pad_to_multiple_of", pad_to_multiple_of)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if pad_to_multiple_of > seq_length:
-        raise ValueError(
-            f"pad_to_multiple_of={pad_to_multiple_of} is larger than seq_length={seq_length}; "
-            "no sample would fit. Use a seq_length that is a multiple of pad_to_multiple_of"
-        )
-    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
-        raise ValueError(f"pad_token_id must be an int token id, got {pad_token_id!r}")
-    if pad_to_max_length and seq_length % pad_to_multiple_of:
-        raise ValueError(
-            f"pad_to_max_length=True needs seq_length ({seq_length}) to be a multiple of "
-            f"pad_to_multiple_of ({pad_to_multiple_of}), or the last segment's physical span "
-            "would not be aligned; choose a seq_length that is a multiple of it"
-        )
-    if pad_cu_seqlens:
-        if not pad_to_max_length:
-            raise ValueError(
-                "pad_cu_seqlens=True (static cu_seqlens shapes) requires pad_to_max_length=True "
-                "so the row has a fixed width; set pad_to_max_length=True"
-            )
-        if max_segments is None:
-            raise ValueError(
-                "pad_cu_seqlens=True requires max_segments (the fixed number of segment slots); "
-                "pass max_segments=<most samples per row>"
-            )
-    if max_segments is not None and (
-        isinstance(max_segments, bool) or not isinstance(max_segments, int) or max_segments < 1
-    ):
-        raise ValueError(f"max_segments must be a positive int or None, got {max_segments!r}")
-
-
 def _field(sequence: Any, name: str) -> Any:
     if isinstance(sequence, Mapping):
         return sequence.get(name)
@@ -271,6 +218,11 @@ def _keys(sequences: Sequence[Any]) -> list[str]:
     return [_key(s, i) for i, s in enumerate(sequences)]
 
 
+def _bad(sequence: Any, index: int, problem: str) -> ValueError:
+    """The error for one input sequence, naming it."""
+    return ValueError(f"sample {_key(sequence, index)}: {problem}")
+
+
 def _as_1d(value: Any, name: str, sequence: Any, index: int) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         tensor = value
@@ -278,14 +230,18 @@ def _as_1d(value: Any, name: str, sequence: Any, index: int) -> torch.Tensor:
         try:
             tensor = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as error:
-            raise ValueError(
-                f"sample {_key(sequence, index)}: {name} must be a 1-D numeric tensor, array "
-                f"or list, got {type(value).__name__} ({error})"
+            raise _bad(
+                sequence,
+                index,
+                f"{name} must be a 1-D numeric tensor, array "
+                f"or list, got {type(value).__name__} ({error})",
             ) from None
     if tensor.ndim != 1:
-        raise ValueError(
-            f"sample {_key(sequence, index)}: {name} must be 1-D [L], got shape "
-            f"{tuple(tensor.shape)}; pass one 1-D sequence per entry"
+        raise _bad(
+            sequence,
+            index,
+            f"{name} must be 1-D [L], got shape "
+            f"{tuple(tensor.shape)}; pass one 1-D sequence per entry",
         )
     # An empty list has no dtype to check; the caller rejects empty sequences.
     if (
@@ -293,9 +249,7 @@ def _as_1d(value: Any, name: str, sequence: Any, index: int) -> torch.Tensor:
         and tensor.numel()
         and (tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex())
     ):
-        raise ValueError(
-            f"sample {_key(sequence, index)}: {name} must hold integers, got dtype {tensor.dtype}"
-        )
+        raise _bad(sequence, index, f"{name} must hold integers, got dtype {tensor.dtype}")
     return tensor
 
 
@@ -309,16 +263,16 @@ def _read_sequences(
     for index, sequence in enumerate(sequences):
         raw_ids = _field(sequence, "input_ids")
         if raw_ids is None:
-            raise ValueError(
-                f"sample {_key(sequence, index)}: no input_ids; each sequence needs input_ids "
-                "and loss_mask (or HF labels)"
+            raise _bad(
+                sequence,
+                index,
+                "no input_ids; each sequence needs input_ids and loss_mask (or HF labels)",
             )
         ids = _as_1d(raw_ids, "input_ids", sequence, index)
         length = ids.shape[0]
         if length == 0:
-            raise ValueError(
-                f"sample {_key(sequence, index)}: input_ids is empty (length 0); drop empty "
-                "samples before packing"
+            raise _bad(
+                sequence, index, "input_ids is empty (length 0); drop empty samples before packing"
             )
         raw_mask = _field(sequence, "loss_mask")
         if raw_mask is not None:
@@ -327,9 +281,11 @@ def _read_sequences(
         else:
             raw_labels = _field(sequence, "labels")
             if raw_labels is None:
-                raise ValueError(
-                    f"sample {_key(sequence, index)}: neither loss_mask nor labels given; pass "
-                    "loss_mask [L] aligned with input_ids (1 = target) or unshifted HF labels"
+                raise _bad(
+                    sequence,
+                    index,
+                    "neither loss_mask nor labels given; pass "
+                    "loss_mask [L] aligned with input_ids (1 = target) or unshifted HF labels",
                 )
             hf_labels = _as_1d(raw_labels, "labels", sequence, index)
             _check_length(sequence, index, "labels", hf_labels, length)
@@ -351,9 +307,11 @@ def _check_length(
     sequence: Any, index: int, name: str, tensor: torch.Tensor, expected: int
 ) -> None:
     if tensor.shape[0] != expected:
-        raise ValueError(
-            f"sample {_key(sequence, index)}: {name} has length {tensor.shape[0]} but "
-            f"input_ids has length {expected}; they must be aligned position by position"
+        raise _bad(
+            sequence,
+            index,
+            f"{name} has length {tensor.shape[0]} but "
+            f"input_ids has length {expected}; they must be aligned position by position",
         )
 
 
@@ -380,9 +338,11 @@ def _check_mask_values(mask_parts: list[torch.Tensor], sequences: Sequence[Any])
         bad = (values < 0) | ~torch.isfinite(values)
         if bool(bad.any()):
             t = int(bad.nonzero()[0, 0])
-            raise ValueError(
-                f"sample {_key(sequences[index], index)}: loss_mask[{t}]={float(values[t])}; "
-                "loss_mask values must be finite and >= 0 (1 = target, 0 = ignored)"
+            raise _bad(
+                sequences[index],
+                index,
+                f"loss_mask[{t}]={float(values[t])}; "
+                "loss_mask values must be finite and >= 0 (1 = target, 0 = ignored)",
             )
 
 

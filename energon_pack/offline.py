@@ -51,16 +51,16 @@ import numpy.typing as npt
 import torch
 import torch.utils.data
 
-from energon_pack.binpack import aligned_length, best_fit_decreasing, first_fit_decreasing
+from energon_pack.binpack import OVERLONG_FIX, best_fit_decreasing, first_fit_decreasing
 from energon_pack.encode import ByteTokenizer, ConversationEncoder, Tokenizer
 from energon_pack.fingerprint import tokenizer_identity
 from energon_pack.layout import PackedRow, build_packed_row
+from energon_pack.row_layout import OverlongPolicy, RowLayout, fixed_width_problem, multiple_problem
 from energon_pack.topology import pad_seq_to_mult
 
 logger = logging.getLogger("energon_pack.offline")
 
 Algorithm = Literal["bfd", "ffd"]
-OverlongPolicy = Literal["error", "skip", "truncate"]
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
@@ -140,19 +140,29 @@ class PackingSpec:
             out.append(f"overlong must be 'error', 'skip' or 'truncate', got {self.overlong!r}")
         if out:
             return out
-        size, mult = self.packed_sequence_size, self.pad_seq_to_mult
-        if size % mult:
-            out.append(
-                f"packed_sequence_size={size} is not a multiple of pad_seq_to_mult={mult}; "
-                f"choose a packed_sequence_size that is a multiple of {mult} "
-                f"(e.g. {aligned_length(size, mult)})"
-            )
-        if self.pad_cu_seqlens and not self.pad_to_max_length:
-            out.append(
-                "pad_cu_seqlens=True (static cu_seqlens shapes) requires fixed-width rows; set "
-                "pad_to_max_length=True"
-            )
-        return out
+        problems = (
+            multiple_problem(
+                "packed_sequence_size",
+                self.packed_sequence_size,
+                "pad_seq_to_mult",
+                self.pad_seq_to_mult,
+            ),
+            fixed_width_problem(self.pad_cu_seqlens, self.pad_to_max_length),
+        )
+        return [problem for problem in problems if problem]
+
+    def row_layout(self, pad_token_id: int = 0, slots: int | None = None) -> RowLayout:
+        """The :class:`~energon_pack.row_layout.RowLayout` of the packs (Megatron-Bridge's
+        ``PackedSequenceSpecs`` names mapped to the row settings); ``slots`` is the
+        ``cu_seqlens`` slot count with ``pad_cu_seqlens`` (default ``max_segments``)."""
+        return RowLayout(
+            self.packed_sequence_size,
+            self.pad_seq_to_mult,
+            self.pad_to_max_length,
+            self.pad_cu_seqlens,
+            slots if slots is not None else self.max_segments,
+            pad_token_id,
+        )
 
     @classmethod
     def for_topology(
@@ -332,10 +342,11 @@ class PackedDataset(torch.utils.data.Dataset[PackedRow]):
             raise ValueError(
                 _stale_message(self.out_dir, _spec_differences(self.spec, spec), reader=True)
             )
-        self.pad_token_id = int(manifest["tokenizer"]["pad_token_id"])
-        self.max_segments: int | None = None
+        slots = None
         if self.spec.pad_cu_seqlens:
-            self.max_segments = self.spec.max_segments or self._max_samples_per_bin()
+            slots = self.spec.max_segments or self._max_samples_per_bin()
+        self.layout = self.spec.row_layout(int(manifest["tokenizer"]["pad_token_id"]), slots)
+        """How each pack is laid out as a row."""
         self._arrays: dict[str, npt.NDArray[Any]] | None = None
         self._check_arrays()
 
@@ -365,15 +376,7 @@ class PackedDataset(torch.utils.data.Dataset[PackedRow]):
                     "key": f"line {int(lines[s])}",
                 }
             )
-        return build_packed_row(
-            sequences,
-            seq_length=self.spec.packed_sequence_size,
-            pad_to_multiple_of=self.spec.pad_seq_to_mult,
-            pad_to_max_length=self.spec.pad_to_max_length,
-            pad_cu_seqlens=self.spec.pad_cu_seqlens,
-            max_segments=self.max_segments,
-            pad_token_id=self.pad_token_id,
-        )
+        return build_packed_row(sequences, self.layout)
 
     def source_lines(self, index: int) -> list[int]:
         """Input line numbers of the sequences in pack ``index``, in row order."""
@@ -425,7 +428,9 @@ def _build(
     input_path: Path, out_dir: Path, spec: PackingSpec, tokenizer: Tokenizer, *, explicit: bool
 ) -> tuple[dict[str, int], PackMetadata]:
     """The three passes; returns the counters and the metadata."""
-    size, mult = spec.packed_sequence_size, spec.pad_seq_to_mult
+    size = spec.packed_sequence_size
+    # What fits a pack depends on the size and the multiple only (the slots come later).
+    fits = RowLayout(size, spec.pad_seq_to_mult)
     vocab_size = _vocab_size(tokenizer) if explicit else None
     encoder = ConversationEncoder(tokenizer)
     lengths: list[int] = []
@@ -435,22 +440,14 @@ def _build(
     with (out_dir / _TMP_IDS).open("wb") as ids_out, (out_dir / _TMP_MASK).open("wb") as mask_out:
         for line, key, ids, mask in _samples(input_path, encoder, vocab_size):
             samples += 1
-            if aligned_length(len(ids), mult) > size:
+            reason = fits.overlong(key, len(ids))
+            if reason is not None:
                 if spec.overlong == "error":
-                    raise ValueError(
-                        f"sample {key} has {len(ids)} tokens (padded to a multiple of "
-                        f"{mult}: {aligned_length(len(ids), mult)}), above "
-                        f"packed_sequence_size={size}; raise the size, or pass overlong='skip' "
-                        "or 'truncate' (--overlong)"
-                    )
+                    fix = f"{OVERLONG_FIX} (or 'truncate' to cut them; --overlong)"
+                    raise ValueError(f"{reason}; {fix}")
                 if spec.overlong == "skip":
                     skipped += 1
-                    logger.warning(
-                        "skipping sample %s: %d tokens > packed_sequence_size=%d",
-                        key,
-                        len(ids),
-                        size,
-                    )
+                    logger.warning("skipping: %s", reason)
                     continue
                 truncated += 1
                 ids, mask = ids[:size], mask[:size]

@@ -1,22 +1,92 @@
-"""A packed VLM sample: one THD row plus the media of its segments, in segment order.
+"""The packing core: the sample it packs, the packed sample, and the one pack step.
 
-Both packing paths (the Energon task encoder and the collate-time packer) build their output
-with :func:`pack_samples`, so the row layout and the media order are defined once.
+Both loaders (the Energon task encoder and the collate-time packer) build their output with
+:func:`pack_samples` and drop a sample whose media fail with :func:`pack_dropping_failures`,
+so the row layout, the media order and the failure rule are defined once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch.utils.data import get_worker_info
 
-from energon_pack.encode import EncodedSample
 from energon_pack.layout import PackedRow, build_packed_row
-from energon_pack.media import MediaConfig, MediaError, VisionInputs, decode_vision, media_grids
+from energon_pack.media import (
+    MediaConfig,
+    MediaError,
+    MediaItem,
+    VisionInputs,
+    decode_vision,
+    media_grids,
+    tensor_nbytes,
+)
 from energon_pack.rope import MRopeConfig, packed_mrope_position_ids
+from energon_pack.row_layout import RowLayout
+
+__all__ = [
+    "Decode",
+    "EncodedSample",
+    "PackedSample",
+    "SkippedSample",
+    "mrope_for_packed",
+    "pack_dropping_failures",
+    "pack_samples",
+    "padding_pack",
+]
+
+Decode = Literal["lazy", "eager"]
+"""When a sample's media are decoded: ``"lazy"`` once its pack is chosen, ``"eager"`` before
+it is buffered (Megatron-Bridge's order)."""
+
+S = TypeVar("S")
+P = TypeVar("P")
+
+
+@dataclass(frozen=True)
+class EncodedSample:
+    """A tokenised sample ready to pack.
+
+    ``loss_mask`` is aligned with ``input_ids``: 1 where that token is a training target. Media
+    are kept as compressed bytes with probed grids until :meth:`materialize`.
+    """
+
+    key: str
+    input_ids: torch.Tensor
+    """``[L]`` long."""
+    loss_mask: torch.Tensor
+    """``[L]`` long, 1 on target tokens."""
+    media: tuple[MediaItem, ...] = ()
+    vision: VisionInputs | None = None
+    """Set by :meth:`materialize`."""
+
+    @property
+    def length(self) -> int:
+        """Token count (vision tokens included)."""
+        return int(self.input_ids.numel())
+
+    @property
+    def is_materialized(self) -> bool:
+        return self.vision is not None or not self.media
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in memory: tokens, compressed media, and decoded media once materialised."""
+        held = tensor_nbytes(self.input_ids, self.loss_mask) + sum(m.nbytes for m in self.media)
+        return held + (self.vision.nbytes if self.vision is not None else 0)
+
+    def materialize(self, config: MediaConfig | None = None) -> EncodedSample:
+        """A copy with the media decoded and patchified into :attr:`vision`.
+
+        Raises :class:`~energon_pack.media.MediaError` if a member cannot be decoded or decodes
+        to another grid than its probe said (the token layout would no longer match).
+        """
+        if self.is_materialized:
+            return self
+        return replace(self, vision=decode_vision([self], config))
 
 
 @dataclass(frozen=True)
@@ -56,64 +126,72 @@ def mrope_for_packed(
     )
 
 
-def by_position(samples: Sequence[EncodedSample]) -> list[EncodedSample]:
-    """``samples`` renamed ``key#position``: keys may repeat (across shards, in a micro-batch),
-    and a media error must name one sample. :func:`real_keys` and :func:`real_error` map the
-    names back."""
-    return [replace(sample, key=f"{sample.key}#{i}") for i, sample in enumerate(samples)]
+class SkippedSample(Exception):
+    """The media of one sample of a pack failed: its ``position`` in the list being packed
+    (keys may repeat, in a blend or a micro-batch) and the :class:`MediaError` naming it."""
+
+    def __init__(self, position: int, error: MediaError) -> None:
+        super().__init__(str(error))
+        self.position = position
+        self.error = error
+
+    @property
+    def key(self) -> str:
+        return self.error.key
+
+    @property
+    def reason(self) -> str:
+        """The failure kind, as counted in the stats."""
+        return self.error.kind
 
 
-def real_keys(samples: Sequence[EncodedSample], names: Sequence[str]) -> tuple[str, ...]:
-    """The keys of ``samples`` that :func:`by_position` ``names`` stand for."""
-    return tuple(samples[_position(name)].key for name in names)
-
-
-def real_error(samples: Sequence[EncodedSample], error: MediaError) -> tuple[int, MediaError]:
-    """The position of the sample a :func:`by_position` ``error`` names, and the error under
-    its real key."""
-    position = _position(error.key)
-    return position, MediaError(samples[position].key, error.member, error.kind, error.cause)
-
-
-def _position(name: str) -> int:
-    return int(name.rsplit("#", 1)[1])
+def pack_dropping_failures(
+    samples: Sequence[S],
+    pack: Callable[[list[S]], P],
+    dropped: Callable[[S, SkippedSample], None],
+) -> tuple[P, list[S]] | None:
+    """The one pack step: ``pack(samples)``; a sample it reports as :class:`SkippedSample` is
+    dropped (``dropped`` is told, once) and the others are packed again. Returns the pack and
+    the samples in it, or None when every sample was dropped."""
+    remaining = list(samples)
+    while remaining:
+        try:
+            return pack(remaining), remaining
+        except SkippedSample as skipped:
+            dropped(remaining[skipped.position], skipped)
+            del remaining[skipped.position]
+    return None
 
 
 def pack_samples(
     samples: Sequence[EncodedSample],
+    layout: RowLayout | None = None,
+    /,
     *,
-    seq_length: int,
-    pad_to_multiple_of: int = 1,
-    pad_to_max_length: bool = False,
-    pad_cu_seqlens: bool = False,
-    max_segments: int | None = None,
-    pad_token_id: int = 0,
     media: MediaConfig | None = None,
     mrope: MRopeConfig | None = None,
     with_pixels: bool = True,
+    **settings: Any,
 ) -> PackedSample:
     """Pack ``samples``, in order, into one row and decode their media into it.
 
-    The row options are those of :func:`~energon_pack.layout.build_packed_row`; ``media`` is
-    the preprocessing used to decode (each image/video is patchified straight into its slice of
-    the row's pixel tensors, see :func:`~energon_pack.media.decode_vision`); with ``mrope`` the
-    3-D position ids of every segment are computed too. With ``with_pixels=False`` nothing is
-    decoded and the result's media carry only the grids, for a caller that decodes the pixels
-    of several rows itself. Raises ValueError (naming the keys) if the samples do not
-    fit, and :class:`~energon_pack.media.MediaError` on bad media.
+    ``layout`` is the row's :class:`~energon_pack.row_layout.RowLayout` (or its fields as
+    keywords); ``media`` is the preprocessing used to decode (each image/video is patchified
+    straight into its slice of the row's pixel tensors, see
+    :func:`~energon_pack.media.decode_vision`); with ``mrope`` the 3-D position ids of every
+    segment are computed too. With ``with_pixels=False`` nothing is decoded and the result's
+    media carry only the grids, for a caller that decodes the pixels of several rows itself.
+    Raises ValueError (naming the keys) if the samples do not fit, and
+    :class:`SkippedSample` (its position and the :class:`~energon_pack.media.MediaError`) when
+    a sample's media fail.
     """
     row = build_packed_row(
         [{"key": s.key, "input_ids": s.input_ids, "loss_mask": s.loss_mask} for s in samples],
-        seq_length=seq_length,
-        pad_to_multiple_of=pad_to_multiple_of,
-        pad_to_max_length=pad_to_max_length,
-        pad_cu_seqlens=pad_cu_seqlens,
-        max_segments=max_segments,
-        pad_token_id=pad_token_id,
+        RowLayout.of(layout, settings),
     )
     if with_pixels:
         # In a DataLoader worker the batch goes through shared memory: decode it there.
-        vision = decode_vision(samples, media, shared=get_worker_info() is not None)
+        vision = decode_pixels(samples, media, shared=get_worker_info() is not None)
     else:
         vision = media_grids(samples)
     packed = PackedSample(keys=tuple(s.key for s in samples), row=row, vision=vision)
@@ -123,21 +201,30 @@ def pack_samples(
     return replace(packed, mrope_position_ids=positions, rope_deltas=deltas)
 
 
-def padding_pack(
-    *, pad_token_id: int = 0, pad_to_multiple_of: int = 1, **options: Any
-) -> PackedSample:
+def decode_pixels(
+    samples: Sequence[EncodedSample], media: MediaConfig | None, *, shared: bool = False
+) -> VisionInputs:
+    """:func:`~energon_pack.media.decode_vision` of ``samples``; a failing sample is raised as
+    :class:`SkippedSample` at its position in ``samples``."""
+    try:
+        return decode_vision(samples, media, shared=shared)
+    except MediaError as error:
+        if error.position is None:
+            raise
+        raise SkippedSample(error.position, error) from error
+
+
+def padding_pack(layout: RowLayout, mrope: MRopeConfig | None = None) -> PackedSample:
     """A row that contributes nothing to the loss: one segment of padding, no keys, no media.
 
     It stands in for a pack or micro-batch whose samples were all skipped: its loss mask is all
     zero and its labels all ``-100``; it is ``pad_to_multiple_of`` tokens wide (``seq_length``
-    with ``pad_to_max_length``). ``options`` are the other row options of :func:`pack_samples`.
+    with ``pad_to_max_length``).
     """
+    width = layout.pad_to_multiple_of
     filler = EncodedSample(
         "<padding>",
-        torch.full((pad_to_multiple_of,), pad_token_id, dtype=torch.long),
-        torch.zeros(pad_to_multiple_of, dtype=torch.long),
+        torch.full((width,), layout.pad_token_id, dtype=torch.long),
+        torch.zeros(width, dtype=torch.long),
     )
-    packed = pack_samples(
-        [filler], pad_token_id=pad_token_id, pad_to_multiple_of=pad_to_multiple_of, **options
-    )
-    return replace(packed, keys=())
+    return replace(pack_samples([filler], layout, mrope=mrope), keys=())

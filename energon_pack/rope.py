@@ -274,6 +274,14 @@ def _segments(
     return offsets, lengths
 
 
+def _first_bad(bad: torch.Tensor, block_kind: torch.Tensor) -> tuple[int, str] | None:
+    """The first vision block flagged in ``bad`` and its kind's name, or None."""
+    if not bool(bad.any()):
+        return None
+    j = int(bad.nonzero()[0, 0])
+    return j, _KIND_NAMES[int(block_kind[j])]
+
+
 def _check_vision_start(
     ids: torch.Tensor,
     starts: torch.Tensor,
@@ -283,10 +291,11 @@ def _check_vision_start(
     config: MRopeConfig,
 ) -> None:
     previous = ids[(starts - 1).clamp(min=0)]
-    bad = (local[starts] == 0) | (previous != config.vision_start_token_id)
-    if bool(bad.any()):
-        j = int(bad.nonzero()[0, 0])
-        name = _KIND_NAMES[int(block_kind[j])]
+    found = _first_bad(
+        (local[starts] == 0) | (previous != config.vision_start_token_id), block_kind
+    )
+    if found is not None:
+        j, name = found
         raise ValueError(
             f"segment {int(block_seg[j])}: <|{name}_pad|> tokens at token "
             f"{int(local[starts[j]])} do not follow <|vision_start|> (id "
@@ -384,10 +393,9 @@ def _check_block_lengths(
 ) -> None:
     merge = config.spatial_merge_size
     expected = grids[:, 0] * (grids[:, 1] // merge) * (grids[:, 2] // merge)
-    bad = block_len != expected
-    if bool(bad.any()):
-        j = int(bad.nonzero()[0, 0])
-        name = _KIND_NAMES[int(block_kind[j])]
+    found = _first_bad(block_len != expected, block_kind)
+    if found is not None:
+        j, name = found
         raise ValueError(
             f"segment {int(block_seg[j])}: the {name} block at token {int(local[starts[j]])} has "
             f"{int(block_len[j])} <|{name}_pad|> tokens but its grid {grids[j].tolist()} needs "

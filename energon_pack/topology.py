@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from energon_pack.row_layout import fixed_width_problem, multiple_problem
+
 Mode = Literal["online", "collate", "offline", "none"]
 MODES: tuple[Mode, ...] = ("online", "collate", "offline", "none")
 
@@ -287,23 +289,21 @@ class PackingConfig:
                     "the collective breaks per-token loss normalisation; set "
                     "average_in_collective=False"
                 )
-        mult = self.pad_seq_to_mult()
-        if self.seq_length % mult:
-            out.append(
-                f"seq_length={self.seq_length} is not a multiple of pad_seq_to_mult={mult} "
-                f"(tp={self.tp}, cp={self.cp}, sp={self.sp}, eval_cp={self.eval_cp}); round "
-                f"seq_length to a multiple of {mult}"
-            )
-        if self.kernel_multiple is not None and self.seq_length % self.kernel_multiple:
-            out.append(
-                f"seq_length={self.seq_length} is not a multiple of kernel_multiple="
-                f"{self.kernel_multiple}; round seq_length to a multiple of {self.kernel_multiple}"
-            )
-        if self.pad_cu_seqlens and not self.pad_to_max_length:
-            out.append(
-                "pad_cu_seqlens=True (static cu_seqlens shapes) requires fixed-width rows; set "
-                "pad_to_max_length=True"
-            )
+        problems = (
+            multiple_problem(
+                "seq_length",
+                self.seq_length,
+                "pad_seq_to_mult",
+                self.pad_seq_to_mult(),
+                because=f"tp={self.tp}, cp={self.cp}, sp={self.sp}, eval_cp={self.eval_cp}",
+            ),
+            self.kernel_multiple
+            and multiple_problem(
+                "seq_length", self.seq_length, "kernel_multiple", self.kernel_multiple
+            ),
+            fixed_width_problem(self.pad_cu_seqlens, self.pad_to_max_length),
+        )
+        out += [problem for problem in problems if problem]
         if self.cuda_graphs and modes and "online" not in modes and not self.pad_cu_seqlens:
             out.append(
                 "cuda_graphs=True with packed sequences needs static metadata shapes; set "

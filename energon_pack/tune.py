@@ -17,14 +17,13 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from energon_pack.binpack import Overlong
 from energon_pack.encode import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
 from energon_pack.media import MediaConfig, PixelDtype
 from energon_pack.memory import MB, MonitorConfig, load_report, summarize
-
-Decode = Literal["lazy", "eager"]
-TuneOverlong = Literal["skip", "error"]
+from energon_pack.packed import Decode
 
 
 @dataclass(frozen=True)
@@ -41,7 +40,7 @@ class TuneSettings:
     """Dtype of the batches' pixels (``MediaConfig.pixel_dtype``)."""
     tokenizer: str | None = None
     """A transformers tokenizer directory, or a name in the local cache (None: ByteTokenizer)."""
-    overlong: TuneOverlong = "skip"
+    overlong: Overlong = "skip"
     """Samples longer than ``seq_length``: count and skip them, or stop with an error."""
 
 
@@ -62,7 +61,7 @@ class TuneResult:
     steady_worker_rss_mb: float = 0.0
     peak_buffer_mb: float = 0.0
     peak_decoder_rss_mb: float = 0.0
-    """Peak RSS of a worker's decoder process (``media_guard``), 0 without one."""
+    """Peak RSS of a worker's decoder process (:mod:`energon_pack.media.guard`), 0 without one."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Skipped samples by kind (``overlong`` or a ``MediaError`` kind), over all workers."""
     unaccounted: int = 0

@@ -96,9 +96,9 @@ def test_offline_scales_to_many_items() -> None:
 
 @pytest.mark.parametrize("pack", OFFLINE)
 def test_offline_rejects_overlong_and_bad_input(pack: Callable[..., list[list[int]]]) -> None:
-    with pytest.raises(ValueError, match=r"sample 1 has length 11 .* above the capacity of 10"):
+    with pytest.raises(ValueError, match=r"sample 1 has 11 tokens .* above seq_length=10"):
         pack([3, 11], 10)
-    with pytest.raises(ValueError, match=r"aligned to 12 with align=4"):
+    with pytest.raises(ValueError, match=r"12 after padding to a multiple of 4"):
         pack([9], 10, align=4)
     with pytest.raises(ValueError, match="length must be a positive int"):
         pack([0], 10)
@@ -344,7 +344,7 @@ def test_stats_figures() -> None:
 
 def test_overlong_error_names_key_length_and_capacity() -> None:
     packer = OnlineBinPacker(100, 4)
-    with pytest.raises(ValueError, match=r"sample 'big' has length 101 .* capacity of 100"):
+    with pytest.raises(ValueError, match=r"sample 'big' has 101 tokens .* seq_length=100"):
         packer.push("big", 101)
     assert packer.held == 0
 

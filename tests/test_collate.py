@@ -349,7 +349,7 @@ def test_dataloader_workers_match_single_process(context: str) -> None:
 
 def test_overlong_error_skip_and_truncate(caplog: pytest.LogCaptureFixture) -> None:
     samples = [text_sample("short", 10), text_sample("long", 50)]
-    with pytest.raises(ValueError, match=r"'long': 50 tokens .* seq_length=32; raise seq_length"):
+    with pytest.raises(ValueError, match=r"sample 'long' has 50 tokens .* seq_length=32; raise"):
         VLMPackingCollator(32)(samples)
     with caplog.at_level(logging.WARNING, logger="energon_pack.collate"):
         batch = VLMPackingCollator(32, overlong="skip")(samples)
@@ -473,7 +473,7 @@ def test_input_errors() -> None:
         ({"seq_length": 0}, "seq_length must be a positive int"),
         ({"seq_length": 8, "pad_to_multiple_of": 16}, "pad_to_multiple_of=16 is larger"),
         ({"seq_length": 10, "pad_to_multiple_of": 4, "pad_to_max_length": True}, "multiple of"),
-        ({"seq_length": 8, "pad_cu_seqlens": True}, "requires pad_to_max_length=True"),
+        ({"seq_length": 8, "pad_cu_seqlens": True}, "requires fixed-width rows; set pad_to_max"),
         (
             {"seq_length": 8, "pad_cu_seqlens": True, "pad_to_max_length": True},
             "requires max_segments",

@@ -197,7 +197,7 @@ def test_another_number_of_workers_is_refused_by_name(text_path: Path) -> None:
     [
         (
             {"seq_length": 8190, "pad_to_multiple_of": 8, "pad_to_max_length": True},
-            r"pad_to_max_length=True needs seq_length \(8190\) to be a multiple",
+            r"seq_length=8190 is not a multiple of pad_to_multiple_of=8",
         ),
         ({"seq_length": 4, "pad_to_multiple_of": 8}, "pad_to_multiple_of=8 is larger"),
         ({"seq_length": 0}, "seq_length must be a positive int"),

@@ -341,7 +341,9 @@ def test_reject_overlong_group_without_fixed_width() -> None:
 
 
 def test_reject_pad_cu_seqlens_without_fixed_width() -> None:
-    with pytest.raises(ValueError, match=r"pad_cu_seqlens=True .* requires pad_to_max_length=True"):
+    with pytest.raises(
+        ValueError, match=r"pad_cu_seqlens=True .* requires fixed-width rows; set pad_to_max_length"
+    ):
         build_packed_row([seq([1, 2])], seq_length=8, pad_cu_seqlens=True, max_segments=2)
 
 
@@ -362,7 +364,9 @@ def test_reject_more_segments_than_max_segments() -> None:
 
 
 def test_reject_fixed_width_seq_length_not_aligned() -> None:
-    with pytest.raises(ValueError, match=r"seq_length \(10\) to be a multiple of .* \(4\)"):
+    with pytest.raises(
+        ValueError, match=r"seq_length=10 is not a multiple of pad_to_multiple_of=4 \(pad_to_max"
+    ):
         build_packed_row([seq([1])], seq_length=10, pad_to_multiple_of=4, pad_to_max_length=True)
 
 

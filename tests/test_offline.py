@@ -294,16 +294,14 @@ OVERLONG = [
 
 def test_overlong_error_names_sample_length_and_limit(tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "in.jsonl", OVERLONG)
-    with pytest.raises(
-        ValueError, match=r"sample in\.jsonl:2 has 40 tokens.*packed_sequence_size=32"
-    ):
+    with pytest.raises(ValueError, match=r"sample 'in\.jsonl:2' has 40 tokens.*seq_length=32"):
         pack_offline(source, tmp_path / "out", PackingSpec(32))
 
 
 def test_overlong_counts_alignment(tmp_path: Path) -> None:
     records = [{"input_ids": [1] * 30, "loss_mask": [1] * 30}]
     source = write_jsonl(tmp_path / "in.jsonl", records)
-    with pytest.raises(ValueError, match="padded to a multiple of 16: 32"):
+    with pytest.raises(ValueError, match="32 after padding to a multiple of 16"):
         pack_offline(source, tmp_path / "out", PackingSpec(16, pad_seq_to_mult=16))
 
 
@@ -315,7 +313,8 @@ def test_overlong_skip_is_counted_and_logged(
         result = pack_offline(source, tmp_path / "out", PackingSpec(32, overlong="skip"))
     assert (result.samples, result.sequences, result.skipped, result.truncated) == (3, 2, 1, 0)
     assert [r.getMessage() for r in caplog.records if "in.jsonl:2" in r.getMessage()] == [
-        "skipping sample in.jsonl:2: 40 tokens > packed_sequence_size=32"
+        "skipping: sample 'in.jsonl:2' has 40 tokens (40 after padding to a multiple of 1), above "
+        "seq_length=32"
     ]
     assert sorted(packed_by_line(PackedDataset(tmp_path / "out"))) == [1, 3]
 

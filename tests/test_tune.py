@@ -184,7 +184,7 @@ def test_an_error_in_a_worker_is_one_line_with_the_fix(
     assert line.startswith("energon-pack: error: lazy buffer 8: sample 's")
     assert [line for line in err.splitlines() if line.strip()][-1] == line
     assert f"above --seq-length={SEQ_LENGTH}" in line
-    assert "Raise --seq-length" in line
+    assert "raise --seq-length" in line
     assert "--overlong skip" in line
     assert f"(traceback: {tmp_path / 'tune-error.log'})" in line
     assert "DataLoader worker process" in (tmp_path / "tune-error.log").read_text()

@@ -1,11 +1,6 @@
 """Megatron-Energon integration: the packing task encoder and its carry-over wrapper."""
 
-from energon_pack.energon.carry_over import (
-    CarryOverPackingDataset,
-    PackingStats,
-    RejectedSample,
-    SkippedSample,
-)
+from energon_pack.energon.carry_over import CarryOverPackingDataset, PackingStats, RejectedSample
 from energon_pack.energon.resume import check_loader_state, restore_state_rank
 from energon_pack.energon.task_encoder import (
     ConversationSample,
@@ -14,6 +9,7 @@ from energon_pack.energon.task_encoder import (
     PreparedSample,
     cook_conversation,
 )
+from energon_pack.packed import SkippedSample
 
 __all__ = [
     "CarryOverPackingDataset",

@@ -39,26 +39,15 @@ from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers.base import BaseWrapperDataset, SampleIndex, get_sample_restore_key
 from megatron.energon.wrappers.buffer import SavableSampleBuffer
 
-from energon_pack.binpack import Bin, OnlineBinPacker, Overlong, aligned_length
+from energon_pack.binpack import OVERLONG_FIX, Bin, OnlineBinPacker, Overlong, overlong_message
 from energon_pack.fingerprint import check_fingerprint, settings_fingerprint
 from energon_pack.memory import BufferSnapshot, MonitorConfig, RSSMonitor
+from energon_pack.packed import SkippedSample, pack_dropping_failures
 
 logger = logging.getLogger("energon_pack.energon")
 
 T_sample = TypeVar("T_sample")
 T_pack = TypeVar("T_pack")
-
-
-class SkippedSample(Exception):
-    """Raised by ``pack`` to drop one sample of a pack; the reason is counted in the stats."""
-
-    def __init__(self, key: str, reason: str, message: str, *, position: int | None = None) -> None:
-        super().__init__(message)
-        self.key = key
-        self.reason = reason
-        self.position = position
-        """Index of the sample in the list given to ``pack`` (keys may repeat); None: find it
-        by key."""
 
 
 @edataclass
@@ -113,10 +102,11 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         nbytes: bytes a buffered sample holds (for ``max_bytes`` and the stats).
         decoded_nbytes: the part of ``nbytes`` that is decoded media (for the memory monitor).
         pack: builds the packed sample from the chosen samples, in stream order, decoding
-            their media. It may raise :class:`SkippedSample` for a sample that cannot be
-            decoded (naming its ``position`` in the list, since keys may repeat in a blend of
-            datasets; else it is found by key): that sample is skipped and the pack is built
-            from the others. Must be stateless (it runs again on restore).
+            their media. It may raise :class:`~energon_pack.packed.SkippedSample` for a sample
+            that cannot be decoded (naming its position in the list, since keys may repeat in
+            a blend of datasets): that sample is counted and skipped and the pack is built
+            from the others (:func:`~energon_pack.packed.pack_dropping_failures`). Must be
+            stateless (it runs again on restore).
         overlong: a sample longer than the packer's capacity raises ValueError (``"error"``)
             or is counted and skipped (``"skip"``).
         max_consecutive_skips: stop with an error after this many samples were skipped (when
@@ -220,7 +210,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         yield from self._drain()
         for sample in self.dataset:
             if isinstance(sample, RejectedSample):
-                self._skip(SkippedSample(sample.__key__, sample.reason, sample.message))
+                self._skip(sample.__key__, sample.reason, sample.message)
                 continue
             length = self._length(sample)
             if self._overlong(sample, length):
@@ -250,19 +240,12 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
     def _overlong(self, sample: T_sample, length: int) -> bool:
         """Whether the sample cannot fit a pack; raises or skips it per ``overlong``."""
         packer = self.packer
-        aligned = aligned_length(length, packer.align)
-        if aligned <= packer.capacity:
+        if length <= packer.capacity // packer.align * packer.align:
             return False
-        message = (
-            f"sample {_key(sample)!r} has {length} tokens ({aligned} aligned to "
-            f"pad_to_multiple_of={packer.align}), above seq_length={packer.capacity}"
-        )
+        message = overlong_message(_key(sample), length, packer.align, packer.capacity)
         if self.overlong == "error":
-            raise ValueError(
-                f"{message}. Raise seq_length, shorten or filter such samples, or pass "
-                "overlong='skip' to count and skip them."
-            )
-        self._skip(SkippedSample(_key(sample), "overlong", message))
+            raise ValueError(f"{message}; {OVERLONG_FIX}")
+        self._skip(_key(sample), "overlong", message)
         return True
 
     def _snapshot(self) -> BufferSnapshot:
@@ -295,21 +278,20 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
 
     def _pack_chosen(self, chosen: list[T_sample]) -> T_pack | None:
         """The pack of ``chosen``; a sample whose media fail is skipped and the rest packed."""
-        while chosen:
-            try:
-                with self._pack_index.ctx() as pack_index:
-                    packed = self._pack(chosen)
-                break
-            except SkippedSample as skipped:
-                self._skip(skipped)
-                failed = skipped.position
-                if failed is None:
-                    failed = next(i for i, s in enumerate(chosen) if _key(s) == skipped.key)
-                chosen = chosen[:failed] + chosen[failed + 1 :]
-        else:
+
+        def pack(samples: list[T_sample]) -> tuple[T_pack, int]:
+            with self._pack_index.ctx() as pack_index:
+                return self._pack(samples), pack_index
+
+        def dropped(sample: T_sample, failure: SkippedSample) -> None:
+            self._skip(failure.key, failure.reason, str(failure))
+
+        result = pack_dropping_failures(chosen, pack, dropped)
+        if result is None:
             return None
-        self._counters["samples"] += len(chosen)
-        return self._emit(packed, chosen, pack_index)
+        (packed, pack_index), packed_samples = result
+        self._counters["samples"] += len(packed_samples)
+        return self._emit(packed, packed_samples, pack_index)
 
     def _emit(self, packed: T_pack, chosen: list[T_sample], pack_index: int) -> T_pack:
         """``packed`` with its restore key and this worker's stats; resets the skip run."""
@@ -323,18 +305,19 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             packed.packing_stats = self.stats()
         return packed
 
-    def _skip(self, skipped: SkippedSample) -> None:
+    def _skip(self, key: str, reason: str, message: str) -> None:
+        """Count one skipped sample under ``reason`` and log it."""
         counters = self._counters
-        counters["skipped"][skipped.reason] = counters["skipped"].get(skipped.reason, 0) + 1
+        counters["skipped"][reason] = counters["skipped"].get(reason, 0) + 1
         counters["in_a_row"] += 1
         kinds = counters["in_a_row_kinds"]
-        kinds[skipped.reason] = kinds.get(skipped.reason, 0) + 1
-        logger.warning("skipping sample %r (%s): %s", skipped.key, skipped.reason, skipped)
+        kinds[reason] = kinds.get(reason, 0) + 1
+        logger.warning("skipping sample %r (%s): %s", key, reason, message)
         if self.max_consecutive_skips and counters["in_a_row"] >= self.max_consecutive_skips:
             seen = ", ".join(f"{kind} x{n}" for kind, n in Counter(kinds).most_common())
             raise RuntimeError(
                 f"{counters['in_a_row']} samples in a row were skipped without a pack emitted "
-                f"(kinds: {seen}; last: {skipped.key!r}, {skipped.reason}: {skipped}); the "
+                f"(kinds: {seen}; last: {key!r}, {reason}: {message}); the "
                 "dataset or the packing settings are likely wrong. See the log for each key, "
                 "fix the data or settings, or raise max_consecutive_skips."
             )

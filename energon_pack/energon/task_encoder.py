@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from megatron.energon import Cooker, DefaultTaskEncoder, basic_sample_keys, edataclass, stateless
@@ -24,21 +24,17 @@ from megatron.energon.worker import WorkerConfig
 
 from energon_pack.binpack import OnlineBinPacker, Overlong
 from energon_pack.collate import PackingWarning
-from energon_pack.encode import ConversationEncoder, EncodedSample, LossOn, Tokenizer
-from energon_pack.energon.carry_over import (
-    CarryOverPackingDataset,
-    PackingStats,
-    RejectedSample,
-    SkippedSample,
-)
+from energon_pack.encode import ConversationEncoder, LossOn, Tokenizer
+from energon_pack.energon.carry_over import CarryOverPackingDataset, PackingStats, RejectedSample
 from energon_pack.fingerprint import tokenizer_identity
 from energon_pack.formats.energon_types import MediaKeepingDecoder, typed_sample_row
-from energon_pack.hf import HFTarget, hf_model_inputs
-from energon_pack.layout import PackedRow, check_row_options
+from energon_pack.hf import batch_model_inputs
+from energon_pack.layout import PackedRow
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.memory import MonitorConfig
-from energon_pack.packed import by_position, pack_samples, padding_pack, real_error, real_keys
+from energon_pack.packed import Decode, EncodedSample, pack_samples, padding_pack
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
+from energon_pack.row_layout import RowLayout, default_pad_token_id
 
 STARTING_BUFFER_SIZE = 16
 """The ``packing_buffer_size`` suggested to start with when none is given."""
@@ -118,16 +114,7 @@ class PackedBatch(Sample):
             "video_grid_thw": self.video_grid_thw,
             "second_per_grid_ts": self.second_per_grid_ts,
         }
-        return hf_model_inputs(
-            input_ids=self.input_ids,
-            labels=self.labels,
-            position_ids=self.position_ids,
-            mrope_position_ids=self.mrope_position_ids,
-            cu_seqlens_padded_flat=self.cu_seqlens_padded,
-            max_seqlen=self.max_seqlen,
-            media=media,
-            target=HFTarget.of(model),
-        )
+        return batch_model_inputs(self, self.cu_seqlens_padded, media, model)
 
 
 @stateless
@@ -197,7 +184,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         packing_buffer_bytes: int | None = None,
         min_fill: float = 0.999,
         max_consecutive_skips: int = 100,
-        decode: Literal["lazy", "eager"] = "lazy",
+        decode: Decode = "lazy",
         monitor: MonitorConfig | None = None,
         position_ids: PositionIds = "1d",
         mrope: MRopeConfig | None = None,
@@ -207,46 +194,38 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         super().__init__()
         if decode not in ("lazy", "eager"):
             raise ValueError(f"decode must be 'lazy' or 'eager', got {decode!r}")
+        if overlong not in ("error", "skip"):
+            raise ValueError(f"overlong must be 'error' or 'skip', got {overlong!r}")
         self.media = media or MediaConfig()
         # JSON/text parsed; media stay compressed, decoded late
         self.decoder = MediaKeepingDecoder(self.media.max_json_bytes)
         self.encoder = ConversationEncoder(
             tokenizer, media=self.media, system_prompt=system_prompt, loss_on=loss_on
         )
-        self.seq_length = seq_length
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.pad_to_max_length = pad_to_max_length
+        self.layout = RowLayout(
+            seq_length,
+            pad_to_multiple_of,
+            pad_to_max_length,
+            pad_token_id=default_pad_token_id(self.encoder.tokenizer),
+        )
         self.overlong: Overlong = overlong
-        self.max_wait = max_wait
-        self.packing_buffer_bytes = packing_buffer_bytes
-        self.min_fill = min_fill
         self.max_consecutive_skips = max_consecutive_skips
-        self.decode = decode
+        self.decode: Decode = decode
         self.monitor = monitor
-        pad = getattr(self.encoder.tokenizer, "pad_token_id", None)
-        self.pad_token_id = int(
-            pad
-            if pad is not None
-            else self.encoder.tokenizer.convert_tokens_to_ids("<|endoftext|>")
-        )
         self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer)
-        # Validate the row and packing settings now, not at the first batch in a worker.
-        check_row_options(
-            seq_length, pad_to_multiple_of, pad_to_max_length, False, None, self.pad_token_id
-        )
-        self._make_packer(1)
+        self.packer_options: dict[str, Any] = {
+            "align": self.layout.pad_to_multiple_of,
+            "max_wait": max_wait,
+            "min_fill": min_fill,
+            "max_bytes": packing_buffer_bytes,
+        }
+        """:class:`~energon_pack.OnlineBinPacker` keywords (the buffer size is the loader's)."""
+        self._make_packer(1)  # checks the packer settings now, not in a worker
         self._warned_unbuffered = False
 
     def _make_packer(self, buffer_size: int) -> functools.partial[OnlineBinPacker]:
         make = functools.partial(
-            OnlineBinPacker,
-            self.seq_length,
-            buffer_size,
-            align=self.pad_to_multiple_of,
-            max_wait=self.max_wait,
-            min_fill=self.min_fill,
-            max_bytes=self.packing_buffer_bytes,
-            overlong=self.overlong,
+            OnlineBinPacker, self.layout.seq_length, buffer_size, **self.packer_options
         )
         make()
         return make
@@ -255,14 +234,11 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         """Everything that decides which packs are formed and what they hold; saved with the
         loader state, so that a restore under other settings is refused by name."""
         return {
-            "seq_length": self.seq_length,
-            "pad_to_multiple_of": self.pad_to_multiple_of,
-            "pad_to_max_length": self.pad_to_max_length,
-            "pad_token_id": self.pad_token_id,
+            **self.layout.fingerprint(),
             "packing_buffer_size": packing_buffer_size,
-            "packing_buffer_bytes": self.packing_buffer_bytes,
-            "min_fill": self.min_fill,
-            "max_wait": self.max_wait,
+            "packing_buffer_bytes": self.packer_options["max_bytes"],
+            "min_fill": self.packer_options["min_fill"],
+            "max_wait": self.packer_options["max_wait"],
             "overlong": self.overlong,
             "decode": self.decode,
             "media": {
@@ -311,25 +287,14 @@ class PackingTaskEncoder(DefaultTaskEncoder):
     def pack_selected_samples(self, samples: Sequence[PreparedSample]) -> PackedBatch:
         """The THD row of the chosen samples; their media are decoded only now, straight into
         the row's pixel tensors, in segment order. A sample whose media fail raises
-        :class:`SkippedSample` (the wrapper then packs the others). No samples give a padding
-        row with an all-zero loss mask (it carries the stats of samples skipped at the end)."""
-        options: dict[str, Any] = {
-            "seq_length": self.seq_length,
-            "pad_to_multiple_of": self.pad_to_multiple_of,
-            "pad_to_max_length": self.pad_to_max_length,
-            "pad_token_id": self.pad_token_id,
-            "mrope": self.mrope,
-        }
-        encoded = [s.encoded for s in samples]
-        try:
-            if samples:
-                packed = pack_samples(by_position(encoded), media=self.media, **options)
-                packed = dataclasses.replace(packed, keys=real_keys(encoded, packed.keys))
-            else:
-                packed = padding_pack(**options)
-        except MediaError as error:
-            position, real = real_error(encoded, error)
-            raise SkippedSample(real.key, real.kind, str(real), position=position) from error
+        :class:`~energon_pack.packed.SkippedSample` (the wrapper then packs the others). No
+        samples give a padding row with an all-zero loss mask (it carries the stats of samples
+        skipped at the end)."""
+        if samples:
+            encoded = [s.encoded for s in samples]
+            packed = pack_samples(encoded, self.layout, media=self.media, mrope=self.mrope)
+        else:
+            packed = padding_pack(self.layout, self.mrope)
         row = packed.row
         mrope = packed.mrope_position_ids
         return PackedBatch(
