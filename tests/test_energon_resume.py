@@ -181,25 +181,14 @@ def epoch_packs(epoch_path: Path) -> dict[int, int]:
     return packs
 
 
-SOURCE_DONE_BUG = (
-    "known bug: a state saved after a worker's source ran dry (in its flush packs or at its end) "
-    "restores the packs left, then that worker's whole epoch again (Energon resets a dry source "
-    "to its next epoch; CarryOverPackingDataset does not save that its source is done)"
-)
-
-
-def end_of_epoch_cut(workers: int, left: int, fails: bool) -> Any:
-    marks = [pytest.mark.xfail(strict=True, reason=SOURCE_DONE_BUG)] if fails else []
-    return pytest.param(workers, left, marks=marks, id=f"workers{workers}-left{left}")
-
-
-# Cut points by the packs left after them (0: after the last pack). num_workers=0: the source
-# runs dry after pack 28 of 30, so the last 2 packs and the end are the flush window. Two
-# workers (31 packs, round robin): worker 1's source runs dry with 7 packs left in the loader,
-# worker 0's with 4; every cut from there on restores a dry source.
+# Cut points by the packs left after them (0: after the last pack), at every pack of the epoch.
+# num_workers=0: the source runs dry after pack 28 of 30, so the last 2 packs and the end are the
+# flush window. Two workers (31 packs, round robin): worker 1's source runs dry with 7 packs left
+# in the loader, worker 0's with 4; every cut from there on restores a dry source (Energon resets
+# a dry source to its next epoch; the wrapper saves that its source is done).
 END_OF_EPOCH_CUTS = [
-    *(end_of_epoch_cut(0, left, fails=left <= 2) for left in range(5)),
-    *(end_of_epoch_cut(2, left, fails=left <= 7) for left in range(9)),
+    *(pytest.param(0, left, id=f"workers0-left{left}") for left in range(31)),
+    *(pytest.param(2, left, id=f"workers2-left{left}") for left in range(32)),
 ]
 
 

@@ -11,6 +11,10 @@ Saved state (per worker), all listed in ``_savable_fields``:
 * ``_packer``: the packer's JSON state (held candidates by sequence number, counters);
 * ``_pending``: chosen packs (sequence numbers) not yet yielded;
 * ``_next_seq``, the packing sample index and ``_counters``;
+* ``_source_done``: this pass's source ran dry (Energon then resets it to its next epoch), so a
+  restore of a state saved during the flush or after the last pack finishes the epoch from
+  ``_pending`` without reading the source again (states saved before the field restore as
+  False);
 * ``settings``: the fingerprint of every setting the packs depend on (see ``fingerprint``).
   Restoring under other settings raises ValueError naming each difference, before anything is
   restored; restoring never changes the state it reads, so one state can be restored twice.
@@ -127,6 +131,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         "_next_seq",
         "_pack_index",
         "_counters",
+        "_source_done",
     )
 
     def __init__(
@@ -182,6 +187,9 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             "in_a_row": 0,
             "in_a_row_kinds": {},
         }
+        self._source_done = False
+        """This pass's source ran dry: only the packs in ``_pending`` (and the flush) are left."""
+        self._restored = False
 
     def save_state(self) -> FlexState:
         state = super().save_state()
@@ -191,7 +199,10 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
     def restore_state(self, state: FlexState) -> None:
         """Restore a copy of ``state`` (left unchanged) once its settings match these."""
         check_fingerprint(state.get("settings"), self.fingerprint, what="the packing state")
-        super().restore_state(copy.deepcopy(state))
+        state = copy.deepcopy(state)
+        state.setdefault("_source_done", False)  # saved before the field existed
+        super().restore_state(state)
+        self._restored = True
 
     def len_worker(self, worker_idx: int | None = None) -> int:
         # Packs per worker depend on the packing; like Energon, report source samples.
@@ -202,13 +213,18 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         return self._packer.packer
 
     def __iter__(self) -> Iterator[T_pack]:
+        if not self._restored:  # a new pass over the data, not a resume
+            self._source_done = False
+        self._restored = False
         self._buffer.worker_start()
         monitor = None
         if self.monitor_config is not None:
             worker = self.worker_config.rank_worker_id()
             monitor = RSSMonitor(self.monitor_config, self.worker_config.rank, worker)
         yield from self._drain()
-        for sample in self.dataset:
+        # Energon resets a source that ran dry to the start of its next epoch, so a state saved
+        # after that (during the flush, or after the last pack) must not read the source again.
+        for sample in () if self._source_done else self.dataset:
             if isinstance(sample, RejectedSample):
                 self._skip(sample.__key__, sample.reason, sample.message)
                 continue
@@ -230,6 +246,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                     bin_fill=self.packer.stats.bin_fill,
                 )
             yield from self._drain()
+        self._source_done = True
         self._pending += [self._seqs(b) for b in self.packer.flush()]
         yield from self._drain()
         if self._counters["in_a_row"]:  # skips after the last pack: report them now

@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy.random  # noqa: F401  (see below)
 import torch
 from megatron.energon import Cooker, DefaultTaskEncoder, basic_sample_keys, edataclass, stateless
 from megatron.energon.flavors.base_dataset import Sample, SavableDataset
@@ -35,6 +36,11 @@ from energon_pack.memory import MonitorConfig
 from energon_pack.packed import Decode, EncodedSample, pack_samples, padding_pack
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
 from energon_pack.row_layout import RowLayout, default_pad_token_id
+
+# numpy.random is imported above, in the main process: torch's DataLoader worker seeds numpy's
+# RNG first thing, and a first import of numpy.random in a freshly forked worker can fail under
+# CPython 3.11 (a garbage collection during the import runs a finalizer that imports again, and
+# importlib's lock bookkeeping raises KeyError: the worker dies at start).
 
 STARTING_BUFFER_SIZE = 16
 """The ``packing_buffer_size`` suggested to start with when none is given."""
