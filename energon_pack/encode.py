@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from energon_pack.formats import parse_any
+from energon_pack.formats.conversation import placeholder_kinds
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import (
     Frames,
@@ -59,6 +60,18 @@ def _split_placeholders(content: str) -> list[str | None]:
     """Text pieces of ``content`` with None where an ``<image>``/``<video>`` placeholder stands."""
     pieces = _PLACEHOLDER.split(content)  # text, kind, text, kind, ..., text
     return [piece if index % 2 == 0 else None for index, piece in enumerate(pieces)]
+
+
+def _why_unencodable(text: str, error: Exception) -> str:
+    """Why a tokenizer failed on ``text``: its lone surrogate if it has one, else the error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as bad:
+        return (
+            f"it has a lone surrogate {text[bad.start]!r} (half of an emoji, e.g. cut in "
+            "escaped JSON), which is not valid Unicode"
+        )
+    return f"{type(error).__name__}: {error}"
 
 
 class Tokenizer(Protocol):
@@ -138,12 +151,22 @@ class ConversationEncoder:
     comes first. The loss covers the content and ``<|im_end|>`` of assistant turns
     (``loss_on="assistant"``, the default) or every token (``loss_on="all"``).
 
+    Text rules: ``<image>``/``<video>`` in a turn (a system turn included) take the sample's
+    media in order, but in a system prompt given outside the turns (the sample's ``system``
+    field, ``system_prompt``, the template's default) they are plain text: such a prompt carries
+    no media. Special-token text (``<|im_end|>``) becomes the token as in ``apply_chat_template``
+    with an HF tokenizer (:class:`ByteTokenizer` keeps it as text); a sample whose vision tokens
+    do not match its media (e.g. ``<|image_pad|>`` in its text) is a ``placeholder_mismatch``
+    :class:`~energon_pack.media.MediaError`, and text the tokenizer cannot encode (a lone
+    surrogate) a ``bad_sample``.
+
     Args:
         tokenizer: an HF-style tokenizer (``encode(text, add_special_tokens=False)`` and
             ``convert_tokens_to_ids``) or None for the built-in :class:`ByteTokenizer`. Text
             between special tokens is encoded as one string, as ``apply_chat_template`` does.
         media: preprocessing settings and limits for images and videos.
-        system_prompt: used when a sample has no system prompt (or first system turn) of its own.
+        system_prompt: used when a sample has no system prompt (or first system turn) of its own;
+            plain text (placeholders in it are not media).
         template_system: without either, use the system prompt that the tokenizer's chat
             template adds by default (Qwen's ``"You are a helpful assistant."``), as
             ``apply_chat_template`` does; see :func:`template_system_prompt`.
@@ -175,6 +198,15 @@ class ConversationEncoder:
         self._vision_end = ids["<|vision_end|>"]
         self._pad = {"image": ids["<|image_pad|>"], "video": ids["<|video_pad|>"]}
         self._newline = self._text("\n")
+        self._headers = {role: self._text(f"{role}\n") for role in set(_ROLES.values())}
+        if system_prompt is not None:
+            try:
+                self._text(system_prompt)
+            except Exception as error:  # any tokenizer's failure, as for a sample's text
+                raise ValueError(
+                    f"system_prompt={system_prompt!r} cannot be tokenised: "
+                    f"{_why_unencodable(system_prompt, error)}; fix the setting"
+                ) from error
 
     def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
         """Encode a raw sample of any layout :func:`~energon_pack.formats.parse_any` reads
@@ -186,9 +218,12 @@ class ConversationEncoder:
 
         Text between special tokens is tokenised as one string, as ``apply_chat_template``
         does, so a token may span a turn's header (``"assistant\\n"``) and its content; such a
-        token is a target when it holds content (transformers' assistant-mask rule).
+        token is a target when it holds content (transformers' assistant-mask rule). See the
+        class docstring for the text rules and the checks of the finished sample.
         """
         check_media_count(raw.key, len(raw.media), self.media)
+        turns = [(self._role(raw.key, role), content) for role, content in raw.turns]
+        _check_placeholders(raw.key, turns, raw.media)
         media = tuple(self._probe(raw.key, member, kind, data) for member, kind, data in raw.media)
         ids: list[int] = []
         mask: list[int] = []
@@ -198,33 +233,62 @@ class ConversationEncoder:
             flags = target if isinstance(target, list) else [int(target)] * len(tokens)
             mask.extend(flag | int(self.loss_on == "all") for flag in flags)
 
-        turns = [(self._role(raw.key, role), content) for role, content in raw.turns]
+        pieces = [(role, _split_placeholders(content)) for role, content in turns]
         system = self._system(raw.system, turns)
-        if system is not None:
-            turns.insert(0, ("system", system))
-        pending = iter(media)
-        for role, content in turns:
+        if system is not None:  # plain text: a system prompt carries no media
+            pieces.insert(0, ("system", [system]))
+        pending = iter(media)  # as many as the placeholders (checked above)
+        for role, turn in pieces:
             target = role == "assistant"
             add([self._im_start], False)
-            header = f"{role}\n"
-            for piece in _split_placeholders(content):
+            first = True
+            for piece in turn:
                 if piece is None:  # the header went with the text piece before it
                     item = next(pending)
                     add([self._vision_start, *[self._pad[item.kind]] * item.tokens], False)
                     add([self._vision_end], False)
-                elif header:
-                    add(*self._text_after(header, piece, target))
-                    header = ""
+                elif first:
+                    add(*self._text_after(raw.key, role, piece, target))
+                    first = False
                 elif piece:
-                    add(self._text(piece), target)
+                    add(self._content(raw.key, role, piece), target)
             add([self._im_end], target)
             add(self._newline, False)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        self._check_vision_tokens(raw.key, input_ids, media)
         return EncodedSample(
             key=raw.key,
-            input_ids=torch.tensor(ids, dtype=torch.long),
+            input_ids=input_ids,
             loss_mask=torch.tensor(mask, dtype=torch.long),
             media=media,
         )
+
+    def _check_vision_tokens(
+        self, key: str, input_ids: torch.Tensor, media: Sequence[MediaItem]
+    ) -> None:
+        """The finished sample's vision tokens are its media's: ``t*h*w / merge_size**2`` pads
+        per medium, one ``<|vision_start|>`` and ``<|vision_end|>`` each; else a
+        ``placeholder_mismatch`` (e.g. special-token text that the tokenizer made a token)."""
+        merge = self.media.merge_size**2
+        expected = [
+            ("<|vision_start|>", self._vision_start, len(media)),
+            ("<|vision_end|>", self._vision_end, len(media)),
+        ]
+        for kind, pad in self._pad.items():
+            grids = [m.grid_thw for m in media if m.kind == kind]
+            expected.append((f"<|{kind}_pad|>", pad, sum(t * h * w // merge for t, h, w in grids)))
+        for token, token_id, count in expected:
+            found = int((input_ids == token_id).sum())
+            if found != count:
+                raise MediaError(
+                    key,
+                    "json",
+                    "placeholder_mismatch",
+                    f"the sample has {found} {token} tokens but its {len(media)} media give "
+                    f"{count} (pads: t*h*w / {merge} per grid; one vision start and end per "
+                    f"medium); this tokenizer reads special-token text such as {token!r} as "
+                    "the token itself: remove it from the text",
+                )
 
     def _system(self, own: str | None, turns: list[tuple[str, str]]) -> str | None:
         """The system prompt to put first: the sample's, else (without a system turn of the
@@ -235,10 +299,13 @@ class ConversationEncoder:
             return None
         return self.system_prompt if self.system_prompt is not None else self.default_system_prompt
 
-    def _text_after(self, header: str, text: str, target: bool) -> tuple[list[int], list[int]]:
-        """Tokens of ``header + text`` and their target flags (tokens holding ``text`` chars)."""
-        tokens = self._text(header + text)
-        head = self._text(header)
+    def _text_after(
+        self, key: str, role: str, text: str, target: bool
+    ) -> tuple[list[int], list[int]]:
+        """Tokens of the turn header ``role\\n`` + ``text`` and their target flags (tokens
+        holding ``text`` chars)."""
+        tokens = self._content(key, role, f"{role}\n{text}")
+        head = self._headers[role]
         shared = 0
         while shared < min(len(head), len(tokens)) and head[shared] == tokens[shared]:
             shared += 1
@@ -246,6 +313,21 @@ class ConversationEncoder:
 
     def _text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _content(self, key: str, role: str, text: str) -> list[int]:
+        """Tokens of a sample's text; text the tokenizer cannot encode is a ``bad_sample``."""
+        try:
+            return self._text(text)
+        except MemoryError:
+            raise
+        except Exception as error:  # tokenizers differ: UnicodeEncodeError, TypeError, ...
+            raise MediaError(
+                key,
+                "json",
+                "bad_sample",
+                f"the {role} text cannot be tokenised: {_why_unencodable(text, error)}; fix or "
+                "drop the sample",
+            ) from error
 
     def _role(self, key: str, role: str) -> str:
         try:
@@ -269,3 +351,21 @@ class ConversationEncoder:
             return MediaItem(member, kind, data, probe.grid_thw, probe.tokens)
         video = probe_video(data, self.media, key=key, member=member)
         return MediaItem(member, kind, data, video.grid_thw, video.tokens, video.second_per_grid_t)
+
+
+def _check_placeholders(
+    key: str,
+    turns: Sequence[tuple[str, str]],
+    media: Sequence[tuple[str, Literal["image", "video"], bytes | Frames]],
+) -> None:
+    """The turns' ``<image>``/``<video>`` placeholders take the media one to one, in order."""
+    kinds = placeholder_kinds(turns)
+    given = [kind for _, kind, _ in media]
+    if kinds != given:
+        raise MediaError(
+            key,
+            "json",
+            "placeholder_mismatch",
+            f"the turns have placeholders {kinds} but the media are of kinds {given}; make the "
+            "<image>/<video> placeholders of the turns match the media in order",
+        )

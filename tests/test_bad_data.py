@@ -11,6 +11,7 @@ import ctypes
 import hashlib
 import io
 import json
+import logging
 import operator
 import os
 import tarfile
@@ -35,6 +36,7 @@ from helpers import (
     train_dataset,
     video_bytes,
 )
+from hf_qwen import qwen_tokenizer
 from PIL import Image
 from torch.utils.data import DataLoader
 
@@ -578,3 +580,93 @@ def test_collator_in_two_worker_dataloader_loses_nothing(
     skipped = [key for batch in batches_ for key in batch.skipped_keys]
     assert Counter(bad[key][0] for key in skipped) == kinds
     assert len(skipped) == len(bad)
+
+
+# --- text that must not stop a run (issue 27) -------------------------------------------------
+
+
+def text_samples(
+    demo: dict[str, dict[str, bytes]], hf: bool
+) -> tuple[list[tuple[str, dict[str, bytes]]], list[str], dict[str, str]]:
+    """Good and bad samples whose text, not media, is the trouble: ``(samples in order, good
+    keys, {bad key: kind})``. Placeholders in a system prompt are text; a lone surrogate
+    (valid escaped JSON) cannot be tokenised; an HF tokenizer reads vision-token text as the
+    token, which no medium backs."""
+    png = image_bytes(64, 48)
+    good = [(f"good{index}", members) for index, members in enumerate(list(demo.values())[:3])]
+    good.append(("system_image", {"json": conversation(system="Use <image> tags")}))
+    good.append(
+        ("system_both", {"json": conversation("<image>hi", system="<video> <image>"), "0.png": png})
+    )
+    bad = {
+        "cut_turn": ("bad_sample", {"json": conversation("cut emoji \ud83d")}),
+        "cut_system": ("bad_sample", {"json": conversation(system="cut emoji \ud83d")}),
+    }
+    if hf:
+        bad["pad_text"] = ("placeholder_mismatch", {"json": conversation("a <|image_pad|> b")})
+        bad["pad_extra"] = (
+            "placeholder_mismatch",
+            {"json": conversation("<image><|vision_start|>hi"), "0.png": png},
+        )
+    samples = [*good[:2], *[(key, members) for key, (_, members) in bad.items()], *good[2:]]
+    return samples, [key for key, _ in good], {key: kind for key, (kind, _) in bad.items()}
+
+
+def records_naming(records: list[logging.LogRecord], key: str) -> int:
+    return sum(repr(key) in record.getMessage() for record in records)
+
+
+@pytest.mark.parametrize("hf", [False, True], ids=["byte", "hf"])
+def test_energon_counts_each_text_failure_once_by_key(
+    tmp_path: Path,
+    demo: dict[str, dict[str, bytes]],
+    hf: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    samples, good, bad = text_samples(demo, hf)
+    path = write_dataset(tmp_path / "text", samples)
+    tokenizer = qwen_tokenizer() if hf else None
+    with caplog.at_level(logging.WARNING, logger="energon_pack"):
+        packs = list(batches(train_dataset(path, 4, tokenizer=tokenizer)))
+    assert Counter(key for pack in packs for key in pack.__keys__) == Counter(good)
+    stats = packs[-1].packing_stats
+    assert stats is not None
+    assert stats.skipped == dict(Counter(bad.values()))
+    for key in bad:
+        assert records_naming(caplog.records, key) == 1, key
+
+
+def test_energon_takes_placeholders_in_the_system_prompt_setting_as_text(
+    tmp_path: Path, demo: dict[str, dict[str, bytes]]
+) -> None:
+    keys = list(demo)[:3]
+    path = write_dataset(tmp_path / "plain", [(key, demo[key]) for key in keys])
+    dataset = train_dataset(path, 4, system_prompt="Use <image> tags")
+    packs = list(batches(dataset))
+    assert Counter(key for pack in packs for key in pack.__keys__) == Counter(keys)
+    assert packs[-1].packing_stats is not None
+    assert packs[-1].packing_stats.skipped == {}
+
+
+@pytest.mark.parametrize("hf", [False, True], ids=["byte", "hf"])
+def test_collator_skips_each_text_failure_once_by_key(
+    demo: dict[str, dict[str, bytes]], hf: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    samples, good, bad = text_samples(demo, hf)
+    tokenizer = qwen_tokenizer() if hf else None
+    encoder = ConversationEncoder(tokenizer, media=SMALL_MEDIA, system_prompt="Use <video>")
+    collate = VLMPackingCollator(16384, encoder=encoder, on_media_error="skip")
+    loader = DataLoader(Items(samples), batch_size=5, collate_fn=collate)
+    with caplog.at_level(logging.WARNING, logger="energon_pack"):
+        batches_: list[CollatedBatch] = list(loader)
+    delivered = Counter(key for batch in batches_ for row in batch.keys for key in row)
+    assert delivered == Counter(good)
+    assert Counter(key for batch in batches_ for key in batch.skipped_keys) == Counter(list(bad))
+    for key in bad:
+        assert records_naming(caplog.records, key) == 1, key
+    strict = VLMPackingCollator(16384, encoder=encoder)
+    for key, members in samples:
+        if key in bad:
+            with pytest.raises(MediaError, match=f"sample {key!r}") as info:
+                strict([samples[0], (key, members)])
+            assert info.value.kind == bad[key]

@@ -1,14 +1,20 @@
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
+from typing import Any
 
+import hf_qwen
 import pytest
 import torch
+from helpers import SMALL_MEDIA as SMALL
 from helpers import image_bytes, video_bytes
 
 from energon_pack.encode import SPECIAL_TOKENS, ByteTokenizer, ConversationEncoder
 from energon_pack.formats.native import parse_sample
-from energon_pack.media import MediaError, probe_image
+from energon_pack.formats.raw import RawSample
+from energon_pack.media import MediaError, MediaItem, probe_image
 
 TOK = ByteTokenizer()
 S = {token: TOK.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
@@ -214,3 +220,167 @@ def test_the_old_sample_module_still_gives_the_native_parser() -> None:
     assert sample.parse_sample is native.parse_sample
     assert sample.load_json is native.load_json
     assert sample.RawSample is raw.RawSample
+
+
+# --- text the encoder must not misread (issue 27) -------------------------------------------
+
+
+def vision_blocks(ids: list[int]) -> int:
+    return ids.count(S["<|vision_start|>"])
+
+
+def test_placeholders_in_the_samples_system_prompt_are_text() -> None:
+    turns = [{"from": "human", "value": "<image>Hi"}, {"from": "gpt", "value": "Yo"}]
+    meta = {"system": "Use <image> and <video> tags", "conversations": turns}
+    sample = {"json": json.dumps(meta).encode(), "0.png": image_bytes(64, 64)}
+    ids = ConversationEncoder().encode_sample("k", sample).input_ids.tolist()
+    assert TOK.decode(ids).startswith(
+        "<|im_start|>system\nUse <image> and <video> tags<|im_end|>\n<|im_start|>user\n"
+        "<|vision_start|><|image_pad|>"
+    )
+    assert vision_blocks(ids) == 1
+    assert ids.count(S["<|image_pad|>"]) == probe_image(image_bytes(64, 64)).tokens
+
+
+def test_placeholders_in_the_system_prompt_setting_are_text() -> None:
+    sample = {"json": {"conversations": [{"from": "human", "value": "Hi"}]}}
+    encoder = ConversationEncoder(system_prompt="Use <image> tags")
+    ids = encoder.encode_sample("k", sample).input_ids.tolist()
+    assert TOK.decode(ids).startswith("<|im_start|>system\nUse <image> tags<|im_end|>\n")
+    assert vision_blocks(ids) == 0
+
+
+def test_a_system_turn_of_the_conversation_takes_media_like_any_turn() -> None:
+    turns = [{"from": "system", "value": "<image>Rules"}, {"from": "human", "value": "Hi"}]
+    sample = {"json": {"conversations": turns}, "0.png": image_bytes(64, 64)}
+    encoded = ConversationEncoder(system_prompt="unused").encode_sample("k", sample)
+    assert TOK.decode(encoded.input_ids.tolist()).startswith(
+        "<|im_start|>system\n<|vision_start|><|image_pad|>"
+    )
+    assert vision_blocks(encoded.input_ids.tolist()) == 1
+
+
+def test_a_raw_sample_whose_placeholders_miss_media_is_a_placeholder_mismatch() -> None:
+    """RawSample is public: the encoder checks placeholders against media itself."""
+    raw = RawSample("k9", (("user", "<image> and <video>"),), None, ())
+    with pytest.raises(MediaError, match=r"sample 'k9'.*\['image', 'video'\]") as info:
+        ConversationEncoder().encode(raw)
+    assert info.value.kind == "placeholder_mismatch"
+    video = RawSample("k9", (("user", "<image>"),), None, (("0.mp4", "video", video_bytes()),))
+    with pytest.raises(MediaError, match="sample 'k9'") as info:
+        ConversationEncoder().encode(video)
+    assert info.value.kind == "placeholder_mismatch"
+
+
+CUT = "cut emoji \ud83d"  # json.dumps escapes it: valid JSON, a lone surrogate once parsed
+SURROGATE_SAMPLES = {
+    "turn": {"conversations": [{"from": "human", "value": CUT}]},
+    "system": {"system": CUT, "conversations": [{"from": "human", "value": "Hi"}]},
+    "after_image": {"conversations": [{"from": "human", "value": f"<image>{CUT}"}]},
+}
+
+
+@pytest.mark.parametrize("where", sorted(SURROGATE_SAMPLES))
+@pytest.mark.parametrize("hf", [False, True], ids=["byte", "hf"])
+def test_text_the_tokenizer_cannot_encode_is_a_bad_sample(where: str, hf: bool) -> None:
+    tokenizer = QWEN if hf else None
+    raw = json.dumps(SURROGATE_SAMPLES[where]).encode()
+    assert b"cut emoji \\ud83d" in raw
+    sample = {"json": raw}
+    if where == "after_image":
+        sample["0.png"] = image_bytes(32, 32)
+    with pytest.raises(MediaError, match=r"sample 'cut', member 'json'.*surrogate") as info:
+        ConversationEncoder(tokenizer).encode_sample("cut", sample)
+    assert info.value.kind == "bad_sample"
+
+
+def test_a_system_prompt_setting_the_tokenizer_cannot_encode_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="system_prompt"):
+        ConversationEncoder(system_prompt=CUT)
+
+
+QWEN = hf_qwen.qwen_tokenizer()
+VISION_TOKENS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
+
+
+@pytest.mark.parametrize("token", VISION_TOKENS)
+@pytest.mark.parametrize("where", ["user", "assistant", "system"])
+def test_vision_token_text_is_a_placeholder_mismatch(token: str, where: str) -> None:
+    """An HF tokenizer encodes special-token text to its id, as apply_chat_template does; a
+    vision token from text has no medium, so the sample is refused (as transformers' Qwen-VL
+    processor refuses it) instead of training on pads without pixels."""
+    text = f"look: {token} here"
+    meta: dict[str, object] = {
+        "conversations": [
+            {"from": "human", "value": text if where == "user" else "Hi"},
+            {"from": "gpt", "value": text if where == "assistant" else "Yo"},
+        ]
+    }
+    if where == "system":
+        meta["system"] = text
+    sample = {"json": json.dumps(meta).encode()}
+    with pytest.raises(MediaError, match=rf"sample 'sp'.*{re.escape(token)}") as info:
+        ConversationEncoder(QWEN).encode_sample("sp", sample)
+    assert info.value.kind == "placeholder_mismatch"
+    ConversationEncoder().encode_sample("sp", sample)  # ByteTokenizer: plain text
+
+
+def test_transformers_qwen_vl_processor_refuses_vision_token_text_too() -> None:
+    """The reference for refusing: the processor counts the text's pads as images."""
+    processor = hf_qwen.qwen_processor(QWEN, SMALL)
+    text = QWEN.apply_chat_template(
+        [{"role": "user", "content": "a <|image_pad|>"}], tokenize=False
+    )
+    with pytest.raises(ValueError, match="image_pad"):
+        processor(text=[text])
+
+
+@pytest.mark.parametrize("token", VISION_TOKENS)
+def test_vision_token_text_next_to_a_real_image_is_a_placeholder_mismatch(token: str) -> None:
+    png = image_bytes(64, 64)
+    turns = [{"from": "human", "value": f"<image>{token}"}, {"from": "gpt", "value": "Yo"}]
+    sample = {"json": {"conversations": turns}, "0.png": png}
+    with pytest.raises(MediaError, match="sample 'sp'") as info:
+        ConversationEncoder(QWEN, media=SMALL).encode_sample("sp", sample)
+    assert info.value.kind == "placeholder_mismatch"
+    good = {"json": {"conversations": [{"from": "human", "value": "<image>"}]}, "0.png": png}
+    encoded = ConversationEncoder(QWEN, media=SMALL).encode_sample("ok", good)
+    (item,) = encoded.media
+    t, h, w = item.grid_thw
+    assert encoded.input_ids.tolist().count(QWEN.convert_tokens_to_ids("<|image_pad|>")) == (
+        t * h * w // SMALL.merge_size**2
+    )
+
+
+def test_other_special_token_text_gives_the_chat_templates_ids() -> None:
+    """<|im_end|> and the like in content become their ids, as apply_chat_template does."""
+    messages = [
+        {"role": "user", "content": "a <|im_end|> b <|im_start|>c"},
+        {"role": "assistant", "content": "<|endoftext|>"},
+    ]
+    sample = {"json": {"conversations": messages}}
+    encoded = ConversationEncoder(QWEN).encode_sample("k", sample)
+    assert encoded.input_ids.tolist() == QWEN.apply_chat_template(messages)["input_ids"]
+
+
+class MiscountingEncoder(ConversationEncoder):
+    """An encoder whose probe gives ``delta`` tokens more than its grid: the check must see it."""
+
+    def __init__(self, delta: int) -> None:
+        super().__init__(media=SMALL)
+        self.delta = delta
+
+    def _probe(self, *args: Any, **kwargs: Any) -> MediaItem:
+        item = super()._probe(*args, **kwargs)
+        return replace(item, tokens=item.tokens + self.delta)
+
+
+@pytest.mark.parametrize("delta", [1, -1])
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_pads_that_do_not_match_the_grid_are_a_placeholder_mismatch(kind: str, delta: int) -> None:
+    name, data = ("0.png", image_bytes(64, 64)) if kind == "image" else ("0.mp4", video_bytes())
+    sample = {"json": {"conversations": [{"from": "human", "value": f"<{kind}>"}]}, name: data}
+    ConversationEncoder(media=SMALL).encode_sample("g", sample)
+    with pytest.raises(MediaError, match=rf"sample 'g'.*<\|{kind}_pad\|>") as info:
+        MiscountingEncoder(delta).encode_sample("g", sample)
+    assert info.value.kind == "placeholder_mismatch"

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import hf_qwen
 import numpy as np
 import pytest
 import torch
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from energon_pack import offline
 from energon_pack.binpack import aligned_length
+from energon_pack.cli import main as cli_main
 from energon_pack.encode import ByteTokenizer, ConversationEncoder
 from energon_pack.layout import unpack
 from energon_pack.offline import PackedDataset, PackingSpec, pack_offline
@@ -390,3 +392,41 @@ def test_spec_for_topology() -> None:
     assert spec.pad_to_max_length
     with pytest.raises(ValueError, match="not a multiple of pad_seq_to_mult=8"):
         PackingSpec.for_topology(8190, tp=4, cp=2, sp=True)
+
+
+# ---------------------------------------------------------------------------- bad text (issue 27)
+def test_placeholders_in_a_system_prompt_are_text(tmp_path: Path) -> None:
+    source = write_jsonl(
+        tmp_path / "in.jsonl", [{"input": "a", "output": "b", "system": "Use <image> tags"}]
+    )
+    pack_offline(source, tmp_path / "out", PackingSpec(256))
+    ((ids, _),) = packed_by_line(PackedDataset(tmp_path / "out")).values()
+    assert ByteTokenizer().decode(ids).startswith("<|im_start|>system\nUse <image> tags<|im_end|>")
+    assert cli_main(["offline", str(source), str(tmp_path / "cli"), "--size", "256"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("record", "hf", "message"),
+    [
+        ({"input": "cut emoji \ud83d", "output": "b"}, False, r"surrogate.*\[bad_sample\]"),
+        ({"input": "a", "output": "b", "system": "\ud83d"}, False, r"surrogate.*\[bad_sample\]"),
+        ({"input": "cut emoji \ud83d", "output": "b"}, True, r"surrogate.*\[bad_sample\]"),
+        ({"input": "a <|image_pad|>", "output": "b"}, True, r"<\|image_pad\|>.*mismatch\]"),
+    ],
+)
+def test_text_that_cannot_be_encoded_names_the_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    record: dict[str, Any],
+    hf: bool,
+    message: str,
+) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [{"input": "a", "output": "b"}, record])
+    tokenizer = hf_qwen.qwen_tokenizer() if hf else None
+    with pytest.raises(ValueError, match=rf"sample 'in\.jsonl:2'.*{message}"):
+        pack_offline(source, tmp_path / "out", PackingSpec(256), tokenizer)
+    if not hf:  # the command line says the same, without a traceback
+        assert cli_main(["offline", str(source), str(tmp_path / "cli"), "--size", "256"]) == 2
+        err = capsys.readouterr().err
+        assert "sample 'in.jsonl:2'" in err
+        assert "Traceback" not in err
