@@ -4,6 +4,7 @@ state twice, and settings fingerprints (real loaders over datasets built in a te
 from __future__ import annotations
 
 import itertools
+import json
 import pickle
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -15,6 +16,8 @@ from helpers import (
     SMALL_MEDIA,
     LoaderRun,
     assert_resume_equivalent,
+    fixture_maker,
+    image_bytes,
     read_samples,
     text_dataset,
     train_dataset,
@@ -215,6 +218,97 @@ def test_resume_at_the_end_of_an_epoch(
     )
     _, first, resumed = runs
     assert Counter(first.delivered + resumed.delivered) == epoch_keys(), "not every sample once"
+
+
+BLEND_BROKEN = {"bad_sample": 2, "corrupt": 2}
+"""What the blend's second dataset holds besides text: samples the encoder rejects (bad JSON)
+and samples whose image only fails when its pack decodes it (a truncated JPEG)."""
+
+
+@pytest.fixture(scope="module")
+def blend_path(tmp_path_factory: pytest.TempPathFactory, demo_lengths: list[int]) -> Path:
+    """A metadataset blending two datasets once each (``blend_epochized``): 30 text samples,
+    and 20 text samples with the broken ones of :data:`BLEND_BROKEN`; keys collide."""
+    root = tmp_path_factory.mktemp("blend")
+    lengths = list(itertools.islice(itertools.cycle(demo_lengths), 30))
+    text_dataset(root / "a", lengths)
+    text_dataset(root / "b", lengths[:20])
+    image = image_bytes(64, 48, "JPEG")
+    turns = [{"from": "human", "value": "<image>what is it?"}, {"from": "gpt", "value": "ok"}]
+    broken = [("bad0.json", b"{not json"), ("bad1.json", b"[1, 2")]
+    for index in range(BLEND_BROKEN["corrupt"]):
+        broken += [
+            (f"cut{index}.json", json.dumps({"conversations": turns}).encode()),
+            (f"cut{index}.0.jpg", image[: len(image) // 2]),
+        ]
+    maker = fixture_maker()
+    maker.write_tar(root / "b" / "shard-000001.tar", broken)
+    maker.prepare_energon(root / "b", sorted((root / "b").glob("shard-*.tar")))
+    (root / "blend.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n"
+        "    blend_epochized:\n      - repetitions: 1\n        path: ./a\n"
+        "      - repetitions: 1\n        path: ./b\n"
+    )
+    return root / "blend.yaml"
+
+
+class BlendRun(EpochRun):
+    """:class:`EpochRun` whose step also gives the worker's skip counts so far."""
+
+    def __init__(self, path: Path, buffer: int = 16, *, workers: int = 0, **overrides: Any):
+        super().__init__(path, buffer, workers=workers, **overrides)
+        self.skipped: dict[int, dict[str, int]] = {}
+        """The last skip counts each worker reported."""
+
+    def next_counted(self) -> tuple[Any, ...] | None:
+        if self._iterator is None:
+            self._iterator = iter(self.loader)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            return None
+        self.delivered += batch.__keys__
+        stats = batch.packing_stats
+        self.skipped[stats.worker] = dict(stats.skipped)
+        return tuple(batch.__keys__), stats.worker, sorted(stats.skipped.items())
+
+
+def blend_keys() -> Counter[str]:
+    return Counter([f"t{i:05d}" for i in range(30)] + [f"t{i:05d}" for i in range(20)])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_a_blend_with_skips_at_every_pack(blend_path: Path, workers: int) -> None:
+    """A blend with broken samples, cut at every pack of its epoch (flush packs and the end
+    included; with workers, the last packs and the middle): each sample exactly once, and each
+    skip counted once (the counts after the cut, pack by pack, are the uninterrupted run's)."""
+    reference = BlendRun(blend_path, workers=workers, **EPOCH)
+    stream = list(iter(reference.next_counted, None))
+    assert Counter(reference.delivered) == blend_keys()
+    totals: Counter[str] = Counter()
+    for counts in reference.skipped.values():
+        totals.update(counts)
+    assert totals == BLEND_BROKEN
+    end = len(stream)
+    # Two workers: the middle and the last packs (each worker's flush window), to bound the time.
+    cuts = range(end + 1) if workers == 0 else [end // 2, *range(end - 7, end + 1)]
+    for cut in cuts:
+        runs: list[BlendRun] = []
+
+        def make(runs: list[BlendRun] = runs) -> BlendRun:
+            runs.append(BlendRun(blend_path, workers=workers, **EPOCH))
+            return runs[-1]
+
+        assert_resume_equivalent(
+            make,
+            [BlendRun.next_counted] * (end + 2),
+            cut,
+            save=LoaderRun.save,
+            load=LoaderRun.load,
+            roundtrip=pickle_roundtrip,
+        )
+        _, first, resumed = runs
+        assert Counter(first.delivered + resumed.delivered) == blend_keys(), f"cut {cut}"
 
 
 @pytest.fixture(scope="module")
