@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import decord
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import ExifTags, Image, UnidentifiedImageError
 
 from energon_pack.media.config import MediaConfig, VideoProbe, image_grid, token_count, video_grid
 from energon_pack.media.errors import MediaFailure, medium_label
@@ -31,6 +31,8 @@ __all__ = [
     "decode_image_levels",
     "decode_levels",
     "decode_video_levels",
+    "displayed_size",
+    "exif_transpose_method",
     "level_bytes",
     "open_image",
     "patch_levels",
@@ -49,14 +51,18 @@ IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 def decode_image_levels(
     data: bytes, cfg: MediaConfig, alloc: Alloc
 ) -> tuple[UInt8Array, tuple[int, int, int]]:
-    """Patch levels (:func:`patch_levels`) of the image resized to the probed grid, written
-    into ``alloc``, and the grid (runs in the decoder process)."""
+    """Patch levels (:func:`patch_levels`) of the image, turned upright by its EXIF orientation
+    (:func:`exif_transpose_method`) and resized to the probed grid, written into ``alloc``, and
+    the grid (runs in the decoder process)."""
     with open_image(data, cfg) as img:
-        width, height = img.size
+        method = exif_transpose_method(img)
+        width, height = displayed_size(img, method)
         _, gh, gw = image_grid(height, width, cfg)
         size = (gw * cfg.patch_size, gh * cfg.patch_size)
         try:
             rgb = to_rgb(img)
+            if method is not None:
+                rgb = rgb.transpose(method)
             resized = rgb if rgb.size == size else rgb.resize(size, Image.Resampling.BICUBIC)
             pixels = np.asarray(resized)
         except (OSError, ValueError, SyntaxError) as exc:
@@ -90,7 +96,8 @@ def decode_video_levels(
     data: bytes, cfg: MediaConfig, alloc: Alloc
 ) -> tuple[UInt8Array, VideoProbe]:
     """Patch levels (:func:`patch_levels`) of the sampled frames resized to the probed grid,
-    written into ``alloc``, and the plan (runs in the decoder process)."""
+    written into ``alloc``, and the plan (runs in the decoder process). Frames of another size
+    than the probed one are ``corrupt``."""
     reader = _open_video(data)
     width, height = _video_size(reader, data)
     plan = _video_plan(reader, width, height, cfg)
@@ -102,13 +109,11 @@ def decode_video_levels(
     except Exception as exc:  # decord raises its own DECORDError and RuntimeErrors
         raise MediaFailure("corrupt", f"cannot decode video frames: {exc}") from exc
     if batch.shape[1:3] != (height, width):
-        logger.warning(
-            "%s: decoded frames are %dx%d, header says %dx%d; resizing to the probed grid",
-            medium_label(),
-            batch.shape[2],
-            batch.shape[1],
-            width,
-            height,
+        # The token layout was built from the probed size: never stretch to it.
+        raise MediaFailure(
+            "corrupt",
+            f"decoded frames are {batch.shape[2]}x{batch.shape[1]} but the MP4 header sizes "
+            f"them {width}x{height} (sample entry and display matrix)",
         )
     _, gh, gw = plan.grid_thw
     size = (gw * cfg.patch_size, gh * cfg.patch_size)
@@ -142,6 +147,42 @@ def open_image(data: bytes, cfg: MediaConfig) -> Image.Image:
             "MediaConfig.max_image_pixels",
         )
     return img
+
+
+_EXIF_TRANSPOSES = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+"""EXIF Orientation -> the transpose that shows the image upright (Pillow's ``exif_transpose``)."""
+_SWAPPING = frozenset(
+    (
+        Image.Transpose.TRANSPOSE,
+        Image.Transpose.TRANSVERSE,
+        Image.Transpose.ROTATE_90,
+        Image.Transpose.ROTATE_270,
+    )
+)
+"""The transposes that swap width and height (EXIF orientations 5-8)."""
+
+
+def exif_transpose_method(img: Image.Image) -> Image.Transpose | None:
+    """The transpose Pillow's ``exif_transpose`` (thus transformers' ``load_image``) applies
+    for the image's EXIF Orientation tag (EXIF or XMP), read from what opening the header gave:
+    no pixel is decoded (a PNG's ``eXIf`` chunk after the pixel data is not seen)."""
+    # Image.getexif reads img.info only; PNG's override would decode the pixels first.
+    orientation = Image.Image.getexif(img).get(ExifTags.Base.Orientation, 1)
+    return _EXIF_TRANSPOSES.get(orientation) if isinstance(orientation, int) else None
+
+
+def displayed_size(img: Image.Image, method: Image.Transpose | None) -> tuple[int, int]:
+    """``(width, height)`` of the image after the transpose ``method``."""
+    width, height = img.size
+    return (height, width) if method in _SWAPPING else (width, height)
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -271,31 +312,97 @@ def _sample_indices(total: int, frames: int) -> list[int]:
 
 
 def _mp4_video_size(data: bytes) -> tuple[int, int] | None:
-    """``(width, height)`` of the first video track's sample entry in an MP4/MOV, if any."""
+    """``(width, height)`` of the frames decord decodes from an MP4/MOV, from its header only.
+
+    The size is the video track's sample entry (``stsd``), swapped when decord turns the frames
+    (:func:`_decord_rotation` of the track's display matrix is 90 or 270 degrees). A file with
+    more than one video track is ``unsupported``: FFmpeg picks the track decord decodes by
+    bitrate and probing, which the header cannot tell reliably. ``None`` without a sample entry.
+    """
     moov = _find_box(data, 0, len(data), b"moov")
     if moov is None:
         return None
+    movie = _box_matrix(data, _find_box(data, *moov, b"mvhd"), 20)
+    tracks = []
     for trak in _iter_boxes(data, *moov, b"trak"):
-        mdia = _find_box(data, *trak, b"mdia")
-        if mdia is None:
-            continue
-        hdlr = _find_box(data, *mdia, b"hdlr")
-        if hdlr is None or data[hdlr[0] + 8 : hdlr[0] + 12] != b"vide":
-            continue
-        stbl = None
-        minf = _find_box(data, *mdia, b"minf")
-        if minf is not None:
-            stbl = _find_box(data, *minf, b"stbl")
-        stsd = _find_box(data, *stbl, b"stsd") if stbl is not None else None
-        if stsd is None or stsd[1] - stsd[0] < 8 + 8 + 32:
-            continue
-        # stsd: version/flags(4) count(4); entry: size(4) type(4) reserved(6) ref(2)
-        # pre_defined(2) reserved(2) pre_defined(12) width(2) height(2)
-        entry = stsd[0] + 8
-        width, height = struct.unpack(">HH", data[entry + 32 : entry + 36])
-        if width and height:
-            return width, height
-    return None
+        size = _sample_entry_size(data, trak)
+        if size is not None:
+            track = _box_matrix(data, _find_box(data, *trak, b"tkhd"), 24)
+            tracks.append((size, _decord_rotation(_compose(track, movie))))
+    if len(tracks) > 1:
+        raise MediaFailure(
+            "unsupported",
+            f"MP4 with {len(tracks)} video tracks: which one decord decodes cannot be told "
+            "from the header; keep one video track (ffmpeg -map 0:v:0 -c copy)",
+        )
+    if not tracks:
+        return None
+    [((width, height), rotation)] = tracks
+    return (height, width) if rotation in (90, 270) else (width, height)
+
+
+def _sample_entry_size(data: bytes, trak: tuple[int, int]) -> tuple[int, int] | None:
+    """``(width, height)`` of a video track's first sample entry, ``None`` for other tracks."""
+    mdia = _find_box(data, *trak, b"mdia")
+    if mdia is None:
+        return None
+    hdlr = _find_box(data, *mdia, b"hdlr")
+    if hdlr is None or data[hdlr[0] + 8 : hdlr[0] + 12] != b"vide":
+        return None
+    stbl = None
+    minf = _find_box(data, *mdia, b"minf")
+    if minf is not None:
+        stbl = _find_box(data, *minf, b"stbl")
+    stsd = _find_box(data, *stbl, b"stsd") if stbl is not None else None
+    if stsd is None or stsd[1] - stsd[0] < 8 + 8 + 32:
+        return None
+    # stsd: version/flags(4) count(4); entry: size(4) type(4) reserved(6) ref(2)
+    # pre_defined(2) reserved(2) pre_defined(12) width(2) height(2)
+    entry = stsd[0] + 8
+    width, height = struct.unpack(">HH", data[entry + 32 : entry + 36])
+    return (width, height) if width and height else None
+
+
+_IDENTITY = (1 << 16, 0, 0, 0, 1 << 16, 0, 0, 0, 1 << 30)
+
+
+def _box_matrix(data: bytes, box: tuple[int, int] | None, v0_offset: int) -> tuple[int, ...]:
+    """The display matrix of an ``mvhd`` / ``tkhd`` payload (identity if absent or short).
+
+    ``v0_offset`` is where the times end in a version-0 box (20 in ``mvhd``, 24 in ``tkhd``;
+    version 1 has 12 more bytes); 16 bytes of rate/volume/layer fields follow, then the matrix.
+    """
+    if box is None or box[0] >= box[1]:
+        return _IDENTITY
+    start = box[0] + v0_offset + (12 if data[box[0]] == 1 else 0) + 16
+    if start + 36 > box[1]:
+        return _IDENTITY
+    return struct.unpack(">9i", data[start : start + 36])
+
+
+def _compose(track: tuple[int, ...], movie: tuple[int, ...]) -> tuple[int, ...]:
+    """``track x movie`` in the matrices' fixed point (16.16, 16.16, 2.30 by row), as FFmpeg's
+    MP4 demuxer applies the movie matrix after the track's."""
+    shifts = (16, 16, 30)
+    return tuple(
+        sum((track[3 * i + e] * movie[3 * e + j]) >> shifts[e] for e in range(3))
+        for i in range(3)
+        for j in range(3)
+    )
+
+
+def _decord_rotation(matrix: tuple[int, ...]) -> int:
+    """Degrees decord 0.6.0 turns frames by for a display matrix: FFmpeg's ``rotate`` tag
+    (clockwise, in [0, 360), printed with ``%g``), cut to an integer; decord turns frames for
+    90, 180 and 270 only (measured: 89.9991 is not turned, 90.0009 is)."""
+    a, b, _, c, d = (v / 65536 for v in matrix[:5])
+    scale_x, scale_y = math.hypot(a, c), math.hypot(b, d)
+    if scale_x == 0 or scale_y == 0:
+        return 0
+    angle = math.degrees(math.atan2(b / scale_y, a / scale_x))
+    if angle < 0:
+        angle += 360
+    return math.trunc(float(f"{angle:g}"))
 
 
 def _iter_boxes(data: bytes, start: int, end: int, kind: bytes) -> list[tuple[int, int]]:

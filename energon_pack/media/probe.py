@@ -25,7 +25,13 @@ from energon_pack.media.config import (
     token_count,
     video_grid,
 )
-from energon_pack.media.decode import open_image, read_video_probe, to_rgb
+from energon_pack.media.decode import (
+    displayed_size,
+    exif_transpose_method,
+    open_image,
+    read_video_probe,
+    to_rgb,
+)
 from energon_pack.media.errors import MediaError, MediaFailure, media_errors, naming
 from energon_pack.media.guard import guarded
 
@@ -67,11 +73,15 @@ def check_media_count(key: str, count: int, config: MediaConfig | None = None) -
 def probe_image(
     data: bytes, config: MediaConfig | None = None, *, key: str = "?", member: str = "?"
 ) -> ImageProbe:
-    """Size, grid and token count of an image from its header; pixels are not decoded."""
+    """Size, grid and token count of an image from its header; pixels are not decoded.
+
+    The size is that of the image as displayed: EXIF orientations 5-8 swap width and height,
+    as transformers' ``load_image`` (Pillow's ``exif_transpose``) turns the pixels.
+    """
     cfg = config or DEFAULT_CONFIG
     with media_errors(key, member, "unreadable"):
         with open_image(data, cfg) as img:
-            width, height = img.size
+            width, height = displayed_size(img, exif_transpose_method(img))
         grid = image_grid(height, width, cfg)
     return ImageProbe(width, height, grid, token_count(grid, cfg))
 
@@ -82,8 +92,9 @@ def probe_video(
     """Frame count, fps, size, grid and token count of a video without decoding pixels.
 
     decord gives the frame count and average fps from the demuxed index; the frame size comes
-    from the MP4/MOV ``stsd`` sample entry (falls back to decoding one frame for containers
-    without one).
+    from the MP4/MOV ``stsd`` sample entry, swapped for a 90/270-degree display matrix since
+    decord turns such frames upright (falls back to decoding one frame for containers without
+    one). An MP4 with several video tracks is ``unsupported``.
     """
     cfg = config or DEFAULT_CONFIG
     probe: VideoProbe = guarded(
@@ -126,10 +137,12 @@ class Frames:
 
 
 def image_frames(image: Image.Image) -> Frames:
-    """A decoded PIL image as :class:`Frames`, converted to RGB as
-    :func:`~energon_pack.media.process_image` does (transparency composited on white), so it
-    gives the same pixels as its file."""
-    return Frames.from_array(np.asarray(to_rgb(image))[None])
+    """A decoded PIL image as :class:`Frames`, converted to RGB and turned upright by its EXIF
+    orientation as :func:`~energon_pack.media.process_image` does (transparency composited on
+    white), so it gives the same pixels as its file."""
+    rgb = to_rgb(image)
+    method = exif_transpose_method(image)
+    return Frames.from_array(np.asarray(rgb if method is None else rgb.transpose(method))[None])
 
 
 def probe_frames(
