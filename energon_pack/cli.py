@@ -1,17 +1,25 @@
-"""The ``energon-pack`` command line."""
+"""The ``energon-pack`` command line.
+
+Every error ends in one line on stderr, ``energon-pack: error: ...``, naming the flag or path,
+and the exit status says what failed: 1 rule violations (``check-config``), 2 a bad argument,
+input or setting, 3 a failed read or write (full disk, file-size limit, read-only or missing
+folder, a file where a folder is expected or the reverse, no permission), 130 Ctrl-C (``tune``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import NoReturn
 
 import psutil
 import yaml
@@ -26,7 +34,7 @@ from energon_pack.memory import (
     summarize,
     summary_rows,
 )
-from energon_pack.offline import PackingSpec, pack_offline
+from energon_pack.offline import PackingSpec, name_os_errors, pack_offline
 from energon_pack.packed import Decode
 from energon_pack.synthetic import DISTRIBUTIONS, lengths_for
 from energon_pack.tables import format_table
@@ -45,6 +53,60 @@ from energon_pack.tune import (
     tune_row,
     worker_total_mb,
 )
+
+EXIT_VIOLATIONS = 1
+EXIT_USAGE = 2
+EXIT_IO = 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``energon-pack: error: ...``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"energon-pack: error: {message} (see {self.prog} --help)\n")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _output_file(text: str) -> Path:
+    """A file to write: not a directory, in an existing directory."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a directory; name the file to write")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{path.parent} is not an existing directory; create it or choose another path"
+        )
+    return path
 
 
 def _int_list(text: str) -> list[int]:
@@ -92,31 +154,32 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         headers = ["buffer", "bin fill", "offline BFD", "items/bin", "mean wait"]
         print(format_table(headers, rows))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        with name_os_errors(args.json):
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 
 # check-config flags: (flag, PackingConfig field, type); type None marks an on/off flag.
-_CONFIG_FLAGS: tuple[tuple[str, str, type[int] | type[str] | None], ...] = (
-    ("--seq-length", "seq_length", int),
+_CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], int] | type[str] | None], ...] = (
+    ("--seq-length", "seq_length", _positive_int),
     ("--mode", "mode", str),
-    ("--mbs", "micro_batch_size", int),
-    ("--gbs", "global_batch_size", int),
-    ("--dp", "data_parallel_size", int),
-    ("--tp", "tp", int),
-    ("--cp", "cp", int),
+    ("--mbs", "micro_batch_size", _positive_int),
+    ("--gbs", "global_batch_size", _positive_int),
+    ("--dp", "data_parallel_size", _positive_int),
+    ("--tp", "tp", _positive_int),
+    ("--cp", "cp", _positive_int),
     ("--sp", "sp", None),
-    ("--pp", "pp", int),
-    ("--eval-cp", "eval_cp", int),
-    ("--mtp", "mtp", int),
+    ("--pp", "pp", _positive_int),
+    ("--eval-cp", "eval_cp", _positive_int),
+    ("--mtp", "mtp", _non_negative_int),
     ("--cuda-graphs", "cuda_graphs", None),
     ("--calculate-per-token-loss", "calculate_per_token_loss", None),
     ("--average-in-collective", "average_in_collective", None),
     ("--pad-to-max-length", "pad_to_max_length", None),
     ("--pad-cu-seqlens", "pad_cu_seqlens", None),
-    ("--packing-buffer-size", "packing_buffer_size", int),
+    ("--packing-buffer-size", "packing_buffer_size", _non_negative_int),
     ("--finetuning", "finetuning", None),
-    ("--kernel-multiple", "kernel_multiple", int),
+    ("--kernel-multiple", "kernel_multiple", _positive_int),
 )
 
 
@@ -163,7 +226,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     print(f"\n{len(problems)} violation(s):")
     for number, problem in enumerate(problems, 1):
         print(f"  {number}. {problem}")
-    return 1
+    return EXIT_VIOLATIONS
 
 
 def _offline_spec(args: argparse.Namespace) -> PackingSpec:
@@ -292,7 +355,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         pass
     except TuneError as error:
         log = out / "tune-error.log"
-        log.write_text(error.details)
+        with name_os_errors(log):
+            log.write_text(error.details)
         raise ValueError(f"{error} (traceback: {log})") from None
     interrupted = next((r for r in results if r.interrupted), None)
     print(
@@ -325,7 +389,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         )
     else:
         print("\nno run completed, so there is no recommendation")
-    plots = plot_results(results, out, settings, rss_budget_mb=budget, best=best)
+    with name_os_errors(out):
+        plots = plot_results(results, out, settings, rss_budget_mb=budget, best=best)
     report = {
         "settings": asdict(settings),
         "tokenizer": tokenizer,
@@ -335,22 +400,29 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         "interrupted": interrupted is not None,
         "plots": [str(p) for p in plots],
     }
-    (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
+    with name_os_errors(out / "tune.json"):
+        (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out / 'tune.json'} and {', '.join(str(p) for p in plots)}")
     return 130 if interrupted is not None else 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     readings = load_report(args.report_dir)
+    png = args.png or Path(args.report_dir) / "rss.png"
     print(format_table(SUMMARY_HEADERS, summary_rows(summarize(readings))))
-    png = plot_report(readings, args.png or Path(args.report_dir) / "rss.png")
+    with name_os_errors(png):
+        plot_report(readings, png)
     print(f"wrote {png}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="energon-pack", description="Online sequence packing for Megatron-Energon."
+    parser = _Parser(
+        prog="energon-pack",
+        description="Online sequence packing for Megatron-Energon.",
+        epilog="Exit status: 0 done, 1 rule violations (check-config), 2 a bad argument, input "
+        "or setting, 3 a failed read or write (disk full, read-only, missing folder, ...), 130 "
+        "interrupted (tune). Errors are one line on stderr naming the flag or path.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -359,11 +431,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="stream synthetic sample lengths through the online packer; bin fill vs buffer size",
     )
     demo.add_argument("--distribution", choices=[*DISTRIBUTIONS, "all"], default="all")
-    demo.add_argument("--capacity", type=int, default=8192, help="seq_length (default 8192)")
-    demo.add_argument("--samples", type=int, default=20000)
+    demo.add_argument(
+        "--capacity", type=_positive_int, default=8192, help="seq_length (default 8192)"
+    )
+    demo.add_argument("--samples", type=_positive_int, default=20000)
     demo.add_argument("--buffer-sizes", type=_int_list, default=[4, 8, 16, 32, 64, 128])
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--json", help="also write the results to this JSON file")
+    demo.add_argument("--seed", type=_int, default=0)
+    demo.add_argument(
+        "--json", type=_output_file, metavar="FILE", help="also write the results to this file"
+    )
     demo.set_defaults(run=_cmd_demo)
 
     check = commands.add_parser(
@@ -390,17 +466,28 @@ def build_parser() -> argparse.ArgumentParser:
         description="Input lines: {'input', 'output'} pairs, {'conversations'} or pre-tokenised "
         "{'input_ids', 'loss_mask'}; tokenised with the built-in byte tokenizer. An up-to-date "
         "OUT_DIR is reused; a stale one is refused unless --force. Exit status 2 on bad input "
-        "or settings.",
+        "or settings, 3 when a file cannot be read or written.",
     )
     offline.add_argument("input", type=Path, metavar="INPUT.jsonl")
     offline.add_argument("out_dir", type=Path, metavar="OUT_DIR")
-    offline.add_argument("--size", type=int, required=True, help="packed_sequence_size (tokens)")
-    offline.add_argument("--tp", type=int, metavar="N", help="tensor parallel size (default 1)")
-    offline.add_argument("--cp", type=int, metavar="N", help="context parallel size (default 1)")
-    offline.add_argument("--sp", action="store_true", help="sequence parallelism on")
-    offline.add_argument("--eval-cp", type=int, metavar="N", help="context parallel size of eval")
     offline.add_argument(
-        "--pad-seq-to-mult", type=int, metavar="N", help="padding multiple (instead of topology)"
+        "--size", type=_positive_int, required=True, help="packed_sequence_size (tokens)"
+    )
+    offline.add_argument(
+        "--tp", type=_positive_int, metavar="N", help="tensor parallel size (default 1)"
+    )
+    offline.add_argument(
+        "--cp", type=_positive_int, metavar="N", help="context parallel size (default 1)"
+    )
+    offline.add_argument("--sp", action="store_true", help="sequence parallelism on")
+    offline.add_argument(
+        "--eval-cp", type=_positive_int, metavar="N", help="context parallel size of eval"
+    )
+    offline.add_argument(
+        "--pad-seq-to-mult",
+        type=_positive_int,
+        metavar="N",
+        help="padding multiple (instead of topology)",
     )
     offline.add_argument("--pad-to-max-length", action="store_true", help="fixed-width rows")
     offline.add_argument(
@@ -408,10 +495,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="static cu_seqlens shapes for CUDA graphs (needs --pad-to-max-length)",
     )
-    offline.add_argument("--max-segments", type=int, metavar="N", help="most sequences per pack")
+    offline.add_argument(
+        "--max-segments", type=_positive_int, metavar="N", help="most sequences per pack"
+    )
     offline.add_argument("--algorithm", choices=["bfd", "ffd"], default="bfd")
     offline.add_argument("--overlong", choices=["error", "skip", "truncate"], default="error")
-    offline.add_argument("--seed", type=int, default=0, help="seed of the pack order shuffle")
+    offline.add_argument("--seed", type=_int, default=0, help="seed of the pack order shuffle")
     offline.add_argument("--force", action="store_true", help="rebuild a stale OUT_DIR")
     offline.set_defaults(run=_cmd_offline)
 
@@ -419,19 +508,28 @@ def build_parser() -> argparse.ArgumentParser:
         "tune",
         help="measure bin fill, worker RSS and throughput per packing_buffer_size on a dataset",
         description="Exit status 2 on an error (one line; the traceback goes to "
-        "OUT/tune-error.log), 130 when interrupted with Ctrl-C (the runs measured so far are "
-        "reported, the interrupted one marked).",
+        "OUT/tune-error.log), 3 when a file cannot be read or written, 130 when interrupted "
+        "with Ctrl-C (the runs measured so far are reported, the interrupted one marked).",
     )
     tune.add_argument(
         "dataset", nargs="?", help="prepared Energon dataset (default: the shipped fixtures)"
     )
     tune.add_argument("--buffer-sizes", type=_int_list, default=[4, 8, 16, 32, 64])
-    tune.add_argument("--seq-length", type=int, default=8192)
-    tune.add_argument("--pad-to-multiple-of", type=int, default=1)
-    tune.add_argument("--num-workers", type=int, default=2, help="loader workers per rank")
-    tune.add_argument("--max-samples", type=int, help="samples per run (default: one epoch)")
+    tune.add_argument("--seq-length", type=_positive_int, default=8192)
+    tune.add_argument("--pad-to-multiple-of", type=_positive_int, default=1)
     tune.add_argument(
-        "--rss-budget-mb", type=float, help="worker memory budget (default: half of this RAM)"
+        "--num-workers",
+        type=_non_negative_int,
+        default=2,
+        help="loader workers per rank (0: load in the main process)",
+    )
+    tune.add_argument(
+        "--max-samples", type=_positive_int, help="samples per run (default: one epoch)"
+    )
+    tune.add_argument(
+        "--rss-budget-mb",
+        type=_positive_float,
+        help="worker memory budget (default: half of this RAM)",
     )
     tune.add_argument("--lazy", action="store_true", help="decode media after selection")
     tune.add_argument("--eager", action="store_true", help="decode media before the buffer")
@@ -460,7 +558,12 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="summarise a memory report directory and plot RSS over time"
     )
     report.add_argument("report_dir")
-    report.add_argument("--png", help="plot path (default: REPORT_DIR/rss.png)")
+    report.add_argument(
+        "--png",
+        type=_output_file,
+        metavar="FILE",
+        help="plot path, written as PNG whatever its suffix (default: REPORT_DIR/rss.png)",
+    )
     report.set_defaults(run=_cmd_report)
     return parser
 
@@ -472,8 +575,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except ValueError as error:
         print(f"energon-pack: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except OSError as error:
+        print(f"energon-pack: error: {_os_error_line(error)}", file=sys.stderr)
+        return EXIT_IO
     return code
+
+
+def _os_error_line(error: OSError) -> str:
+    """``PATH: reason (ENAME)`` of a failed read or write."""
+    name = errno.errorcode.get(error.errno) if error.errno is not None else None
+    reason = f"{error.strerror} ({name})" if error.strerror and name else str(error)
+    if error.filename is None:
+        return f"I/O failure: {reason}"
+    path = str(error.filename)
+    if error.filename2 is not None:
+        path += f" -> {error.filename2}"
+    return f"{path}: {reason}"
 
 
 if __name__ == "__main__":

@@ -347,7 +347,8 @@ def summarize(readings: Sequence[Reading]) -> list[WorkerSummary]:
 
 
 def plot_report(readings: Sequence[Reading], path: str | Path) -> Path:
-    """PNG of RSS and buffer bytes over time, one line per worker."""
+    """PNG of RSS and buffer bytes over time, one line per worker, written to exactly ``path``
+    (whatever its suffix)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -369,8 +370,10 @@ def plot_report(readings: Sequence[Reading], path: str | Path) -> Path:
     rss_axis.legend(loc="upper left", fontsize="small")
     figure.tight_layout()
     out = Path(path)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
+    try:
+        figure.savefig(out, dpi=100, format="png")
+    finally:
+        plt.close(figure)
     return out
 
 

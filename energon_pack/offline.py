@@ -24,8 +24,11 @@ Packed directory (all arrays are ``.npy`` files, read memory-mapped):
 * ``metadata.json``: a list with one dict of :class:`PackMetadata` keys, as Megatron-Bridge
   writes its packing metadata;
 * ``manifest.json`` (written last, so only a complete directory has one): format version,
-  package version, the :class:`PackingSpec`, the tokenizer identity, the input's sha256 and the
-  build statistics. A directory is reused only when its manifest matches the request.
+  package version, the :class:`PackingSpec`, the tokenizer identity, the input's sha256, the
+  build statistics and, per array file, its size in bytes, shape, dtype, CRC-32 and the CRC-32
+  of a sample of blocks (format 2). A directory is reused only when its manifest matches the
+  request. :class:`PackedDataset` checks every array's size, shape, dtype and block sample on
+  open (the full CRC-32 with ``verify=True``); format 1 directories open unchecked.
 
 The packing itself is out of core: pass 1 streams the input and appends each sequence's tokens
 to temporary files while only the lengths stay in memory; pass 2 packs the lengths (best or
@@ -35,12 +38,17 @@ temporary files into the final arrays, a bounded chunk at a time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import importlib.metadata
 import json
 import logging
+import math
+import os
 import random
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +70,9 @@ logger = logging.getLogger("energon_pack.offline")
 
 Algorithm = Literal["bfd", "ffd"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Manifest layout written; format 1 (no ``arrays`` entry) is still read, unchecked."""
+_READABLE_FORMATS = (1, FORMAT_VERSION)
 MANIFEST_FILE = "manifest.json"
 METADATA_FILE = "metadata.json"
 ARRAY_FILES = (
@@ -78,6 +88,13 @@ _TMP_MASK = ".loss_mask.tmp"
 _COPY_CHUNK_TOKENS = 1 << 22
 """Most tokens gathered in memory at once while writing the arrays in pack order."""
 _INT32_MAX = 2**31 - 1
+_STATS = ("samples", "sequences", "packs", "tokens", "skipped", "truncated", "split_packs")
+_ARRAY_FACTS = ("bytes", "shape", "dtype", "crc32", "sample_crc32")
+_SAMPLE_BLOCKS = 16
+_SAMPLE_BLOCK_BYTES = 1 << 16
+"""The block sample checked on every open: 16 blocks of 64 KiB spread over the file."""
+_READ_BYTES = 1 << 20
+_unchecked_warned: set[Path] = set()
 
 
 @dataclass(frozen=True)
@@ -253,18 +270,7 @@ class OfflinePackResult:
 
     def stats_json(self) -> dict[str, int]:
         """The counters, as stored in the manifest."""
-        return {
-            name: getattr(self, name)
-            for name in (
-                "samples",
-                "sequences",
-                "packs",
-                "tokens",
-                "skipped",
-                "truncated",
-                "split_packs",
-            )
-        }
+        return {name: getattr(self, name) for name in _STATS}
 
 
 def pack_offline(
@@ -282,11 +288,14 @@ def pack_offline(
     explicit tokenizer, pre-tokenised ids are checked against its ``vocab_size``. If ``out_dir``
     already holds a pack with the same manifest it is reused; a different one is refused with a
     ValueError naming what differs. ``force`` always rebuilds in place (other files in
-    ``out_dir`` are left alone).
+    ``out_dir`` are left alone). A failing read or write (full disk, read-only or missing
+    folder, ...) raises the OSError with the path it concerns.
     """
     input_path, out_dir = Path(input_path), Path(out_dir)
     if not input_path.is_file():
         raise ValueError(f"input {input_path} is not a file; pass a JSONL file of samples")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(out_dir))
     tok: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -316,6 +325,7 @@ def pack_offline(
         for name in (_TMP_IDS, _TMP_MASK):
             (out_dir / name).unlink(missing_ok=True)
     manifest["stats"] = counts
+    manifest["arrays"] = {name: _array_record(out_dir / name) for name in ARRAY_FILES}
     _write_json(out_dir / METADATA_FILE, [dataclasses.asdict(metadata)])
     _write_json(out_dir / MANIFEST_FILE, {**manifest, "input_path": str(input_path.resolve())})
     return _result(out_dir, manifest, metadata, reused=False)
@@ -326,10 +336,16 @@ class PackedDataset(torch.utils.data.Dataset[PackedRow]):
     ``p`` as a :class:`~energon_pack.layout.PackedRow`, laid out with the manifest's spec.
 
     If ``spec`` is given it must equal the manifest's (a stale directory raises ValueError).
+    Every array's size, shape and dtype and a sample of its blocks are checked against the
+    manifest on open, so a truncated or swapped file is a ValueError naming it; ``verify=True``
+    also checks each file's full CRC-32 (it reads the whole pack, about 3x the time of reading
+    it once from the page cache). A format 1 directory (no such records) opens unchecked.
     The arrays are memory-mapped lazily, so the dataset pickles cheaply into loader workers.
     """
 
-    def __init__(self, out_dir: str | Path, spec: PackingSpec | None = None) -> None:
+    def __init__(
+        self, out_dir: str | Path, spec: PackingSpec | None = None, *, verify: bool = False
+    ) -> None:
         self.out_dir = Path(out_dir)
         manifest = _read_manifest(self.out_dir)
         if manifest is None:
@@ -348,6 +364,7 @@ class PackedDataset(torch.utils.data.Dataset[PackedRow]):
         self.layout = self.spec.row_layout(int(manifest["tokenizer"]["pad_token_id"]), slots)
         """How each pack is laid out as a row."""
         self._arrays: dict[str, npt.NDArray[Any]] | None = None
+        self._check_files(manifest.get("arrays"), verify=verify)
         self._check_arrays()
 
     def __len__(self) -> int:
@@ -395,13 +412,42 @@ class PackedDataset(torch.utils.data.Dataset[PackedRow]):
             }
         return self._arrays[name]
 
-    def _check_arrays(self) -> None:
+    def _check_files(self, records: Mapping[str, Any] | None, *, verify: bool) -> None:
+        """Each array file against its header and the manifest's record of it."""
         missing = [f for f in ARRAY_FILES if not (self.out_dir / f).is_file()]
         if missing:
             raise ValueError(
                 f"{self.out_dir} lacks {', '.join(missing)}; the pack is incomplete, rebuild it "
                 "with energon-pack offline --force"
             )
+        if records is None and self.out_dir.resolve() not in _unchecked_warned:
+            _unchecked_warned.add(self.out_dir.resolve())
+            logger.warning(
+                "%s was written by an older energon_pack (manifest format 1, no array sizes or "
+                "checksums): its arrays are not checked; rebuild it with energon-pack offline "
+                "--force to have them checked",
+                self.out_dir,
+            )
+        for name in ARRAY_FILES:
+            path = self.out_dir / name
+            facts = _array_facts(path)
+            if records is None:
+                continue
+            record = records[name]
+            checks = [(key, facts[key]) for key in ("bytes", "shape", "dtype")]
+            checks.append(("sample_crc32", _crc32(path, sample=True)))
+            if verify:
+                checks.append(("crc32", _crc32(path, sample=False)))
+            for key, value in checks:
+                if value != record[key]:
+                    raise ValueError(
+                        f"{path} does not match {self.out_dir / MANIFEST_FILE}: {key} is "
+                        f"{value!r}, the manifest records {record[key]!r}; the file was replaced, "
+                        "truncated or damaged after the build: rebuild the pack with "
+                        "energon-pack offline --force"
+                    )
+
+    def _check_arrays(self) -> None:
         pack_starts, lengths = self._array("pack_starts"), self._array("seq_lengths")
         tokens = int(lengths.astype(np.int64).sum())
         if int(pack_starts[-1]) != len(lengths) or tokens != len(self._array("input_ids")):
@@ -437,7 +483,14 @@ def _build(
     lines: list[int] = []
     samples = skipped = truncated = 0
     # Pass 1: tokenise and spill tokens to disk; only lengths and line numbers stay in memory.
-    with (out_dir / _TMP_IDS).open("wb") as ids_out, (out_dir / _TMP_MASK).open("wb") as mask_out:
+    # Each file's close (its last write) names it on failure.
+    ids_path, mask_path = out_dir / _TMP_IDS, out_dir / _TMP_MASK
+    with (
+        name_os_errors(ids_path),
+        ids_path.open("wb") as ids_out,
+        name_os_errors(mask_path),
+        mask_path.open("wb") as mask_out,
+    ):
         for line, key, ids, mask in _samples(input_path, encoder, vocab_size):
             samples += 1
             reason = fits.overlong(key, len(ids))
@@ -474,10 +527,10 @@ def _build(
     for tmp, name, dtype in ((_TMP_IDS, "input_ids", np.int32), (_TMP_MASK, "loss_mask", np.uint8)):
         source = np.memmap(out_dir / tmp, dtype=dtype, mode="r", shape=(tokens,))
         _gather(source, out_dir / f"{name}.npy", src_starts[order], seq_lengths)
-    np.save(out_dir / "seq_starts.npy", seq_starts)
-    np.save(out_dir / "seq_lengths.npy", seq_lengths.astype(np.int32))
-    np.save(out_dir / "seq_lines.npy", np.asarray(lines, dtype=np.int64)[order])
-    np.save(out_dir / "pack_starts.npy", pack_starts)
+    _save(out_dir / "seq_starts.npy", seq_starts)
+    _save(out_dir / "seq_lengths.npy", seq_lengths.astype(np.int32))
+    _save(out_dir / "seq_lines.npy", np.asarray(lines, dtype=np.int64)[order])
+    _save(out_dir / "pack_starts.npy", pack_starts)
     metadata = PackMetadata.compute(seq_lengths, pack_starts, size)
     counts = {
         "samples": samples,
@@ -515,27 +568,39 @@ def _gather(
     lengths: npt.NDArray[np.int64],
 ) -> None:
     """Write ``source[starts[i] : starts[i] + lengths[i]]`` for all ``i``, concatenated, to the
-    ``.npy`` file ``path``, holding at most about :data:`_COPY_CHUNK_TOKENS` tokens at once."""
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=source.dtype, shape=source.shape)
+    ``.npy`` file ``path``, holding at most about :data:`_COPY_CHUNK_TOKENS` tokens at once.
+
+    Written sequentially, not through a memory map: a full disk is an OSError, not a SIGBUS."""
+    header = {"descr": np.lib.format.dtype_to_descr(source.dtype), "fortran_order": False}
     ends = np.cumsum(lengths)
     first = 0
-    while first < len(lengths):
-        offset = int(ends[first] - lengths[first])
-        # Sequences up to the chunk's end, and always at least one.
-        last = max(first + 1, int(np.searchsorted(ends, offset + _COPY_CHUNK_TOKENS, "right")))
-        chunk_lengths = lengths[first:last]
-        total = int(chunk_lengths.sum())
-        shift = np.repeat(starts[first:last] - (ends[first:last] - chunk_lengths), chunk_lengths)
-        out[offset : offset + total] = source[shift + np.arange(offset, offset + total)]
-        first = last
-    out.flush()
+    with name_os_errors(path), path.open("wb") as out:
+        np.lib.format.write_array_header_1_0(out, {**header, "shape": source.shape})
+        while first < len(lengths):
+            offset = int(ends[first] - lengths[first])
+            # Sequences up to the chunk's end, and always at least one.
+            last = max(first + 1, int(np.searchsorted(ends, offset + _COPY_CHUNK_TOKENS, "right")))
+            chunk_lengths = lengths[first:last]
+            total = int(chunk_lengths.sum())
+            shift = np.repeat(
+                starts[first:last] - (ends[first:last] - chunk_lengths), chunk_lengths
+            )
+            out.write(source[shift + np.arange(offset, offset + total)].tobytes())
+            first = last
 
 
 def _append(
     ids_out: BinaryIO, ids: npt.NDArray[Any], mask_out: BinaryIO, mask: npt.NDArray[Any]
 ) -> None:
-    ids_out.write(ids.astype(np.int32).tobytes())
-    mask_out.write(mask.astype(np.uint8).tobytes())
+    with name_os_errors(ids_out.name):
+        ids_out.write(ids.astype(np.int32).tobytes())
+    with name_os_errors(mask_out.name):
+        mask_out.write(mask.astype(np.uint8).tobytes())
+
+
+def _save(path: Path, array: npt.NDArray[Any]) -> None:
+    with name_os_errors(path):
+        np.save(path, array)
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -543,7 +608,7 @@ def _samples(
     path: Path, encoder: ConversationEncoder, vocab_size: int | None
 ) -> Iterator[tuple[int, str, npt.NDArray[np.int64], npt.NDArray[np.uint8]]]:
     """``(line number, key, input_ids, loss_mask)`` of each sample of the JSONL file."""
-    with path.open("rb") as lines:
+    with name_os_errors(path), path.open("rb") as lines:
         for number, raw in enumerate(lines, 1):
             if not raw.strip():
                 continue
@@ -637,28 +702,123 @@ def _vocab_size(tokenizer: Tokenizer) -> int | None:
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as data:
+    with name_os_errors(path), path.open("rb") as data:
         while block := data.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
 
 
 def _read_manifest(out_dir: Path) -> dict[str, Any] | None:
+    """The manifest of ``out_dir`` (None: there is none), checked to hold every key read."""
     path = out_dir / MANIFEST_FILE
     if not path.is_file():
         return None
+    fix = "rebuild with --force or point to a new directory"
     try:
         manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read {path} ({error}); {fix}") from None
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if version not in _READABLE_FORMATS:
         raise ValueError(
-            f"cannot read {path} ({error}); rebuild with --force or point to a new directory"
-        ) from None
-    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} is not an energon_pack offline manifest of format {FORMAT_VERSION}; "
-            "rebuild with --force or point to a new directory"
+            f"{path} is not an energon_pack offline manifest of format "
+            f"{' or '.join(map(str, _READABLE_FORMATS))} (format_version={version!r}); {fix}"
         )
-    return manifest
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise ValueError(f"{path} is malformed: {problem}; {fix}")
+    return dict(manifest)
+
+
+def _manifest_problem(manifest: Mapping[str, Any]) -> str | None:
+    """What a manifest of a readable format lacks, or None."""
+    keys: list[str] = ["spec", "tokenizer", "stats"]
+    keys += ["arrays"] if manifest["format_version"] >= 2 else []
+    missing = [key for key in keys if not isinstance(manifest.get(key), dict)]
+    if missing:
+        return f"it has no {', '.join(missing)} (JSON object{'s' if len(missing) > 1 else ''})"
+    try:
+        PackingSpec.from_json(manifest["spec"])
+    except (TypeError, ValueError) as error:
+        return f"its spec is not a PackingSpec ({error})"
+    if not _is_int(manifest["tokenizer"].get("pad_token_id")):
+        return "it has no int tokenizer.pad_token_id"
+    if sorted(manifest["stats"]) != sorted(_STATS) or not all(
+        _is_int(value) for value in manifest["stats"].values()
+    ):
+        return f"its stats are not the int counters {', '.join(_STATS)}"
+    for name in ARRAY_FILES if "arrays" in keys else ():
+        record = manifest["arrays"].get(name)
+        if not isinstance(record, dict) or sorted(record) != sorted(_ARRAY_FACTS):
+            return f"it has no arrays.{name} record with {', '.join(_ARRAY_FACTS)}"
+    return None
+
+
+def _array_facts(path: Path) -> dict[str, Any]:
+    """Size, shape and dtype of the ``.npy`` file ``path``; ValueError naming it when its size
+    is not what its header describes (truncated) or it is no ``.npy`` array."""
+    with path.open("rb") as data:
+        try:
+            version = np.lib.format.read_magic(data)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, _, dtype = read_header(data)
+        except ValueError as error:
+            raise ValueError(
+                f"{path} is not a .npy array file ({error}); rebuild the pack with "
+                "energon-pack offline --force"
+            ) from None
+        expected = data.tell() + math.prod(shape) * dtype.itemsize
+        size = os.fstat(data.fileno()).st_size
+    if size != expected:
+        raise ValueError(
+            f"{path} has {size} bytes but its header describes {expected} ({dtype} {shape}): the "
+            "file is truncated or damaged; rebuild the pack with energon-pack offline --force"
+        )
+    return {"bytes": size, "shape": list(shape), "dtype": dtype.str}
+
+
+def _array_record(path: Path) -> dict[str, Any]:
+    """What the manifest records of an array file."""
+    return {
+        **_array_facts(path),
+        "crc32": _crc32(path, sample=False),
+        "sample_crc32": _crc32(path, sample=True),
+    }
+
+
+def _crc32(path: Path, *, sample: bool) -> int:
+    """CRC-32 of the file, or of :data:`_SAMPLE_BLOCKS` blocks spread over it (first and last
+    included; the whole file when it is smaller than the sample)."""
+    value = 0
+    with path.open("rb") as data:
+        size = os.fstat(data.fileno()).st_size
+        spans = [(0, size)]
+        if sample and size > _SAMPLE_BLOCKS * _SAMPLE_BLOCK_BYTES:
+            step = (size - _SAMPLE_BLOCK_BYTES) // (_SAMPLE_BLOCKS - 1)
+            spans = [(i * step, _SAMPLE_BLOCK_BYTES) for i in range(_SAMPLE_BLOCKS - 1)]
+            spans.append((size - _SAMPLE_BLOCK_BYTES, _SAMPLE_BLOCK_BYTES))
+        for offset, length in spans:
+            data.seek(offset)
+            while length > 0 and (block := data.read(min(length, _READ_BYTES))):
+                value = zlib.crc32(block, value)
+                length -= len(block)
+    return value
+
+
+@contextlib.contextmanager
+def name_os_errors(path: str | Path) -> Iterator[None]:
+    """Give an OSError raised inside that names no file (a failed write: ENOSPC, EFBIG, ...)
+    the name ``path``."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error
 
 
 def _read_metadata(out_dir: Path) -> PackMetadata:
@@ -676,7 +836,7 @@ def _read_metadata(out_dir: Path) -> PackMetadata:
 
 def _manifest_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     out = _spec_differences(PackingSpec.from_json(old["spec"]), PackingSpec.from_json(new["spec"]))
-    for name in ("input_sha256", "tokenizer", "energon_pack_version"):
+    for name in ("format_version", "input_sha256", "tokenizer", "energon_pack_version"):
         if old.get(name) != new[name]:
             out.append(f"{name}={old.get(name)!r} but the request has {new[name]!r}")
     return out
@@ -707,7 +867,8 @@ def _result(
 
 def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    with name_os_errors(tmp):
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.replace(path)
 
 

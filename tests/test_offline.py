@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import re
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -430,3 +432,136 @@ def test_text_that_cannot_be_encoded_names_the_line(
         err = capsys.readouterr().err
         assert "sample 'in.jsonl:2'" in err
         assert "Traceback" not in err
+
+
+# ------------------------------------------------------------- array records (issue 27, item 8)
+def pretokenised(count: int, length: int, token: int) -> list[dict[str, Any]]:
+    return [{"input_ids": [token] * length, "loss_mask": [1] * length} for _ in range(count)]
+
+
+def manifest_of(out: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / "manifest.json").read_text())
+    return data
+
+
+def test_manifest_records_every_array(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(20))
+    pack_offline(source, tmp_path / "out", PackingSpec(256))
+    manifest = manifest_of(tmp_path / "out")
+    assert manifest["format_version"] == offline.FORMAT_VERSION == 2
+    assert sorted(manifest["arrays"]) == sorted(offline.ARRAY_FILES)
+    for name, record in manifest["arrays"].items():
+        path = tmp_path / "out" / name
+        array = np.load(path)
+        assert record["bytes"] == path.stat().st_size
+        assert (record["shape"], record["dtype"]) == (list(array.shape), array.dtype.str)
+        assert record["crc32"] == zlib.crc32(path.read_bytes())
+        assert record["sample_crc32"] == record["crc32"]  # small files: the sample is all of it
+
+
+def test_swapped_array_of_the_same_length_is_refused(tmp_path: Path) -> None:
+    for name, token in (("a", 5), ("b", 6)):
+        source = write_jsonl(tmp_path / f"{name}.jsonl", pretokenised(30, 20, token))
+        pack_offline(source, tmp_path / name, PackingSpec(128))
+    swapped = tmp_path / "a" / "input_ids.npy"
+    swapped.write_bytes((tmp_path / "b" / "input_ids.npy").read_bytes())
+    with pytest.raises(ValueError, match=rf"^{swapped} does not match .*sample_crc32 is") as error:
+        PackedDataset(tmp_path / "a")
+    assert "rebuild the pack with energon-pack offline --force" in str(error.value)
+
+
+def test_truncated_array_is_refused_naming_the_file(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", pretokenised(30, 20, 5))
+    pack_offline(source, tmp_path / "out", PackingSpec(128))
+    path = tmp_path / "out" / "input_ids.npy"
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(ValueError, match=rf"^{path} has \d+ bytes but its header describes"):
+        PackedDataset(tmp_path / "out")
+    path.write_bytes(b"\x93NUMPY")
+    with pytest.raises(ValueError, match=rf"^{path} is not a \.npy array file"):
+        PackedDataset(tmp_path / "out")
+
+
+def test_a_change_outside_the_sample_needs_verify(tmp_path: Path) -> None:
+    # 300,000 tokens: input_ids.npy is 1.2 MB, more than the 16 sampled blocks of 64 KiB.
+    source = write_jsonl(tmp_path / "in.jsonl", pretokenised(300, 1000, 5))
+    pack_offline(source, tmp_path / "out", PackingSpec(1024))
+    path = tmp_path / "out" / "input_ids.npy"
+    data = bytearray(path.read_bytes())
+    block = offline._SAMPLE_BLOCK_BYTES
+    step = (len(data) - block) // (offline._SAMPLE_BLOCKS - 1)
+    data[block + (step - block) // 2] ^= 1  # between the first and the second sampled block
+    path.write_bytes(bytes(data))
+    assert len(PackedDataset(tmp_path / "out")) == 300  # the sample still matches
+    with pytest.raises(ValueError, match=rf"^{path} does not match .*: crc32 is"):
+        PackedDataset(tmp_path / "out", verify=True)
+
+
+def as_format_1(out: Path) -> None:
+    """Rewrite the manifest as the previous version wrote it."""
+    manifest = manifest_of(out)
+    del manifest["arrays"]
+    (out / "manifest.json").write_text(json.dumps({**manifest, "format_version": 1}))
+
+
+def test_format_1_opens_unchecked_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    records = text_records(20)
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    pack_offline(source, tmp_path / "out", PackingSpec(256))
+    as_format_1(tmp_path / "out")
+    with caplog.at_level(logging.WARNING, logger="energon_pack.offline"):
+        assert_round_trip(PackedDataset(tmp_path / "out"), records)
+        PackedDataset(tmp_path / "out")
+    (warning,) = [r.getMessage() for r in caplog.records if "format 1" in r.getMessage()]
+    assert warning.startswith(f"{tmp_path / 'out'} was written by an older energon_pack")
+    assert "not checked" in warning
+    path = tmp_path / "out" / "seq_lines.npy"  # the header still tells a truncated file
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(ValueError, match=rf"^{path} has \d+ bytes but its header describes"):
+        PackedDataset(tmp_path / "out")
+
+
+def test_format_1_is_rebuilt_not_reused(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(10))
+    pack_offline(source, tmp_path / "out", PackingSpec(256))
+    as_format_1(tmp_path / "out")
+    with pytest.raises(ValueError, match="format_version=1 but the request has 2"):
+        pack_offline(source, tmp_path / "out", PackingSpec(256))
+    assert not pack_offline(source, tmp_path / "out", PackingSpec(256), force=True).reused
+    assert "arrays" in manifest_of(tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: m.pop("spec"), "it has no spec (JSON object)"),
+        (lambda m: m.update(spec=[1]), "it has no spec (JSON object)"),
+        (lambda m: m.pop("tokenizer"), "it has no tokenizer (JSON object)"),
+        (lambda m: m.pop("stats"), "it has no stats (JSON object)"),
+        (lambda m: m.pop("arrays"), "it has no arrays (JSON object)"),
+        (lambda m: m["spec"].pop("packed_sequence_size"), "its spec is not a PackingSpec"),
+        (lambda m: m["spec"].update(pad_seq_to_mult=0), "its spec is not a PackingSpec"),
+        (lambda m: m["tokenizer"].pop("pad_token_id"), "no int tokenizer.pad_token_id"),
+        (lambda m: m["stats"].pop("packs"), "its stats are not the int counters samples"),
+        (lambda m: m["arrays"].pop("loss_mask.npy"), "no arrays.loss_mask.npy record"),
+        (lambda m: m["arrays"]["seq_lines.npy"].pop("crc32"), "no arrays.seq_lines.npy record"),
+        (lambda m: m.update(format_version=3), "format 1 or 2 (format_version=3)"),
+    ],
+)
+def test_malformed_manifest_names_the_file_and_the_key(
+    tmp_path: Path, edit: Any, message: str
+) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(5))
+    pack_offline(source, tmp_path / "out", PackingSpec(256))
+    manifest = manifest_of(tmp_path / "out")
+    edit(manifest)
+    path = tmp_path / "out" / "manifest.json"
+    path.write_text(json.dumps(manifest))
+    for call in (
+        lambda: PackedDataset(tmp_path / "out"),
+        lambda: pack_offline(source, tmp_path / "out", PackingSpec(256)),
+    ):
+        with pytest.raises(ValueError, match=rf"^{path} .*{re.escape(message)}"):
+            call()
