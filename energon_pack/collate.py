@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeAlias
 import torch
 
 from energon_pack.binpack import OVERLONG_FIX, fewest_bins
+from energon_pack.checks import check_config
 from energon_pack.encode import ConversationEncoder
 from energon_pack.hf import HFTarget, batch_model_inputs
 from energon_pack.layout import hf_varlen_kwargs, loss_mask_from_labels, packed_seq_params_kwargs
@@ -205,6 +206,9 @@ class VLMPackingCollator:
             raise ValueError(f"on_media_error must be 'error' or 'skip', got {on_media_error!r}")
         if output not in ("batch", "hf"):
             raise ValueError(f"output must be 'batch' or 'hf', got {output!r}")
+        check_config("layout", layout, RowLayout)
+        check_config("mrope", mrope, MRopeConfig)
+        check_config("encoder", encoder, ConversationEncoder)
         self.encoder = encoder if encoder is not None else ConversationEncoder()
         tokenizer = self.encoder.tokenizer
         if layout is None:

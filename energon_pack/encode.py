@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from energon_pack.checks import check_config, check_type
 from energon_pack.formats import parse_any
 from energon_pack.formats.conversation import placeholder_kinds
 from energon_pack.formats.raw import RawSample
@@ -184,6 +185,13 @@ class ConversationEncoder:
     ) -> None:
         if loss_on not in ("assistant", "all"):
             raise ValueError(f"loss_on must be 'assistant' or 'all', got {loss_on!r}")
+        check_config("media", media, MediaConfig)
+        check_type("system_prompt", system_prompt, str, "a str", fix="pass the prompt's text")
+        if not isinstance(template_system, bool):
+            raise ValueError(
+                f"template_system must be True or False, got {template_system!r}; False uses no "
+                "system prompt where the sample and system_prompt give none"
+            )
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.media = media or MediaConfig()
         self.system_prompt = system_prompt

@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 
+from energon_pack.checks import check_int, check_number, check_type
 from energon_pack.media.guard import helper_pid
 
 logger = logging.getLogger("energon_pack.memory")
@@ -103,16 +104,33 @@ class MonitorConfig:
     warn_buffer_mb: float | None = None
 
     def __post_init__(self) -> None:
-        if self.every_samples < 1:
-            raise ValueError(f"every_samples must be >= 1, got {self.every_samples}")
-        if self.every_seconds <= 0:
-            raise ValueError(f"every_seconds must be > 0, got {self.every_seconds}")
+        check_type(
+            "MonitorConfig.report_dir",
+            self.report_dir,
+            (str, os.PathLike),
+            "a directory path (str)",
+            fix="pass report_dir='rss-report' or None for no report",
+        )
+        check_int(
+            "MonitorConfig.every_samples", self.every_samples, fix="pass e.g. every_samples=32"
+        )
+        check_number(
+            "MonitorConfig.every_seconds", self.every_seconds, fix="pass e.g. every_seconds=2.0"
+        )
         for name in ("warn_rss_mb", "warn_buffer_mb"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be None or > 0, got {value}")
-        if self.warn_growth is not None and self.warn_growth <= 1:
-            raise ValueError(f"warn_growth must be None or > 1, got {self.warn_growth}")
+            check_number(
+                f"MonitorConfig.{name}",
+                getattr(self, name),
+                none_ok=True,
+                fix=f"pass a size in MiB (e.g. {name}=12000) or None for no warning",
+            )
+        check_number(
+            "MonitorConfig.warn_growth",
+            self.warn_growth,
+            above=1.0,
+            none_ok=True,
+            fix="pass a factor above 1 (e.g. warn_growth=1.5) or None for no warning",
+        )
 
 
 KEEP_READINGS = 256

@@ -21,6 +21,8 @@ from typing import Literal, Protocol
 
 import torch
 
+from energon_pack.checks import check_int, check_number
+
 TextAfterVision = Literal["max", "spatial"]
 
 _TEXT, _IMAGE, _VIDEO = 0, 1, 2
@@ -57,16 +59,28 @@ class MRopeConfig:
     text_after_vision: TextAfterVision = "max"
 
     def __post_init__(self) -> None:
-        if isinstance(self.spatial_merge_size, bool) or self.spatial_merge_size < 1:
-            raise ValueError(
-                f"spatial_merge_size must be a positive int, got {self.spatial_merge_size!r}; "
-                "Qwen2-VL and Qwen2.5-VL use 2"
+        for name, token in (
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+        ):
+            check_int(
+                f"MRopeConfig.{name}",
+                getattr(self, name),
+                minimum=0,
+                fix=f"pass the tokenizer's id of {token} (MRopeConfig.from_tokenizer reads it)",
             )
-        if self.tokens_per_second is not None and not self.tokens_per_second > 0:
-            raise ValueError(
-                f"tokens_per_second must be > 0 or None, got {self.tokens_per_second!r}; "
-                "Qwen2.5-VL uses vision_config.tokens_per_second (2 or 25), Qwen2-VL None"
-            )
+        check_int(
+            "MRopeConfig.spatial_merge_size",
+            self.spatial_merge_size,
+            fix="Qwen2-VL and Qwen2.5-VL use 2",
+        )
+        check_number(
+            "MRopeConfig.tokens_per_second",
+            self.tokens_per_second,
+            none_ok=True,
+            fix="Qwen2.5-VL uses vision_config.tokens_per_second (2 or 25), Qwen2-VL None",
+        )
         if self.text_after_vision not in ("max", "spatial"):
             raise ValueError(
                 f"text_after_vision must be 'max' or 'spatial', got {self.text_after_vision!r}"

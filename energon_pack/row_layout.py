@@ -126,6 +126,11 @@ class RowLayout:
             out.append(f"max_segments must be a positive int or None, got {self.max_segments!r}")
         if isinstance(self.pad_token_id, bool) or not isinstance(self.pad_token_id, int):
             out.append(f"pad_token_id must be an int token id, got {self.pad_token_id!r}")
+        elif self.pad_token_id < 0:
+            out.append(
+                f"pad_token_id must be an int token id >= 0, got {self.pad_token_id}; pass the "
+                "tokenizer's pad id (or the id of <|endoftext|>)"
+            )
         for name in ("pad_to_max_length", "pad_cu_seqlens"):
             if not isinstance(getattr(self, name), bool):
                 out.append(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -24,6 +24,7 @@ from megatron.energon.flavors.base_dataset import Sample, SavableDataset
 from megatron.energon.worker import WorkerConfig
 
 from energon_pack.binpack import OnlineBinPacker, Overlong
+from energon_pack.checks import check_config, check_int, check_number
 from energon_pack.collate import PackingWarning
 from energon_pack.encode import ConversationEncoder, LossOn, Tokenizer
 from energon_pack.energon.carry_over import CarryOverPackingDataset, PackingStats, RejectedSample
@@ -202,6 +203,25 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             raise ValueError(f"decode must be 'lazy' or 'eager', got {decode!r}")
         if overlong not in ("error", "skip"):
             raise ValueError(f"overlong must be 'error' or 'skip', got {overlong!r}")
+        check_config("media", media, MediaConfig)
+        check_config("monitor", monitor, MonitorConfig)
+        check_config("mrope", mrope, MRopeConfig)
+        check_int(
+            "max_wait",
+            max_wait,
+            minimum=0,
+            none_ok=True,
+            fix="pass e.g. max_wait=64 (None: unbounded)",
+        )
+        check_number("min_fill", min_fill, at_most=1.0, fix="pass e.g. min_fill=0.999")
+        # the name OnlineBinPacker's own check of it uses
+        check_int("max_bytes (packing_buffer_bytes)", packing_buffer_bytes, none_ok=True)
+        check_int(
+            "max_consecutive_skips",
+            max_consecutive_skips,
+            minimum=0,
+            fix="pass e.g. max_consecutive_skips=100, or 0 to never stop",
+        )
         self.media = media or MediaConfig()
         # JSON/text parsed; media stay compressed, decoded late
         self.decoder = MediaKeepingDecoder(self.media.max_json_bytes)

@@ -8,9 +8,10 @@ Defaults follow the Qwen2-VL processors; :func:`smart_resize` is their sizing ru
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Literal
 
+from energon_pack.checks import check_int, check_number, check_numbers
 from energon_pack.media.errors import MediaFailure
 
 if TYPE_CHECKING:
@@ -47,6 +48,24 @@ Isolation = Literal["process", "off"]
 """``"process"``: native decoding in the helper process; ``"off"``: in the calling process."""
 PixelDtype = Literal["float32", "uint8"]
 PIXEL_DTYPES: tuple[PixelDtype, ...] = ("float32", "uint8")
+_INT_FIELDS = (
+    "patch_size",
+    "merge_size",
+    "temporal_patch_size",
+    "min_pixels",
+    "max_pixels",
+    "video_min_frames",
+    "video_max_frames",
+    "video_min_pixels",
+    "video_max_pixels",
+    "video_total_pixels",
+    "max_image_pixels",
+    "max_images_per_sample",
+    "max_video_source_frames",
+    "max_json_bytes",
+    "max_json_depth",
+)
+_FLOAT_FIELDS = ("video_fps", "max_video_seconds", "decode_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -104,33 +123,31 @@ class MediaConfig:
                 f"{self.pixel_dtype!r}; use 'uint8' to ship raw pixels and normalise them in the "
                 "training step with energon_pack.media.normalize_pixels"
             )
-        positive = {
-            "patch_size": self.patch_size,
-            "merge_size": self.merge_size,
-            "temporal_patch_size": self.temporal_patch_size,
-            "min_pixels": self.min_pixels,
-            "max_pixels": self.max_pixels,
-            "video_fps": self.video_fps,
-            "video_min_frames": self.video_min_frames,
-            "video_max_frames": self.video_max_frames,
-            "video_min_pixels": self.video_min_pixels,
-            "video_max_pixels": self.video_max_pixels,
-            "video_total_pixels": self.video_total_pixels,
-            "max_image_pixels": self.max_image_pixels,
-            "max_images_per_sample": self.max_images_per_sample,
-            "max_video_source_frames": self.max_video_source_frames,
-            "max_video_seconds": self.max_video_seconds,
-            "decode_timeout_s": self.decode_timeout_s,
-            "max_json_bytes": self.max_json_bytes,
-            "max_json_depth": self.max_json_depth,
-        }
-        for name, value in positive.items():
-            if not value > 0:
-                raise ValueError(f"MediaConfig.{name} must be > 0, got {value}")
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in _INT_FIELDS:
+            fix = f"pass an int >= 1, e.g. {name}={defaults[name]!r} (the default)"
+            check_int(f"MediaConfig.{name}", getattr(self, name), fix=fix)
+        for name in _FLOAT_FIELDS:
+            fix = f"pass a finite number > 0, e.g. {name}={defaults[name]!r} (the default)"
+            check_number(f"MediaConfig.{name}", getattr(self, name), fix=fix)
+        check_numbers(
+            "MediaConfig.image_mean",
+            self.image_mean,
+            length=3,
+            fix="pass the (R, G, B) means of the model's processor, e.g. OPENAI_CLIP_MEAN",
+        )
+        check_numbers(
+            "MediaConfig.image_std",
+            self.image_std,
+            length=3,
+            above=0.0,
+            fix="pass the (R, G, B) standard deviations of the model's processor, e.g. "
+            "OPENAI_CLIP_STD (pixels are divided by them)",
+        )
         if self.decode_isolation not in ("process", "off"):
             raise ValueError(
                 f"MediaConfig.decode_isolation must be 'process' or 'off', got "
-                f"{self.decode_isolation!r}"
+                f"{self.decode_isolation!r}; 'process' guards against native decoder crashes"
             )
         if self.min_pixels > self.max_pixels:
             raise ValueError(
