@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from numbers import Integral, Real
 from typing import TypeGuard
 
-__all__ = ["check_config", "check_int", "check_number", "check_numbers", "check_type"]
+__all__ = [
+    "check_choice",
+    "check_config",
+    "check_int",
+    "check_number",
+    "check_numbers",
+    "check_type",
+]
 
 
 def check_int(
@@ -66,6 +73,14 @@ def check_type(
     if value is None or isinstance(value, kind):
         return
     raise ValueError(_message(name, value, what, True, fix or f"pass {what}"))
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """``value`` is one of ``choices`` (a setting's Literal values)."""
+    if value in choices:
+        return
+    listed = ", ".join(map(repr, choices[:-1])) + f" or {choices[-1]!r}"
+    raise ValueError(f"{name} must be {listed}, got {value!r}")
 
 
 def check_config(name: str, value: object, kind: type) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeAlias
 import torch
 
 from energon_pack.binpack import OVERLONG_FIX, fewest_bins
-from energon_pack.checks import check_config
+from energon_pack.checks import check_choice, check_config
 from energon_pack.encode import ConversationEncoder
 from energon_pack.hf import HFTarget, batch_model_inputs
 from energon_pack.layout import hf_varlen_kwargs, loss_mask_from_labels, packed_seq_params_kwargs
@@ -200,12 +200,9 @@ class VLMPackingCollator:
         output: Output = "batch",
         hf_model: Any = None,
     ) -> None:
-        if overlong not in ("error", "skip", "truncate"):
-            raise ValueError(f"overlong must be 'error', 'skip' or 'truncate', got {overlong!r}")
-        if on_media_error not in ("error", "skip"):
-            raise ValueError(f"on_media_error must be 'error' or 'skip', got {on_media_error!r}")
-        if output not in ("batch", "hf"):
-            raise ValueError(f"output must be 'batch' or 'hf', got {output!r}")
+        check_choice("overlong", overlong, ("error", "skip", "truncate"))
+        check_choice("on_media_error", on_media_error, ("error", "skip"))
+        check_choice("output", output, ("batch", "hf"))
         check_config("layout", layout, RowLayout)
         check_config("mrope", mrope, MRopeConfig)
         check_config("encoder", encoder, ConversationEncoder)

@@ -18,7 +18,7 @@ import torch
 
 from energon_pack.checks import check_config, check_type
 from energon_pack.formats import parse_any
-from energon_pack.formats.conversation import placeholder_kinds
+from energon_pack.formats.conversation import check_placeholders
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import (
     Frames,
@@ -231,7 +231,7 @@ class ConversationEncoder:
         """
         check_media_count(raw.key, len(raw.media), self.media)
         turns = [(self._role(raw.key, role), content) for role, content in raw.turns]
-        _check_placeholders(raw.key, turns, raw.media)
+        check_placeholders(raw.key, turns, raw.media)
         media = tuple(self._probe(raw.key, member, kind, data) for member, kind, data in raw.media)
         ids: list[int] = []
         mask: list[int] = []
@@ -359,21 +359,3 @@ class ConversationEncoder:
             return MediaItem(member, kind, data, probe.grid_thw, probe.tokens)
         video = probe_video(data, self.media, key=key, member=member)
         return MediaItem(member, kind, data, video.grid_thw, video.tokens, video.second_per_grid_t)
-
-
-def _check_placeholders(
-    key: str,
-    turns: Sequence[tuple[str, str]],
-    media: Sequence[tuple[str, Literal["image", "video"], bytes | Frames]],
-) -> None:
-    """The turns' ``<image>``/``<video>`` placeholders take the media one to one, in order."""
-    kinds = placeholder_kinds(turns)
-    given = [kind for _, kind, _ in media]
-    if kinds != given:
-        raise MediaError(
-            key,
-            "json",
-            "placeholder_mismatch",
-            f"the turns have placeholders {kinds} but the media are of kinds {given}; make the "
-            "<image>/<video> placeholders of the turns match the media in order",
-        )

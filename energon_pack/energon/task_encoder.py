@@ -24,7 +24,7 @@ from megatron.energon.flavors.base_dataset import Sample, SavableDataset
 from megatron.energon.worker import WorkerConfig
 
 from energon_pack.binpack import OnlineBinPacker, Overlong
-from energon_pack.checks import check_config, check_int, check_number
+from energon_pack.checks import check_choice, check_config, check_int, check_number
 from energon_pack.collate import PackingWarning
 from energon_pack.encode import ConversationEncoder, LossOn, Tokenizer
 from energon_pack.energon.carry_over import CarryOverPackingDataset, PackingStats, RejectedSample
@@ -199,10 +199,8 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         loss_on: LossOn = "assistant",
     ) -> None:
         super().__init__()
-        if decode not in ("lazy", "eager"):
-            raise ValueError(f"decode must be 'lazy' or 'eager', got {decode!r}")
-        if overlong not in ("error", "skip"):
-            raise ValueError(f"overlong must be 'error' or 'skip', got {overlong!r}")
+        check_choice("decode", decode, ("lazy", "eager"))
+        check_choice("overlong", overlong, ("error", "skip"))
         check_config("media", media, MediaConfig)
         check_config("monitor", monitor, MonitorConfig)
         check_config("mrope", mrope, MRopeConfig)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from energon_pack.media.errors import MediaError
 
-__all__ = ["conversation_turns", "placeholder_kinds", "turn_text"]
+__all__ = ["check_placeholders", "conversation_turns", "placeholder_kinds", "turn_text"]
 
 _PLACEHOLDER = re.compile(r"<(image|video)>")
 _MEDIA_PARTS = {"image": "<image>", "image_url": "<image>", "video": "<video>"}
@@ -68,3 +68,23 @@ def _short(value: Any, limit: int = 80) -> str:
 def placeholder_kinds(turns: Sequence[tuple[str, str]]) -> list[str]:
     """``"image"`` / ``"video"`` for each ``<image>`` / ``<video>`` of the turns, in order."""
     return [match.group(1) for _, text in turns for match in _PLACEHOLDER.finditer(text)]
+
+
+def check_placeholders(
+    key: str,
+    turns: Sequence[tuple[str, str]],
+    media: Sequence[tuple[str, Literal["image", "video"], object]],
+) -> None:
+    """The turns' ``<image>``/``<video>`` placeholders take the ``(member, kind, payload)``
+    media one to one, in order; else a ``placeholder_mismatch`` naming both."""
+    placeholders = placeholder_kinds(turns)
+    kinds = [kind for _, kind, _ in media]
+    if placeholders != kinds:
+        raise MediaError(
+            key,
+            "json",
+            "placeholder_mismatch",
+            f"{len(placeholders)} placeholders {placeholders} but {len(media)} media members "
+            f"{[name for name, _, _ in media]} of kinds {kinds}; make the <image>/<video> "
+            "placeholders match the media members in order",
+        )

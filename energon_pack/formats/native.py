@@ -11,18 +11,16 @@ match the media members one to one.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
+from energon_pack.formats.conversation import check_placeholders
 from energon_pack.formats.raw import RawSample
 from energon_pack.media.config import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, MediaConfig
 from energon_pack.media.errors import MediaError, media_errors
 from energon_pack.media.probe import media_kind
 
 __all__ = ["load_json", "parse_sample"]
-
-_PLACEHOLDER = re.compile(r"<(image|video)>")
 
 
 def parse_sample(
@@ -60,17 +58,7 @@ def _parse(key: str, sample: Mapping[str, Any], config: MediaConfig) -> RawSampl
         if not isinstance(data, (bytes, bytearray)):
             raise MediaError(key, name, "bad_sample", f"member is {type(data).__name__}, not bytes")
         media.append((name, kind, bytes(data)))
-    placeholders = [m.group(1) for _, content in turns for m in _PLACEHOLDER.finditer(content)]
-    kinds = [kind for _, kind, _ in media]
-    if placeholders != kinds:
-        raise MediaError(
-            key,
-            "json",
-            "placeholder_mismatch",
-            f"{len(placeholders)} placeholders {placeholders} but {len(media)} media members "
-            f"{[name for name, _, _ in media]} of kinds {kinds}; make the <image>/<video> "
-            "placeholders match the media members in order",
-        )
+    check_placeholders(key, turns, media)
     return RawSample(key, turns, system, tuple(media))
 
 
