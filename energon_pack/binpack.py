@@ -464,7 +464,7 @@ class OnlineBinPacker:
         state = _checked_dict(state, "packer state", _STATE_KEYS)
         if state["version"] != _STATE_VERSION:
             raise ValueError(
-                f"packer state version {state['version']!r} is not {_STATE_VERSION}; it was "
+                f"packer state version={state['version']!r} must be {_STATE_VERSION}; it was "
                 "saved by an incompatible energon_pack: restore with that version or start a "
                 "fresh run"
             )

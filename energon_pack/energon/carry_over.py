@@ -49,7 +49,14 @@ from megatron.energon.wrappers.buffer import SavableSampleBuffer
 from megatron.energon.wrappers.map_dataset import MapDataset
 from megatron.energon.wrappers.shuffle_buffer_dataset import ShuffleBufferDataset
 
-from energon_pack.binpack import OVERLONG_FIX, Bin, OnlineBinPacker, Overlong, overlong_message
+from energon_pack.binpack import (
+    OVERLONG_FIX,
+    Bin,
+    OnlineBinPacker,
+    Overlong,
+    aligned_length,
+    overlong_message,
+)
 from energon_pack.fingerprint import check_fingerprint, settings_fingerprint
 from energon_pack.memory import BufferSnapshot, MonitorConfig, RSSMonitor
 from energon_pack.packed import SkippedSample, pack_dropping_failures
@@ -248,10 +255,13 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         return self._packer.packer
 
     def __iter__(self) -> Iterator[T_pack]:
-        if not self._restored:  # a new pass over the data, not a resume
+        restored = self._restored
+        if not restored:  # a new pass over the data, not a resume
             self._source_done = False
         self._restored = False
         self._buffer.worker_start()
+        if restored:
+            self._check_restored_lengths()
         monitor = None
         if self.monitor_config is not None:
             worker = self.worker_config.rank_worker_id()
@@ -288,6 +298,27 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             with self._pack_index.ctx() as pack_index:
                 empty = self._pack([])
             yield self._emit(empty, [], pack_index)
+
+    def _check_restored_lengths(self) -> None:
+        """Once the buffered samples are read back: each held candidate's saved length must be
+        its sample's, and each pending pack must fit a row (ValueError by field otherwise)."""
+        packer = self.packer
+        position = {seq: index for index, seq in enumerate(self._buffer_seqs)}
+        lengths = {seq: self._length(self._buffer[index]) for seq, index in position.items()}
+        for index, (seq, length, *_) in enumerate(packer.state_dict()["held"]):
+            if lengths[seq] != length:
+                sample = _key(self._buffer[position[seq]])
+                raise ValueError(
+                    f"cannot resume the packing state: _packer.held[{index}].length={length}, "
+                    f"but its buffered sample {sample!r} has {lengths[seq]} tokens; {_STATE_FIX}"
+                )
+        for index, seqs in enumerate(self._pending):
+            used = sum(aligned_length(lengths[seq], packer.align) for seq in seqs)
+            if used > packer.capacity:
+                raise ValueError(
+                    f"cannot resume the packing state: _pending[{index}]={seqs} needs {used} "
+                    f"tokens, above seq_length={packer.capacity}; {_STATE_FIX}"
+                )
 
     def _overlong(self, sample: T_sample, length: int) -> bool:
         """Whether the sample cannot fit a pack; raises or skips it per ``overlong``."""

@@ -70,8 +70,8 @@ def check_loader_state(loader: SavableDataLoader[Any], state: SavableDataLoaderS
         )
     if not num_workers and len(worker_states) != 1:
         raise ValueError(
-            f"the loader state's worker_states holds {len(worker_states)} FlexStates, a loader "
-            f"without workers saves exactly one; {_STATE_FIX}"
+            f"the loader state's worker_states=<{len(worker_states)} FlexStates> must be exactly "
+            f"one (a loader without workers saves one); {_STATE_FIX}"
         )
     next_worker = state.next_worker_id
     if not _is_int(next_worker) or not 0 <= next_worker < max(num_workers, 1):
