@@ -491,10 +491,9 @@ class OnlineBinPacker:
             )
         if len(value) >= self.buffer_size:
             _corrupt(
-                "held",
-                f"<{len(value)} candidates>",
-                f"must hold fewer than "
-                f"buffer_size={self.buffer_size} candidates (the packer emits at that count)",
+                "len(held)",
+                len(value),
+                f"must be below buffer_size={self.buffer_size} (the packer emits at that count)",
             )
         held: list[_Candidate] = []
         keys: set[Key] = set()
@@ -529,7 +528,7 @@ class OnlineBinPacker:
             held.append(_Candidate(key, length, units, pushed_at, deadline_bin, nbytes))
         total = sum(c.nbytes for c in held)
         if self.max_bytes is not None and total > self.max_bytes:
-            _corrupt("held", f"<{total} bytes>", f"must hold at most max_bytes={self.max_bytes}")
+            _corrupt("held nbytes", total, f"must sum to at most max_bytes={self.max_bytes}")
         return held
 
     def _check_deadline_bins(

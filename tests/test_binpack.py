@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import os
@@ -418,3 +419,82 @@ def test_fewest_bins_is_optimal_on_small_inputs(lengths: list[int], capacity: in
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in g) <= capacity for g in groups)
     assert len(groups) == _optimal_bins(lengths, capacity)
+
+
+def _held_state() -> dict[str, Any]:
+    """A state with three held candidates (max_wait 4, capacity 100, align 4)."""
+    packer = OnlineBinPacker(100, 8, align=4, max_wait=4, min_fill=1.0)
+    for key, length in enumerate([50, 30, 7]):
+        packer.push(key, length, nbytes=10)
+    assert packer.held == 3
+    return packer.state_dict()
+
+
+def _with(state: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(state)
+    node = out
+    for key in path[:-1]:
+        node = node[key]
+    if value is _DROP:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return out
+
+
+_DROP = object()
+
+TAMPERED = [
+    (("held", 1, 1), -1, r"held\[1\]\.length=-1 must be an int in \[1, 100\]"),
+    (("held", 1, 1), 0, r"held\[1\]\.length=0 must be"),
+    (("held", 1, 1), 101, r"held\[1\]\.length=101 must be an int in \[1, 100\]"),
+    (("held", 1, 1), "30", r"held\[1\]\.length='30' must be an int"),
+    (("held", 1, 1), 2**70, r"held\[1\]\.length=\d+ must be"),
+    (("held", 1, 0), 0, r"held\[1\]\.key=0 must be unique"),
+    (("held", 1, 0), None, r"held\[1\]\.key=None must be a str or int"),
+    (("held", 1, 0), True, r"held\[1\]\.key=True must be a str or int"),
+    (("held", 1, 2), -3, r"held\[1\]\.pushed_at=-3 must be"),
+    (("held", 1, 3), 99, r"held\[1\]\.deadline_bin=99 must be"),
+    (("held", 1, 4), -5, r"held\[1\]\.nbytes=-5 must be"),
+    (("held", 1), [1, 30, 0], r"held\[1\]=\[1, 30, 0\] must be \[key, length"),
+    (("held",), None, r"held=None must be a list"),
+    (("held",), [[k, 10, 0, 0, 0] for k in range(8)], r"len\(held\)=8 must be below buffer_size=8"),
+    (("emitted",), -1, r"emitted=-1 must be an int"),
+    (("emitted",), 1.0, r"emitted=1.0 must be an int"),
+    (("next_deadline_bin",), None, r"next_deadline_bin=None must be an int"),
+    (("deadline_bins",), [0, 0], r"deadline_bins=\[0, 0\] must list each deadline bin"),
+    (("deadline_bins",), "0", r"deadline_bins='0' must be a list of ints"),
+    (("stats", "bins"), 5, r"stats\.bins=5 must equal emitted=0"),
+    (("stats", "items"), "0", r"stats\.items='0' must be an int"),
+    (("stats", "emitted_by", "fill"), -1, r"stats\.emitted_by\.fill=-1 must be"),
+    (("stats", "emitted_by", "late"), 0, r"stats\.emitted_by must have the keys .*'late'"),
+    (("stats", "capacity"), 50, r"stats\.capacity=50 must be capacity=100"),
+    (("stats", "total_wait"), _DROP, r"stats must have the keys .*missing \['total_wait'\]"),
+    (("stats",), [], r"stats must be a dict"),
+    (("settings",), None, r"settings must be a dict"),
+    (("settings", "align"), True, r"was saved with align=True but this packer has align=4"),
+    (("held", 0, 0), "k", None),  # a str key is fine
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), TAMPERED)
+def test_a_tampered_packer_state_is_refused_by_field_and_changes_nothing(
+    path: tuple[Any, ...], value: Any, message: str | None
+) -> None:
+    state = _with(_held_state(), path, value)
+    packer = OnlineBinPacker(100, 8, align=4, max_wait=4, min_fill=1.0)
+    packer.push("x", 20)
+    kept = packer.state_dict()
+    if message is None:
+        packer.load_state_dict(state)
+        assert [b.keys for b in packer.flush()] == [("k", 1, 2)]
+        return
+    with pytest.raises(ValueError, match=rf"^packer state:? {message}.*start a fresh run"):
+        packer.load_state_dict(state)
+    assert packer.state_dict() == kept, "a refused state changed the packer"
+
+
+@pytest.mark.parametrize("state", [None, [], "x", {"version": 2}])
+def test_a_packer_state_of_the_wrong_shape_is_refused(state: Any) -> None:
+    with pytest.raises(ValueError, match=r"^packer state must (be a dict|have the keys)"):
+        OnlineBinPacker(100, 8).load_state_dict(state)

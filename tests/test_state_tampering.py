@@ -122,7 +122,9 @@ PACKERS = [
     {"capacity": 100, "buffer_size": 5, "max_wait": None, "min_fill": 1.0, "max_bytes": 500},
     {"capacity": 1024, "buffer_size": 16, "align": 8},
 ]
-FIELD = re.compile(r"^packer state(: [\w.\[\]]+(=| must )| version=| was saved with \w+=| must )")
+FIELD = re.compile(
+    r"^packer state(: [\w.\[\]() ]+(=| must )| version=| was saved with \w+=| must )"
+)
 
 
 def _stream(rng: random.Random, capacity: int, count: int) -> list[tuple[int, int]]:
