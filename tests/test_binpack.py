@@ -498,3 +498,44 @@ def test_a_tampered_packer_state_is_refused_by_field_and_changes_nothing(
 def test_a_packer_state_of_the_wrong_shape_is_refused(state: Any) -> None:
     with pytest.raises(ValueError, match=r"^packer state must (be a dict|have the keys)"):
         OnlineBinPacker(100, 8).load_state_dict(state)
+
+
+def test_held_candidates_out_of_push_order_are_refused() -> None:
+    packer = OnlineBinPacker(100, 8, max_wait=4, min_fill=1.0)
+    for key, length in enumerate([60, 40, 50, 30]):  # 60 + 40 leave: 50 and 30 pushed after
+        packer.push(key, length)
+    state = packer.state_dict()
+    assert [c[2] for c in state["held"]] == [1, 1]
+    state["held"][0][2] = 2
+    state["held"][1][2] = 1
+    with pytest.raises(ValueError, match=r"held\[0\]\.pushed_at=2 must be an int in \[0, 1\]"):
+        OnlineBinPacker(100, 8, max_wait=4, min_fill=1.0).load_state_dict(state)
+    state["held"][0][2] = 1
+    state["held"][1][2] = 0
+    with pytest.raises(ValueError, match=r"held\[1\]\.pushed_at=0 must be an int in \[1, 1\]"):
+        OnlineBinPacker(100, 8, max_wait=4, min_fill=1.0).load_state_dict(state)
+
+
+def test_deadline_bins_that_cannot_all_leave_in_time_are_refused() -> None:
+    packer = OnlineBinPacker(100, 8, max_wait=2, min_fill=1.0)
+    packer.push(0, 60)
+    packer.push(1, 60)  # a second deadline bin, same deadline (2)
+    state = packer.state_dict()
+    state["emitted"] = 2  # both must now leave in the next bin: impossible
+    state["stats"].update(bins=2, items=2, aligned_tokens=100, real_tokens=100)
+    state["stats"]["emitted_by"]["fill"] = 2
+    with pytest.raises(ValueError, match=r"deadline_bins=\[0, 1\] must be emittable in deadline"):
+        OnlineBinPacker(100, 8, max_wait=2, min_fill=1.0).load_state_dict(state)
+
+
+def test_held_bytes_above_max_bytes_and_bool_settings_are_refused() -> None:
+    packer = OnlineBinPacker(100, 8, max_wait=None, min_fill=1.0, max_bytes=100)
+    packer.push(0, 10, nbytes=60)
+    state = packer.state_dict()
+    state["held"][0][4] = 101
+    with pytest.raises(ValueError, match=r"held nbytes=101 must sum to at most max_bytes=100"):
+        OnlineBinPacker(100, 8, max_wait=None, min_fill=1.0, max_bytes=100).load_state_dict(state)
+    state = OnlineBinPacker(100, 8).state_dict()
+    state["settings"]["align"] = True  # == 1, but not the saved setting
+    with pytest.raises(ValueError, match=r"saved with align=True but this packer has align=1"):
+        OnlineBinPacker(100, 8).load_state_dict(state)

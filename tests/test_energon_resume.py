@@ -306,10 +306,12 @@ def test_row_settings_are_checked_at_construction(settings: dict[str, Any], mess
 
 # ------------------------------------------------------------ saved states checked on restore
 SMALL_SAMPLES = 60
+SMALL_LENGTHS = [120, 300, 500, 80, 700, 260, 410, 950, 40, 1000, 30]
+"""Token lengths, cycled: sample 53 has 1000 tokens; pending packs occur."""
 
 
 def small_dataset(root: Path, samples: int = SMALL_SAMPLES) -> Path:
-    lengths = itertools.islice(itertools.cycle([120, 300, 500, 80, 700, 260, 410]), samples)
+    lengths = itertools.islice(itertools.cycle(SMALL_LENGTHS), samples)
     return text_dataset(root, list(lengths))
 
 
@@ -485,3 +487,61 @@ def test_a_state_without_the_dataset_identity_restores_with_a_warning(
     warnings = [r for r in caplog.records if "without the dataset's identity" in r.getMessage()]
     assert len(warnings) == 1
     assert [resumed.step()[0] for _ in range(5)] == [expected.step()[0] for _ in range(5)]
+
+
+@pytest.fixture(scope="module")
+def pending_state(small_path: Path) -> Any:
+    """A state with a chosen pack not yet yielded."""
+    run = LoaderRun(small_path, **PENDING)
+    first_checkpoint(run, "pending")
+    return run.save()
+
+
+def test_a_seq_pending_twice_is_refused(small_path: Path, pending_state: Any) -> None:
+    def twice(packing: dict[str, Any]) -> None:
+        packing["_pending"].append([packing["_pending"][0][0]])
+
+    state = tampered(pending_state, twice)
+    with pytest.raises(ValueError, match=r"_pending\[\d+\]\[0\]=\d+ must be pending once"):
+        restore_state_rank(LoaderRun(small_path, **PENDING).loader, state)
+
+
+def test_pending_packs_that_do_not_fit_a_row_are_refused_once_read(
+    small_path: Path, pending_state: Any
+) -> None:
+    def overfull(packing: dict[str, Any]) -> None:
+        packing["_buffer"]["_restore_keys"].append(_with_index(packing, 53))  # 1000 tokens
+        packing["_buffer_seqs"].append(packing["_next_seq"])
+        packing["_pending"][-1].append(packing["_next_seq"])
+        packing["_next_seq"] += 1
+
+    run = LoaderRun(small_path, **PENDING)
+    restore_state_rank(run.loader, tampered(pending_state, overfull))
+    with pytest.raises(ValueError, match=r"_pending\[\d+\]=\[.*\] needs \d+ tokens, above seq"):
+        run.step()
+
+
+def test_a_buffered_sample_neither_held_nor_pending_is_refused(
+    small_path: Path, carried_state: Any
+) -> None:
+    def lost(packing: dict[str, Any]) -> None:
+        packing["_buffer"]["_restore_keys"].append(_with_index(packing, 59))
+        packing["_buffer_seqs"].append(packing["_next_seq"])
+        packing["_next_seq"] += 1
+
+    with pytest.raises(ValueError, match=r"_buffer_seqs=.* \[\d+\] are neither"):
+        restore_state_rank(LoaderRun(small_path, **PENDING).loader, tampered(carried_state, lost))
+
+
+def test_a_held_length_that_is_not_the_samples_is_refused_once_read(
+    small_path: Path, carried_state: Any
+) -> None:
+    def longer(packing: dict[str, Any]) -> None:
+        packing["_packer"]["held"][0][1] += 1
+
+    run = LoaderRun(small_path, **PENDING)
+    restore_state_rank(run.loader, tampered(carried_state, longer))
+    with pytest.raises(
+        ValueError, match=r"_packer\.held\[0\]\.length=\d+, but its buffered sample"
+    ):
+        run.step()

@@ -490,8 +490,9 @@ def _webdataset_leaves(node: Any) -> Iterator[WebdatasetSampleLoaderDataset]:
             yield from _webdataset_leaves(inner)
 
 
-def _restore_key_problem(node: Any, key: tuple[Any, ...]) -> str | None:
-    """What is wrong with the restore ``key`` of a sample of ``node`` (None: nothing found).
+def _restore_key_problem(node: Any, key: tuple[Any, ...], sizes: dict[int, int]) -> str | None:
+    """What is wrong with the restore ``key`` of a sample of ``node`` (None: nothing found);
+    ``sizes`` caches the number of samples of each WebDataset source by ``id``.
 
     Follows the key through the Energon datasets whose layout is known: ``MapDataset`` adds
     its name and sample index (and the item index of a generator), a wrapper of several
@@ -500,7 +501,9 @@ def _restore_key_problem(node: Any, key: tuple[Any, ...]) -> str | None:
     while True:
         name = type(node).__name__
         if isinstance(node, WebdatasetSampleLoaderDataset):
-            total = min((len(reader) for reader in node.join_readers), default=0)
+            if id(node) not in sizes:
+                sizes[id(node)] = min((len(reader) for reader in node.join_readers), default=0)
+            total = sizes[id(node)]
             if len(key) != 2 or key[0] != "Webdataset":
                 return f"must end with ('Webdataset', index), not {key!r}"
             if not _is_int(key[1]) or not 0 <= key[1] < total:
@@ -544,6 +547,7 @@ class _StateCheck:
         self.wrapper = wrapper
         self.state = state
         self.what = what
+        self.sizes: dict[int, int] = {}
 
     def fail(self, name: str, value: object, rule: str) -> NoReturn:
         shown = repr(value)
@@ -625,7 +629,7 @@ class _StateCheck:
                     f"must be unique: it is also _buffer._restore_keys[{first}] "
                     "(that sample would be delivered twice)",
                 )
-            problem = _restore_key_problem(self.wrapper.dataset, key)
+            problem = _restore_key_problem(self.wrapper.dataset, key, self.sizes)
             if problem is not None:
                 self.fail(name, key, problem)
         return list(seen)
@@ -663,10 +667,10 @@ class _StateCheck:
                 self.fail(f"_packer.held[{index}].key", key, "must be an int (a buffered seq)")
         return [int(key) for key in packer.held_keys]
 
-    def pending(self, value: object, buffered: set[int]) -> list[int]:
+    def pending(self, value: object, buffered: set[int]) -> set[int]:
         if not isinstance(value, list):
             self.fail("_pending", value, "must be a list of packs (lists of seqs)")
-        out: list[int] = []
+        out: set[int] = set()
         for index, pack in enumerate(value):
             name = f"_pending[{index}]"
             if not isinstance(pack, list) or not pack:
@@ -679,10 +683,10 @@ class _StateCheck:
                     self.fail(
                         f"{name}[{position}]", seq, "must be pending once (it is listed twice)"
                     )
-                out.append(seq)
+                out.add(seq)
         return out
 
-    def consistent(self, seqs: list[int], held: list[int], pending: list[int]) -> None:
+    def consistent(self, seqs: list[int], held: list[int], pending: set[int]) -> None:
         buffered = set(seqs)
         for index, key in enumerate(held):
             if key not in buffered:
@@ -691,7 +695,7 @@ class _StateCheck:
                 )
             if key in pending:
                 self.fail(f"_packer.held[{index}].key", key, "must not also be pending (_pending)")
-        lost = sorted(buffered - set(held) - set(pending))
+        lost = sorted(buffered - set(held) - pending)
         if lost:
             self.fail(
                 "_buffer_seqs",
