@@ -24,11 +24,12 @@ Emitted bins list their keys in stream order. Same pushes and settings give the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, NoReturn, TypeAlias
 
 logger = logging.getLogger("energon_pack.binpack")
 
@@ -76,6 +77,55 @@ def overlong_message(key: object, length: int, align: int, capacity: int) -> str
         f"sample {key!r} has {length} tokens ({aligned_length(length, align)} after padding to a "
         f"multiple of {align}), above seq_length={capacity}"
     )
+
+
+_STATE_KEYS = (
+    "version",
+    "settings",
+    "emitted",
+    "next_deadline_bin",
+    "held",
+    "deadline_bins",
+    "stats",
+)
+_EMIT_REASONS = ("fill", "buffer", "deadline", "flush")
+_STATE_INT_MAX = 2**63 - 1
+_STATE_FIX = (
+    "the state is corrupt or was edited: restore an untouched checkpoint, or start a fresh run"
+)
+
+
+def _corrupt(name: str, value: object, rule: str) -> NoReturn:
+    """Raise the ValueError of a bad field of a packer state."""
+    shown = repr(value)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    raise ValueError(f"packer state: {name}={shown} {rule}; {_STATE_FIX}")
+
+
+def _checked_dict(value: object, what: str, names: Sequence[str]) -> dict[str, Any]:
+    """``value`` if it is a dict with exactly the keys ``names``; ValueError otherwise."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a dict, got {type(value).__name__}; {_STATE_FIX}")
+    missing = [name for name in names if name not in value]
+    extra = [name for name in value if name not in names]
+    if missing or extra:
+        raise ValueError(
+            f"{what} must have the keys {list(names)}: missing {missing}, unknown {extra}; "
+            f"{_STATE_FIX}"
+        )
+    return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _state_int(value: object, name: str, low: int = 0, high: int = _STATE_INT_MAX) -> int:
+    """``value`` if it is an int in ``[low, high]``; ValueError naming the field otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        _corrupt(name, value, f"must be an int in [{low}, {high}]")
+    return value
 
 
 class _MaxTree:
@@ -391,40 +441,168 @@ class OnlineBinPacker:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict`; the packer then emits exactly what the original would."""
-        if state.get("version") != _STATE_VERSION:
+        """Restore a :meth:`state_dict`; the packer then emits exactly what the original would.
+
+        The whole state is checked first (structure, types, ranges, consistency); a bad state
+        raises ValueError naming the field and leaves the packer unchanged."""
+        held, stats = self._checked_state(state)
+        self._reset()
+        self.stats = stats
+        self._emitted = state["emitted"]
+        self._next_deadline_bin = state["next_deadline_bin"]
+        self._held = held
+        self._held_bytes = sum(c.nbytes for c in held)
+        if self.max_wait is not None:
+            # Best fit breaks ties by the deadline bins' order: rebuild them in the saved order.
+            self._deadline_bins = {bin_id: _DeadlineBin() for bin_id in state["deadline_bins"]}
+            for cand in held:
+                self._deadline_bins[cand.deadline_bin].add(cand)
+        self._rebuild_prefix(0)
+
+    def _checked_state(self, state: object) -> tuple[list[_Candidate], PackerStats]:
+        """The held candidates and stats of ``state``, once every field of it is valid."""
+        state = _checked_dict(state, "packer state", _STATE_KEYS)
+        if state["version"] != _STATE_VERSION:
             raise ValueError(
-                f"packer state version {state.get('version')!r} is not {_STATE_VERSION}; "
-                "it was saved by an incompatible energon_pack"
+                f"packer state version={state['version']!r} must be {_STATE_VERSION}; it was "
+                "saved by an incompatible energon_pack: restore with that version or start a "
+                "fresh run"
             )
+        saved_settings = _checked_dict(
+            state["settings"], "packer state: settings", tuple(self._settings())
+        )
         for name, value in self._settings().items():
-            saved = state["settings"].get(name)
-            if saved != value:
+            saved = saved_settings[name]
+            if saved != value or isinstance(saved, bool) != isinstance(value, bool):
                 raise ValueError(
                     f"packer state was saved with {name}={saved!r} but this packer has "
                     f"{name}={value!r}; restore with the same setting or start a fresh run"
                 )
-        self._reset()
-        self.stats = PackerStats(**state["stats"])
-        self._emitted = state["emitted"]
-        self._next_deadline_bin = state["next_deadline_bin"]
-        for key, length, pushed_at, deadline_bin, nbytes in state["held"]:
+        emitted = _state_int(state["emitted"], "emitted")
+        next_bin = _state_int(state["next_deadline_bin"], "next_deadline_bin")
+        held = self._checked_held(state["held"], emitted, next_bin)
+        self._check_deadline_bins(state["deadline_bins"], held, emitted, next_bin)
+        return held, self._checked_stats(state["stats"], emitted)
+
+    def _checked_held(self, value: object, emitted: int, next_bin: int) -> list[_Candidate]:
+        if not isinstance(value, list):
+            _corrupt(
+                "held", value, "must be a list of [key, length, pushed_at, deadline_bin, nbytes]"
+            )
+        if len(value) >= self.buffer_size:
+            _corrupt(
+                "len(held)",
+                len(value),
+                f"must be below buffer_size={self.buffer_size} (the packer emits at that count)",
+            )
+        held: list[_Candidate] = []
+        keys: set[Key] = set()
+        for index, item in enumerate(value):
+            name = f"held[{index}]"
+            if not isinstance(item, (list, tuple)) or len(item) != 5:
+                _corrupt(name, item, "must be [key, length, pushed_at, deadline_bin, nbytes]")
+            key, length, pushed_at, deadline_bin, nbytes = item
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                _corrupt(f"{name}.key", key, "must be a str or int")
+            if key in keys:
+                _corrupt(f"{name}.key", key, "must be unique (it is held twice)")
+            keys.add(key)
+            cap = self._cap_units * self.align
+            length = _state_int(length, f"{name}.length", 1, cap)
+            low = held[-1].pushed_at if held else 0
+            pushed_at = _state_int(pushed_at, f"{name}.pushed_at", low, emitted)
+            if self.max_wait is None:
+                if deadline_bin != -1:
+                    _corrupt(f"{name}.deadline_bin", deadline_bin, "must be -1 without max_wait")
+            else:
+                deadline_bin = _state_int(deadline_bin, f"{name}.deadline_bin", 0, next_bin - 1)
+                if emitted - pushed_at > self.max_wait:
+                    _corrupt(
+                        f"{name}.pushed_at",
+                        pushed_at,
+                        f"must be >= emitted - max_wait = "
+                        f"{emitted - self.max_wait} (no candidate waits longer)",
+                    )
+            nbytes = _state_int(nbytes, f"{name}.nbytes")
             units = aligned_length(length, self.align) // self.align
-            cand = _Candidate(key, length, units, pushed_at, deadline_bin, nbytes)
-            self._held.append(cand)
-            self._held_bytes += nbytes
-        if self.max_wait is not None:
-            # Best fit breaks ties by the deadline bins' order: rebuild them in the saved order.
-            order = state["deadline_bins"]
-            if sorted(order) != sorted({c.deadline_bin for c in self._held}):
-                raise ValueError(
-                    f"packer state lists deadline bins {order} but its candidates are in "
-                    f"{sorted({c.deadline_bin for c in self._held})}; the state is corrupt"
+            held.append(_Candidate(key, length, units, pushed_at, deadline_bin, nbytes))
+        total = sum(c.nbytes for c in held)
+        if self.max_bytes is not None and total > self.max_bytes:
+            _corrupt("held nbytes", total, f"must sum to at most max_bytes={self.max_bytes}")
+        return held
+
+    def _check_deadline_bins(
+        self, order: object, held: list[_Candidate], emitted: int, next_bin: int
+    ) -> None:
+        if not isinstance(order, list) or not all(_is_int(b) for b in order):
+            _corrupt("deadline_bins", order, "must be a list of ints")
+        if self.max_wait is None:
+            if order or next_bin:
+                _corrupt(
+                    "deadline_bins", order, "must be [] with next_deadline_bin=0 without max_wait"
                 )
-            self._deadline_bins = {bin_id: _DeadlineBin() for bin_id in order}
-            for cand in self._held:
-                self._deadline_bins[cand.deadline_bin].add(cand)
-        self._rebuild_prefix(0)
+            return
+        members: dict[int, list[_Candidate]] = {}
+        for cand in held:
+            members.setdefault(cand.deadline_bin, []).append(cand)
+        if len(set(order)) != len(order) or sorted(order) != sorted(members):
+            _corrupt(
+                "deadline_bins",
+                order,
+                f"must list each deadline bin of the held candidates once ({sorted(members)})",
+            )
+        if len(order) > self.max_wait:
+            _corrupt("deadline_bins", order, f"must list at most max_wait={self.max_wait} bins")
+        for bin_id, cands in members.items():
+            if sum(c.units for c in cands) > self._cap_units:
+                _corrupt(
+                    "deadline_bins",
+                    order,
+                    f"bin {bin_id} must fit the capacity {self.capacity} (its candidates do not)",
+                )
+        deadlines = sorted(self._deadline(cands) for cands in members.values())
+        if any(deadline < emitted + j for j, deadline in enumerate(deadlines)):
+            _corrupt(
+                "deadline_bins",
+                order,
+                f"must be emittable in deadline order after "
+                f"emitted={emitted} (deadlines {deadlines})",
+            )
+
+    def _checked_stats(self, value: object, emitted: int) -> PackerStats:
+        names = tuple(f.name for f in dataclasses.fields(PackerStats))
+        value = _checked_dict(value, "packer state: stats", names)
+        if value["capacity"] != self.capacity or isinstance(value["capacity"], bool):
+            _corrupt("stats.capacity", value["capacity"], f"must be capacity={self.capacity}")
+        counts = {
+            name: _state_int(value[name], f"stats.{name}")
+            for name in names
+            if name not in ("capacity", "emitted_by")
+        }
+        emitted_by = _checked_dict(
+            value["emitted_by"], "packer state: stats.emitted_by", _EMIT_REASONS
+        )
+        by = {r: _state_int(emitted_by[r], f"stats.emitted_by.{r}") for r in _EMIT_REASONS}
+        if counts["bins"] != emitted or sum(by.values()) != emitted:
+            _corrupt(
+                "stats.bins",
+                counts["bins"],
+                f"must equal emitted={emitted} and the sum "
+                f"of stats.emitted_by ({sum(by.values())})",
+            )
+        if not counts["real_tokens"] <= counts["aligned_tokens"] <= emitted * self.capacity:
+            _corrupt(
+                "stats.aligned_tokens",
+                counts["aligned_tokens"],
+                f"must be between stats.real_tokens={counts['real_tokens']} and bins * capacity",
+            )
+        if counts["items"] < emitted or counts["max_wait"] > counts["total_wait"]:
+            _corrupt(
+                "stats.items",
+                counts["items"],
+                "must be >= stats.bins, and stats.max_wait <= stats.total_wait",
+            )
+        return PackerStats(capacity=self.capacity, emitted_by=by, **counts)
 
     # ------------------------------------------------------------------------------ internals
     def _settings(self) -> dict[str, Any]:

@@ -54,9 +54,10 @@ def check_fingerprint(saved: object, current: Mapping[str, Any], *, what: str) -
     """Raise ValueError naming every setting whose saved and current values differ."""
     if not isinstance(saved, Mapping):
         raise ValueError(
-            f"{what} carries no settings fingerprint (got {saved!r}), so it cannot be checked "
-            "against the current settings; it was not saved by this version of energon_pack. "
-            "Start a fresh run, or restore with the version that saved it."
+            f"{what} carries no settings fingerprint (settings={saved!r:.200} must be a dict), "
+            "so it cannot be checked against the current settings; it was not saved by this "
+            "version of energon_pack, or was edited. Start a fresh run, or restore with the "
+            "version that saved it."
         )
     differences = [
         f"{name}: saved {saved.get(name, _UNSET)!r}, now {current.get(name, _UNSET)!r}"

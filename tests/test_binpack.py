@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import os
@@ -418,3 +419,123 @@ def test_fewest_bins_is_optimal_on_small_inputs(lengths: list[int], capacity: in
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in g) <= capacity for g in groups)
     assert len(groups) == _optimal_bins(lengths, capacity)
+
+
+def _held_state() -> dict[str, Any]:
+    """A state with three held candidates (max_wait 4, capacity 100, align 4)."""
+    packer = OnlineBinPacker(100, 8, align=4, max_wait=4, min_fill=1.0)
+    for key, length in enumerate([50, 30, 7]):
+        packer.push(key, length, nbytes=10)
+    assert packer.held == 3
+    return packer.state_dict()
+
+
+def _with(state: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(state)
+    node = out
+    for key in path[:-1]:
+        node = node[key]
+    if value is _DROP:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return out
+
+
+_DROP = object()
+
+TAMPERED = [
+    (("held", 1, 1), -1, r"held\[1\]\.length=-1 must be an int in \[1, 100\]"),
+    (("held", 1, 1), 0, r"held\[1\]\.length=0 must be"),
+    (("held", 1, 1), 101, r"held\[1\]\.length=101 must be an int in \[1, 100\]"),
+    (("held", 1, 1), "30", r"held\[1\]\.length='30' must be an int"),
+    (("held", 1, 1), 2**70, r"held\[1\]\.length=\d+ must be"),
+    (("held", 1, 0), 0, r"held\[1\]\.key=0 must be unique"),
+    (("held", 1, 0), None, r"held\[1\]\.key=None must be a str or int"),
+    (("held", 1, 0), True, r"held\[1\]\.key=True must be a str or int"),
+    (("held", 1, 2), -3, r"held\[1\]\.pushed_at=-3 must be"),
+    (("held", 1, 3), 99, r"held\[1\]\.deadline_bin=99 must be"),
+    (("held", 1, 4), -5, r"held\[1\]\.nbytes=-5 must be"),
+    (("held", 1), [1, 30, 0], r"held\[1\]=\[1, 30, 0\] must be \[key, length"),
+    (("held",), None, r"held=None must be a list"),
+    (("held",), [[k, 10, 0, 0, 0] for k in range(8)], r"len\(held\)=8 must be below buffer_size=8"),
+    (("emitted",), -1, r"emitted=-1 must be an int"),
+    (("emitted",), 1.0, r"emitted=1.0 must be an int"),
+    (("next_deadline_bin",), None, r"next_deadline_bin=None must be an int"),
+    (("deadline_bins",), [0, 0], r"deadline_bins=\[0, 0\] must list each deadline bin"),
+    (("deadline_bins",), "0", r"deadline_bins='0' must be a list of ints"),
+    (("stats", "bins"), 5, r"stats\.bins=5 must equal emitted=0"),
+    (("stats", "items"), "0", r"stats\.items='0' must be an int"),
+    (("stats", "emitted_by", "fill"), -1, r"stats\.emitted_by\.fill=-1 must be"),
+    (("stats", "emitted_by", "late"), 0, r"stats\.emitted_by must have the keys .*'late'"),
+    (("stats", "capacity"), 50, r"stats\.capacity=50 must be capacity=100"),
+    (("stats", "total_wait"), _DROP, r"stats must have the keys .*missing \['total_wait'\]"),
+    (("stats",), [], r"stats must be a dict"),
+    (("settings",), None, r"settings must be a dict"),
+    (("settings", "align"), True, r"was saved with align=True but this packer has align=4"),
+    (("held", 0, 0), "k", None),  # a str key is fine
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), TAMPERED)
+def test_a_tampered_packer_state_is_refused_by_field_and_changes_nothing(
+    path: tuple[Any, ...], value: Any, message: str | None
+) -> None:
+    state = _with(_held_state(), path, value)
+    packer = OnlineBinPacker(100, 8, align=4, max_wait=4, min_fill=1.0)
+    packer.push("x", 20)
+    kept = packer.state_dict()
+    if message is None:
+        packer.load_state_dict(state)
+        assert [b.keys for b in packer.flush()] == [("k", 1, 2)]
+        return
+    with pytest.raises(ValueError, match=rf"^packer state:? {message}.*start a fresh run"):
+        packer.load_state_dict(state)
+    assert packer.state_dict() == kept, "a refused state changed the packer"
+
+
+@pytest.mark.parametrize("state", [None, [], "x", {"version": 2}])
+def test_a_packer_state_of_the_wrong_shape_is_refused(state: Any) -> None:
+    with pytest.raises(ValueError, match=r"^packer state must (be a dict|have the keys)"):
+        OnlineBinPacker(100, 8).load_state_dict(state)
+
+
+def test_held_candidates_out_of_push_order_are_refused() -> None:
+    packer = OnlineBinPacker(100, 8, max_wait=4, min_fill=1.0)
+    for key, length in enumerate([60, 40, 50, 30]):  # 60 + 40 leave: 50 and 30 pushed after
+        packer.push(key, length)
+    state = packer.state_dict()
+    assert [c[2] for c in state["held"]] == [1, 1]
+    state["held"][0][2] = 2
+    state["held"][1][2] = 1
+    with pytest.raises(ValueError, match=r"held\[0\]\.pushed_at=2 must be an int in \[0, 1\]"):
+        OnlineBinPacker(100, 8, max_wait=4, min_fill=1.0).load_state_dict(state)
+    state["held"][0][2] = 1
+    state["held"][1][2] = 0
+    with pytest.raises(ValueError, match=r"held\[1\]\.pushed_at=0 must be an int in \[1, 1\]"):
+        OnlineBinPacker(100, 8, max_wait=4, min_fill=1.0).load_state_dict(state)
+
+
+def test_deadline_bins_that_cannot_all_leave_in_time_are_refused() -> None:
+    packer = OnlineBinPacker(100, 8, max_wait=2, min_fill=1.0)
+    packer.push(0, 60)
+    packer.push(1, 60)  # a second deadline bin, same deadline (2)
+    state = packer.state_dict()
+    state["emitted"] = 2  # both must now leave in the next bin: impossible
+    state["stats"].update(bins=2, items=2, aligned_tokens=100, real_tokens=100)
+    state["stats"]["emitted_by"]["fill"] = 2
+    with pytest.raises(ValueError, match=r"deadline_bins=\[0, 1\] must be emittable in deadline"):
+        OnlineBinPacker(100, 8, max_wait=2, min_fill=1.0).load_state_dict(state)
+
+
+def test_held_bytes_above_max_bytes_and_bool_settings_are_refused() -> None:
+    packer = OnlineBinPacker(100, 8, max_wait=None, min_fill=1.0, max_bytes=100)
+    packer.push(0, 10, nbytes=60)
+    state = packer.state_dict()
+    state["held"][0][4] = 101
+    with pytest.raises(ValueError, match=r"held nbytes=101 must sum to at most max_bytes=100"):
+        OnlineBinPacker(100, 8, max_wait=None, min_fill=1.0, max_bytes=100).load_state_dict(state)
+    state = OnlineBinPacker(100, 8).state_dict()
+    state["settings"]["align"] = True  # == 1, but not the saved setting
+    with pytest.raises(ValueError, match=r"saved with align=True but this packer has align=1"):
+        OnlineBinPacker(100, 8).load_state_dict(state)

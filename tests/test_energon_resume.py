@@ -3,9 +3,12 @@ state twice, and settings fingerprints (real loaders over datasets built in a te
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
+import logging
 import pickle
+import shutil
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,7 +29,7 @@ from megatron.energon import get_savable_loader
 
 from energon_pack.binpack import aligned_length
 from energon_pack.encode import ByteTokenizer, ConversationEncoder
-from energon_pack.energon import PackingTaskEncoder, restore_state_rank
+from energon_pack.energon import PackingTaskEncoder, carry_over, restore_state_rank
 from energon_pack.media import MediaConfig
 
 
@@ -393,3 +396,246 @@ def test_another_number_of_workers_is_refused_by_name(text_path: Path) -> None:
 def test_row_settings_are_checked_at_construction(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PackingTaskEncoder(**settings)
+
+
+# ------------------------------------------------------------ saved states checked on restore
+SMALL_SAMPLES = 60
+SMALL_LENGTHS = [120, 300, 500, 80, 700, 260, 410, 950, 40, 1000, 30]
+"""Token lengths, cycled: sample 53 has 1000 tokens; pending packs occur."""
+
+
+def small_dataset(root: Path, samples: int = SMALL_SAMPLES) -> Path:
+    lengths = itertools.islice(itertools.cycle(SMALL_LENGTHS), samples)
+    return text_dataset(root, list(lengths))
+
+
+@pytest.fixture(scope="module")
+def small_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return small_dataset(tmp_path_factory.mktemp("small"))
+
+
+@pytest.fixture(scope="module")
+def carried_state(small_path: Path) -> Any:
+    """A state whose packer holds samples carried over (and whose buffer holds them)."""
+    run = LoaderRun(small_path, **PENDING)
+    first_checkpoint(run, "carried")
+    return run.save()
+
+
+def tampered(state: Any, change: Any) -> Any:
+    out = copy.deepcopy(state)
+    (packing,) = packing_states(out)
+    change(packing)
+    return out
+
+
+def _with_index(packing: dict[str, Any], value: Any) -> tuple[Any, ...]:
+    """The first buffered restore key with its WebDataset sample index set to ``value``."""
+    return (*packing["_buffer"]["_restore_keys"][0][:-1], value)
+
+
+def _webdataset_index(packing: dict[str, Any], value: Any) -> None:
+    packing["_buffer"]["_restore_keys"][0] = _with_index(packing, value)
+
+
+STATE_TAMPERING = [
+    (
+        "a buffered sample listed twice",
+        lambda p: (
+            p["_buffer"]["_restore_keys"].append(p["_buffer"]["_restore_keys"][0]),
+            p["_buffer_seqs"].append(p["_next_seq"]),
+        ),
+        r"_buffer\._restore_keys\[\d+\]=.* must be unique: it is also _buffer\._restore_keys\[0\]",
+    ),
+    (
+        "an extra restore key",
+        lambda p: p["_buffer"]["_restore_keys"].append(_with_index(p, 59)),
+        r"_buffer_seqs=\[.*\] must hold one seq per buffered restore key",
+    ),
+    (
+        "an unknown seq pending",
+        lambda p: p["_pending"].append([777]),
+        r"_pending\[\d+\]\[0\]=777 must be a buffered seq",
+    ),
+    (
+        "a seq pending twice",
+        lambda p: p["_pending"].extend([[p["_buffer_seqs"][0]]] * 2),
+        r"_pending\[\d+\]\[0\]=\d+ must (be pending once|not also)|_packer\.held\[\d+\]\.key=\d+ "
+        r"must not also be pending",
+    ),
+    (
+        "an unknown held key",
+        lambda p: p["_packer"]["held"][0].__setitem__(0, 777),
+        r"_packer\.held\[0\]\.key=777 must be a buffered seq",
+    ),
+    (
+        "a restore key index out of range",
+        lambda p: _webdataset_index(p, 10**6),
+        r"_buffer\._restore_keys\[0\]=.* has sample index 1000000, not an int in \[0, 60\)",
+    ),
+    (
+        "a restore key index of the wrong type",
+        lambda p: _webdataset_index(p, "3"),
+        r"_buffer\._restore_keys\[0\]=.* has sample index '3'",
+    ),
+    (
+        "a restore key of another dataset",
+        lambda p: p["_buffer"]["_restore_keys"].__setitem__(0, ("Webdataset", 3)),
+        r"_buffer\._restore_keys\[0\]=\('Webdataset', 3\) must start with 'MapDataset'",
+    ),
+    (
+        "a counter of the wrong type",
+        lambda p: p["_counters"].__setitem__("samples", "3"),
+        r"_counters\.samples='3' must be an int",
+    ),
+    (
+        "a skip count of the wrong type",
+        lambda p: p["_counters"]["skipped"].__setitem__("overlong", None),
+        r"_counters\.skipped\.overlong=None must be an int",
+    ),
+    (
+        "a next seq below the buffered ones",
+        lambda p: p.__setitem__("_next_seq", 0),
+        r"_next_seq=0 must be above every buffered seq",
+    ),
+    (
+        "a source_done that is not a bool",
+        lambda p: p.__setitem__("_source_done", "no"),
+        r"_source_done='no' must be a bool",
+    ),
+    (
+        "an extra key",
+        lambda p: p.__setitem__("_extra", 1),
+        r"keys=.* unknown \['_extra'\]",
+    ),
+    (
+        "a negative packer length",
+        lambda p: p["_packer"]["held"][0].__setitem__(1, -1),
+        r"_packer: packer state: held\[0\]\.length=-1 must be an int in \[1, 1024\]",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [pytest.param(change, message, id=name) for name, change, message in STATE_TAMPERING],
+)
+def test_a_tampered_packing_state_is_refused_by_field_before_restoring(
+    small_path: Path, carried_state: Any, change: Any, message: str
+) -> None:
+    state = tampered(carried_state, change)
+    kept = pickle.dumps(state)
+    for restore in (restore_state_rank, lambda loader, s: loader.restore_state_rank(s)):
+        run = LoaderRun(small_path, **PENDING)
+        with pytest.raises(ValueError, match=rf"^cannot restore the packing state.*{message}"):
+            restore(run.loader, state)
+    assert pickle.dumps(state) == kept
+
+
+@pytest.mark.parametrize("worker_states", [[], None, "x"])
+def test_empty_worker_states_are_refused_by_name(
+    small_path: Path, carried_state: Any, worker_states: Any
+) -> None:
+    state = copy.deepcopy(carried_state)
+    state.worker_states = worker_states
+    with pytest.raises(ValueError, match=r"worker_states=.* must be a non-empty list"):
+        restore_state_rank(LoaderRun(small_path, **PENDING).loader, state)
+
+
+def test_another_dataset_with_the_same_shards_is_refused_by_name(
+    tmp_path: Path, carried_state: Any
+) -> None:
+    other = small_dataset(tmp_path / "other", SMALL_SAMPLES + 1)  # shard-000000.tar too
+    with pytest.raises(ValueError, match=r"dataset\.samples: saved 60, now 61"):
+        restore_state_rank(LoaderRun(other, **PENDING).loader, carried_state)
+
+
+def test_a_moved_copy_of_the_dataset_restores(
+    tmp_path: Path, small_path: Path, carried_state: Any
+) -> None:
+    moved = tmp_path / "moved"
+    shutil.copytree(small_path, moved)
+    expected = LoaderRun(small_path, **PENDING)
+    expected.load(carried_state)
+    resumed = LoaderRun(moved, **PENDING)
+    restore_state_rank(resumed.loader, carried_state)
+    assert [resumed.step()[0] for _ in range(10)] == [expected.step()[0] for _ in range(10)]
+
+
+def test_a_state_without_the_dataset_identity_restores_with_a_warning(
+    small_path: Path, carried_state: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    def drop_identity(packing: dict[str, Any]) -> None:
+        packing["settings"] = {
+            k: v for k, v in packing["settings"].items() if not k.startswith("dataset.")
+        }
+
+    old = tampered(carried_state, drop_identity)
+    expected = LoaderRun(small_path, **PENDING)
+    expected.load(carried_state)
+    carry_over._warned["no_identity"] = False
+    with caplog.at_level(logging.WARNING, logger="energon_pack.energon"):
+        resumed = LoaderRun(small_path, **PENDING)
+        restore_state_rank(resumed.loader, old)
+        restore_state_rank(LoaderRun(small_path, **PENDING).loader, old)
+    warnings = [r for r in caplog.records if "without the dataset's identity" in r.getMessage()]
+    assert len(warnings) == 1
+    assert [resumed.step()[0] for _ in range(5)] == [expected.step()[0] for _ in range(5)]
+
+
+@pytest.fixture(scope="module")
+def pending_state(small_path: Path) -> Any:
+    """A state with a chosen pack not yet yielded."""
+    run = LoaderRun(small_path, **PENDING)
+    first_checkpoint(run, "pending")
+    return run.save()
+
+
+def test_a_seq_pending_twice_is_refused(small_path: Path, pending_state: Any) -> None:
+    def twice(packing: dict[str, Any]) -> None:
+        packing["_pending"].append([packing["_pending"][0][0]])
+
+    state = tampered(pending_state, twice)
+    with pytest.raises(ValueError, match=r"_pending\[\d+\]\[0\]=\d+ must be pending once"):
+        restore_state_rank(LoaderRun(small_path, **PENDING).loader, state)
+
+
+def test_pending_packs_that_do_not_fit_a_row_are_refused_once_read(
+    small_path: Path, pending_state: Any
+) -> None:
+    def overfull(packing: dict[str, Any]) -> None:
+        packing["_buffer"]["_restore_keys"].append(_with_index(packing, 53))  # 1000 tokens
+        packing["_buffer_seqs"].append(packing["_next_seq"])
+        packing["_pending"][-1].append(packing["_next_seq"])
+        packing["_next_seq"] += 1
+
+    run = LoaderRun(small_path, **PENDING)
+    restore_state_rank(run.loader, tampered(pending_state, overfull))
+    with pytest.raises(ValueError, match=r"_pending\[\d+\]=\[.*\] needs \d+ tokens, above seq"):
+        run.step()
+
+
+def test_a_buffered_sample_neither_held_nor_pending_is_refused(
+    small_path: Path, carried_state: Any
+) -> None:
+    def lost(packing: dict[str, Any]) -> None:
+        packing["_buffer"]["_restore_keys"].append(_with_index(packing, 59))
+        packing["_buffer_seqs"].append(packing["_next_seq"])
+        packing["_next_seq"] += 1
+
+    with pytest.raises(ValueError, match=r"_buffer_seqs=.* \[\d+\] are neither"):
+        restore_state_rank(LoaderRun(small_path, **PENDING).loader, tampered(carried_state, lost))
+
+
+def test_a_held_length_that_is_not_the_samples_is_refused_once_read(
+    small_path: Path, carried_state: Any
+) -> None:
+    def longer(packing: dict[str, Any]) -> None:
+        packing["_packer"]["held"][0][1] += 1
+
+    run = LoaderRun(small_path, **PENDING)
+    restore_state_rank(run.loader, tampered(carried_state, longer))
+    with pytest.raises(
+        ValueError, match=r"_packer\.held\[0\]\.length=\d+, but its buffered sample"
+    ):
+        run.step()

@@ -14,9 +14,9 @@ from typing import Any
 
 from megatron.energon import SavableDataLoader
 from megatron.energon.savable_loader import SavableDataLoaderState, SavableDatasetCheckpoint
+from megatron.energon.state import FlexState
 
 from energon_pack.energon.carry_over import CarryOverPackingDataset
-from energon_pack.fingerprint import check_fingerprint
 
 
 def restore_state_rank(
@@ -31,27 +31,78 @@ def restore_state_rank(
 
 def check_loader_state(loader: SavableDataLoader[Any], state: SavableDataLoaderState) -> None:
     """Raise ValueError if ``state`` (from ``save_state_rank``) cannot resume ``loader`` exactly:
-    another number of workers, or packing states saved under other settings."""
+    a malformed state, another number of workers, or packing states saved under other settings,
+    over another dataset, or with a malformed or inconsistent field (each named)."""
     wrapper = _packing_wrapper(loader.dataset)
     num_workers = wrapper.worker_config.num_workers
+    if not isinstance(state, SavableDataLoaderState):
+        raise ValueError(
+            f"the loader state must be a SavableDataLoaderState (from save_state_rank), got "
+            f"{type(state).__name__}; pass what save_state_rank returned, or None for a fresh run"
+        )
+    worker_states = state.worker_states
+    kind = SavableDatasetCheckpoint if num_workers else FlexState
+    if (
+        not isinstance(worker_states, list)
+        or not worker_states
+        or not all(isinstance(s, (SavableDatasetCheckpoint, FlexState)) for s in worker_states)
+    ):
+        raise ValueError(
+            f"the loader state's worker_states={_short(worker_states)} must be a non-empty list "
+            f"of {kind.__name__} (one per worker, or one FlexState without workers); "
+            f"{_STATE_FIX}"
+        )
+    for index, worker_state in enumerate(worker_states):
+        for packing_state in _packing_states(worker_state):
+            wrapper.check_settings(
+                packing_state.get("settings"), what=f"the packing state of worker {index}"
+            )
     saved_workers = (
-        len(state.worker_states)
-        if all(isinstance(s, SavableDatasetCheckpoint) for s in state.worker_states)
+        len(worker_states)
+        if all(isinstance(s, SavableDatasetCheckpoint) for s in worker_states)
         else 0
     )
-    for index, worker_state in enumerate(state.worker_states):
-        for packing_state in _packing_states(worker_state):
-            check_fingerprint(
-                packing_state.get("settings"),
-                wrapper.fingerprint,
-                what=f"the packing state of worker {index}",
-            )
     if saved_workers != num_workers:
         raise ValueError(
             f"cannot restore the loader state: it was saved with num_workers={saved_workers}, "
             f"this loader has num_workers={num_workers}. An exact resume needs the same number "
             "of workers: restore with those, or start a fresh run."
         )
+    if not num_workers and len(worker_states) != 1:
+        raise ValueError(
+            f"the loader state's worker_states=<{len(worker_states)} FlexStates> must be exactly "
+            f"one (a loader without workers saves one); {_STATE_FIX}"
+        )
+    next_worker = state.next_worker_id
+    if not _is_int(next_worker) or not 0 <= next_worker < max(num_workers, 1):
+        raise ValueError(
+            f"the loader state's next_worker_id={next_worker!r} must be an int in "
+            f"[0, {max(num_workers, 1)}); {_STATE_FIX}"
+        )
+    for index, worker_state in enumerate(worker_states):
+        if isinstance(worker_state, SavableDatasetCheckpoint) and (
+            not _is_int(worker_state.offset) or worker_state.offset < 0
+        ):
+            raise ValueError(
+                f"the loader state's worker_states[{index}].offset={worker_state.offset!r} "
+                f"must be an int >= 0; {_STATE_FIX}"
+            )
+        for packing_state in _packing_states(worker_state):
+            wrapper.check_state(packing_state, what=f"the packing state of worker {index}")
+
+
+_STATE_FIX = (
+    "the checkpoint is corrupt or was edited: restore an untouched one, or start a fresh run"
+)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 200 else shown[:200] + "..."
 
 
 def _packing_wrapper(dataset: Any) -> CarryOverPackingDataset[Any, Any]:
