@@ -417,8 +417,13 @@ def small_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def carried_state(small_path: Path) -> Any:
     """A state whose packer holds samples carried over (and whose buffer holds them)."""
-    run = LoaderRun(small_path, **PENDING)
-    first_checkpoint(run, "carried")
+    return first_state(small_path, "carried")
+
+
+def first_state(path: Path, wanted: str) -> Any:
+    """The saved state of a fresh run at its :func:`first_checkpoint` holding ``wanted``."""
+    run = LoaderRun(path, **PENDING)
+    first_checkpoint(run, wanted)
     return run.save()
 
 
@@ -586,9 +591,7 @@ def test_a_state_without_the_dataset_identity_restores_with_a_warning(
 @pytest.fixture(scope="module")
 def pending_state(small_path: Path) -> Any:
     """A state with a chosen pack not yet yielded."""
-    run = LoaderRun(small_path, **PENDING)
-    first_checkpoint(run, "pending")
-    return run.save()
+    return first_state(small_path, "pending")
 
 
 def test_a_seq_pending_twice_is_refused(small_path: Path, pending_state: Any) -> None:
