@@ -15,6 +15,7 @@ from energon_pack.formats.native import parse_sample
 from energon_pack.formats.raw import RawSample
 from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
+from energon_pack.loss import PackedLoss, loss_normaliser, packed_loss
 from energon_pack.media import MediaConfig, MediaError, normalize_pixels
 from energon_pack.memory import BufferMemoryWarning, MonitorConfig, RSSMonitor
 from energon_pack.offline import (
@@ -55,6 +56,7 @@ __all__ = [
     "PackMetadata",
     "PackedBatch",
     "PackedDataset",
+    "PackedLoss",
     "PackedRow",
     "PackedSample",
     "PackerStats",
@@ -73,11 +75,13 @@ __all__ = [
     "equal_token_slot_table",
     "first_fit_decreasing",
     "hf_model_inputs",
+    "loss_normaliser",
     "mrope_for_packed",
     "mrope_position_ids",
     "normalize_pixels",
     "pack_offline",
     "pack_samples",
+    "packed_loss",
     "packed_mrope_position_ids",
     "pad_seq_to_mult",
     "parse_any",
