@@ -35,6 +35,7 @@ from energon_pack.topology import (
     equal_token_slot_table,
     pad_seq_to_mult,
 )
+from energon_pack.trainers import check_trainer
 
 __all__ = [
     "IGNORE_INDEX",
@@ -72,6 +73,7 @@ __all__ = [
     "VLMPackingCollator",
     "best_fit_decreasing",
     "build_packed_row",
+    "check_trainer",
     "equal_token_slot_table",
     "first_fit_decreasing",
     "hf_model_inputs",
