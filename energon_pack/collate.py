@@ -216,10 +216,12 @@ class VLMPackingCollator:
         check_choice("overlong", overlong, ("error", "skip", "truncate"))
         check_choice("on_media_error", on_media_error, ("error", "skip"))
         check_choice("output", output, ("batch", "hf"))
-        if loss_segments not in (True, False) or (loss_segments and output != "hf"):
+        if not isinstance(loss_segments, bool):
+            raise ValueError(f"loss_segments must be True or False, got {loss_segments!r}")
+        if loss_segments and output != "hf":
             raise ValueError(
-                f"loss_segments={loss_segments!r} needs output='hf' and True or False; the "
-                "CollatedBatch (output='batch') gives packed_loss its segments itself"
+                "loss_segments=True needs output='hf' (it adds a key to the model-input dict); "
+                "a CollatedBatch (output='batch') gives packed_loss its segments itself"
             )
         check_config("layout", layout, RowLayout)
         check_config("mrope", mrope, MRopeConfig)

@@ -221,6 +221,8 @@ def test_bad_settings_and_batches_are_named() -> None:
         PackedLoss("median")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"loss_segments=True needs output='hf'"):
         VLMPackingCollator(64, loss_segments=True)
+    with pytest.raises(ValueError, match="loss_segments must be True or False, got 1"):
+        VLMPackingCollator(64, output="hf", loss_segments=1)  # type: ignore[arg-type]
     hf = _collate(samples, output="hf")
     with pytest.raises(ValueError, match=r"has no 'loss_segments'.*loss_segments=True"):
         packed_loss(torch.zeros(*hf["labels"].shape, 256), hf, "sample")
