@@ -42,20 +42,28 @@ LOSS_SEGMENTS = "loss_segments"
 
 
 class PackedTargets(Protocol):
-    """The fields of a :class:`~energon_pack.collate.CollatedBatch` the loss reads."""
+    """The fields of a packed batch the loss reads: a
+    :class:`~energon_pack.collate.CollatedBatch`, or the Energon loader's one-row
+    :class:`~energon_pack.energon.PackedBatch` (no ``row_offsets``)."""
 
     @property
     def labels(self) -> torch.Tensor: ...
     @property
     def seq_idx(self) -> torch.Tensor: ...
-    @property
-    def row_offsets(self) -> torch.Tensor: ...
 
 
 def target_segments(batch: PackedTargets) -> torch.Tensor:
     """``[R, T]`` long: the flat segment index of each position's target (aligned with the
     batch's shifted ``labels``), ``-1`` where there is none."""
-    flat = batch.seq_idx.long() + batch.row_offsets[:-1, None].long()
+    offsets: torch.Tensor | None = getattr(batch, "row_offsets", None)
+    flat = batch.seq_idx.long()
+    if offsets is not None:
+        flat = flat + offsets[:-1, None].long()
+    elif flat.shape[0] != 1:
+        raise ValueError(
+            f"a batch of {flat.shape[0]} rows without row_offsets: its rows' segments cannot be "
+            "told apart; pass the CollatedBatch (or one row)"
+        )
     return torch.where(batch.labels != IGNORE_INDEX, flat, -1)
 
 

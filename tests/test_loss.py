@@ -9,15 +9,26 @@ the accumulation rule (summed normalisers) on random rows without a model.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import image_bytes, video_bytes
+from helpers import batches, image_bytes, read_samples, train_dataset, video_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_hf import ENCODER, RELATIVE, Grads, collator, conversation, text_items, tiny_model
+from test_hf import (
+    ENCODER,
+    RELATIVE,
+    Grads,
+    collator,
+    conversation,
+    mrope,
+    text_items,
+    tiny_model,
+)
 from transformers import PreTrainedModel
 from unpacked import token_losses
 
@@ -105,6 +116,28 @@ def test_each_reduction_of_one_packed_forward_equals_sample_by_sample(
             hf_batch = {"labels": inputs["labels"], LOSS_SEGMENTS: segments}
             loss = packed_loss(logits, hf_batch, reduction)  # type: ignore[arg-type]
         assert_close((float(loss.detach()), grads_of(model, loss)), single)
+
+
+def test_energon_packed_batch_reductions_equal_sample_by_sample(vlm_demo_path: Path) -> None:
+    dataset = train_dataset(
+        vlm_demo_path,
+        4,
+        seq_length=2048,
+        position_ids="mrope",
+        mrope=mrope("qwen2_5_vl"),
+        pad_to_max_length=True,
+        overlong="skip",
+    )
+    batch = next(batches(dataset))
+    assert len(batch.__keys__) >= 2
+    raw = read_samples(vlm_demo_path)
+    samples = [ENCODER.encode_sample(key, raw[key]) for key in batch.__keys__]
+    model = tiny_model("qwen2_5_vl")
+    for reduction in ("sample", "sqrt"):
+        logits = model(**batch.hf_model_inputs(model)).logits
+        loss = packed_loss(logits, batch, reduction)  # type: ignore[arg-type]
+        packed = (float(loss.detach()), grads_of(model, loss))
+        assert_close(packed, alone(model, samples, reduction))
 
 
 @torch.no_grad()
@@ -226,6 +259,10 @@ def test_bad_settings_and_batches_are_named() -> None:
     hf = _collate(samples, output="hf")
     with pytest.raises(ValueError, match=r"has no 'loss_segments'.*loss_segments=True"):
         packed_loss(torch.zeros(*hf["labels"].shape, 256), hf, "sample")
+    rows = _collate(samples * 3)
+    assert rows.num_rows == 2
+    with pytest.raises(ValueError, match="2 rows without row_offsets"):
+        loss_normaliser(SimpleNamespace(labels=rows.labels, seq_idx=rows.seq_idx), "sample")
     with pytest.raises(ValueError, match="needs the batch's 'labels'"):
         loss_normaliser({}, "token")
     with pytest.raises(ValueError, match=r"call loss\.attach"):
