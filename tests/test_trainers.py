@@ -10,6 +10,10 @@ after every step must agree (relative 1e-6; transformers' loss is float32).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -296,3 +300,34 @@ def test_without_a_token_count_qwen2_5_vl_trains_on_means_of_means(
     losses, _, steps = train(trainer, collate, snapshots)
     want, _ = unpacked_training(reference, steps)
     assert max(abs(a - b) / b for a, b in zip(losses, want, strict=True)) > 1e-5
+
+
+def test_sample_reduction_on_two_ranks_equals_unpacked_sample_means(tmp_path: Path) -> None:
+    """PackedLoss.attach sums the step's normaliser over both ranks' micro-batches."""
+    script = Path(__file__).parent / "distributed_trainer.py"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_port=29541",
+        str(script),
+        str(tmp_path),
+    ]
+    root = Path(__file__).resolve().parent.parent  # the ranks import this checkout's package
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    subprocess.run(command, check=True, timeout=300, capture_output=True, env=env)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    by_id = {row["id"]: row for row in chat_rows("qwen2")}
+    steps = [
+        [[by_id[i] for i in rows] for rank in ranks for rows in rank["steps"][step]]
+        for step in range(STEPS)
+    ]
+    for step in range(STEPS):  # each step: 2 micro-batches per rank, other rows on each rank
+        assert [len(rank["steps"][step]) for rank in ranks] == [ACCUMULATION, ACCUMULATION]
+        first, second = ({i for rows in rank["steps"][step] for i in rows} for rank in ranks)
+        assert not first & second
+    _, reference, initial = twins("qwen2")
+    want = unpacked_training(reference, steps, "sample")
+    states = torch.load(tmp_path / "states.pt")
+    assert_same_training((ranks[0]["losses"], states), want, initial)
