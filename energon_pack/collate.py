@@ -35,7 +35,7 @@ from energon_pack.binpack import OVERLONG_FIX, fewest_bins
 from energon_pack.checks import check_choice, check_config
 from energon_pack.encode import ConversationEncoder
 from energon_pack.formats.chat_rows import is_chat_row
-from energon_pack.formats.trainer_rows import row_key, unreadable_item
+from energon_pack.formats.trainer_rows import check_media_columns, row_key, unreadable_item
 from energon_pack.hf import HFTarget, batch_model_inputs
 from energon_pack.layout import hf_varlen_kwargs, loss_mask_from_labels, packed_seq_params_kwargs
 from energon_pack.loss import LOSS_SEGMENTS, hf_loss_segments
@@ -332,6 +332,7 @@ class VLMPackingCollator:
             key, raw = str(item["__key__"]), item
         elif isinstance(item, Mapping) and is_chat_row(item):
             key, raw = row_key(item, index), item
+            check_media_columns(key, item)
         else:
             raise ValueError(unreadable_item(item, index))
         try:

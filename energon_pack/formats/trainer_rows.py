@@ -20,30 +20,31 @@ from typing import Any
 from energon_pack.formats.conversation import conversation_turns, placeholder_kinds
 from energon_pack.media.errors import MediaError
 
-__all__ = ["row_key", "unreadable_item"]
+__all__ = ["check_media_columns", "row_key", "unreadable_item"]
 
 _KEEP_COLUMNS = "remove_unused_columns=False (TrainingArguments / SFTConfig)"
 _MEDIA_FIELDS = {"image": ("images", "image"), "video": ("videos", "video")}
 
 
 def row_key(row: Mapping[str, Any], index: int) -> str:
-    """The key of a chat row at ``index`` of its micro-batch: its ``id``, else ``row[index]``.
+    """The key of a chat row at ``index`` of its micro-batch: its ``id``, else ``row[index]``."""
+    return str(row["id"]) if row.get("id") is not None else f"row[{index}]"
 
-    Raises ValueError if the row's placeholders need a media column it does not have at all
-    (a trainer removed it)."""
-    key = str(row["id"]) if row.get("id") is not None else f"row[{index}]"
+
+def check_media_columns(key: str, row: Mapping[str, Any]) -> None:
+    """Raise ValueError if the row's image / video parts need a media column it does not have
+    at all (a trainer removed it); a malformed conversation is left to the encoder."""
     field = "messages" if "messages" in row else "conversations"
     try:
         kinds = set(placeholder_kinds(conversation_turns(key, row[field], field)))
     except MediaError:
-        return key  # a malformed conversation fails when it is encoded, under on_media_error
+        return  # fails when it is encoded, under the collator's on_media_error
     for kind in sorted(kinds):
         if not any(name in row for name in _MEDIA_FIELDS[kind]):
             raise ValueError(
                 f"chat row {key!r} has {kind} parts but no {_MEDIA_FIELDS[kind][0]!r} column "
                 f"(its columns: {sorted(row)}); the trainer removed it: pass {_KEEP_COLUMNS}"
             )
-    return key
 
 
 def unreadable_item(item: Any, index: int) -> str:
