@@ -5,7 +5,9 @@ steps with gradient accumulation 2 on a ``datasets.Dataset`` of chat rows (image
 for the VL models), the collator as ``data_collator``. A reference trains a copy of the same
 model unpacked: every sample of a step alone, its summed token losses over the step's target
 count (the trainer's ``num_items_in_batch``), plain SGD. Every logged loss and the parameters
-after every step must agree (relative 1e-6; transformers' loss is float32).
+after every step must agree (relative 1e-6; transformers' loss is float32). The same holds for
+``PackedLoss("sample")`` against the step's mean of sample means, on one rank and on two
+(torchrun, gloo); without a token count Qwen2.5-VL trains on means of micro-batch means.
 """
 
 from __future__ import annotations
