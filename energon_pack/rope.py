@@ -26,7 +26,8 @@ import torch
 from energon_pack.checks import check_int, check_number
 
 TextAfterVision = Literal["max", "spatial"]
-MRopeRule = Literal["qwen2_vl", "qwen3_vl"]
+MRopeRule = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+_RULES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 _TEXT, _IMAGE, _VIDEO = 0, 1, 2
 _KIND_NAMES = {_IMAGE: "image", _VIDEO: "video"}
@@ -53,10 +54,11 @@ class MRopeConfig:
 
     The two agree for images, and for videos whose temporal span stays below their spatial one.
 
-    ``rule`` says how a video's placeholders map to its ``video_grid_thw`` row ``(t, h, w)``:
+    ``rule`` is the model family's position rule (a family preset's ``rope``); it says how a
+    video's placeholders map to its ``video_grid_thw`` row ``(t, h, w)``:
 
-    * ``"qwen2_vl"`` (default; Qwen2-VL, Qwen2.5-VL): one block of ``t*h*w / merge**2`` pads,
-      frames spaced as above;
+    * ``"qwen2_vl"`` (default) and ``"qwen2_5_vl"``: one block of ``t*h*w / merge**2`` pads,
+      frames spaced as above; ``"qwen2_5_vl"`` requires ``tokens_per_second``;
     * ``"qwen3_vl"`` (Qwen3-VL, Qwen3-VL-MoE, Qwen3.5): ``t`` blocks of ``h*w / merge**2`` pads,
       one per temporal patch (time is carried by the timestamp text between them), each
       positioned as a grid ``(1, h, w)``. ``tokens_per_second`` must be None and
@@ -98,10 +100,15 @@ class MRopeConfig:
             raise ValueError(
                 f"text_after_vision must be 'max' or 'spatial', got {self.text_after_vision!r}"
             )
-        if self.rule not in ("qwen2_vl", "qwen3_vl"):
+        if self.rule not in _RULES:
             raise ValueError(
-                f"MRopeConfig.rule must be 'qwen2_vl' (Qwen2-VL, Qwen2.5-VL) or 'qwen3_vl' "
-                f"(Qwen3-VL, Qwen3-VL-MoE, Qwen3.5), got {self.rule!r}"
+                f"MRopeConfig.rule must be 'qwen2_vl', 'qwen2_5_vl' or 'qwen3_vl' (Qwen3-VL, "
+                f"Qwen3-VL-MoE, Qwen3.5), got {self.rule!r}"
+            )
+        if self.rule == "qwen2_5_vl" and self.tokens_per_second is None:
+            raise ValueError(
+                "MRopeConfig(rule='qwen2_5_vl') needs tokens_per_second (the model's "
+                "vision_config.tokens_per_second, e.g. 2)"
             )
         if self.rule == "qwen3_vl" and self.tokens_per_second is not None:
             raise ValueError(

@@ -252,4 +252,16 @@ def test_rule_validation() -> None:
         replace(QWEN3, tokens_per_second=2)
     with pytest.raises(ValueError, match="rule must be 'qwen2_vl'"):
         replace(QWEN3, rule="qwen4")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"rule='qwen2_5_vl'\) needs tokens_per_second"):
+        replace(QWEN3, rule="qwen2_5_vl")
     assert MRopeConfig.from_tokenizer(TOKENIZER).rule == "qwen2_vl"
+
+
+def test_qwen2_5_vl_rule_is_the_one_block_rule_with_its_frame_spacing() -> None:
+    ids = torch.tensor([7, START, *[VIDEO] * 12, END, 8])
+    video, seconds = torch.tensor([[3, 4, 4]]), torch.tensor([0.5])
+    qwen2_5 = replace(QWEN3, rule="qwen2_5_vl", tokens_per_second=2)
+    positions, _ = mrope_position_ids(ids, None, video, seconds, qwen2_5)
+    same, _ = mrope_position_ids(ids, None, video, seconds, replace(qwen2_5, rule="qwen2_vl"))
+    assert torch.equal(positions, same)
+    assert positions[0, 2:14].tolist() == [2 + i // 4 for i in range(12)]  # 2 tokens/s x 0.5 s
