@@ -14,13 +14,15 @@ trains exactly like one sample at a time.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import image_bytes
+from helpers import batches, fixture_maker, image_bytes, read_samples, train_dataset
 from transformers import (
     PreTrainedModel,
     Qwen3_5Config,
@@ -303,6 +305,56 @@ def test_one_d_positions_are_refused_for_an_mrope_model(
     single_loss, single_grads = one_by_one(model, samples)
     assert abs(loss - single_loss) > 1e-6 * single_loss
     assert worst_gradient_error(grads, single_grads) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def image_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prepared Energon dataset of image and text conversations."""
+    root = tmp_path_factory.mktemp("qwen3_images")
+    members: list[tuple[str, bytes]] = []
+    for index in range(6):
+        key = f"s{index:05d}"
+        images = index % 3
+        question = " ".join(["<image>"] * images) + f" question {index}"
+        turns = [{"from": "human", "value": question}, {"from": "gpt", "value": f"answer {index}"}]
+        members.append((f"{key}.json", json.dumps({"conversations": turns}).encode()))
+        for image in range(images):
+            png = image_bytes(32 + 16 * index, 96 - 8 * image, seed=index)
+            members.append((f"{key}.{image}.png", png))
+    maker = fixture_maker()
+    maker.write_tar(root / "shard-000000.tar", members)
+    maker.prepare_energon(root, [root / "shard-000000.tar"])
+    return root
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe"])
+def test_energon_packed_batch_equals_one_by_one(image_dataset: Path, family: str) -> None:
+    dataset = train_dataset(
+        image_dataset,
+        6,
+        seq_length=512,
+        media=MEDIA,
+        position_ids="mrope",
+        mrope=QWEN3,
+        pad_to_max_length=True,
+    )
+    batch = next(batches(dataset))
+    assert len(batch.__keys__) >= 3
+    assert batch.image_grid_thw is not None
+    model = tiny_model(family)
+    inputs = batch.hf_model_inputs(model)
+    assert inputs["position_ids"].shape == (4, 1, 512)
+    raw = read_samples(image_dataset)
+    packed = [ENCODER.encode_sample(key, raw[key]) for key in batch.__keys__]
+    assert_same_training_signal(forward_backward(model, inputs), one_by_one(model, packed))
+
+
+def test_energon_one_d_batch_is_refused_for_an_mrope_model(image_dataset: Path) -> None:
+    dataset = train_dataset(image_dataset, 6, seq_length=512, media=MEDIA)
+    batch = next(batches(dataset))
+    assert batch.mrope_position_ids is None
+    with pytest.raises(ValueError, match=r"a qwen3_vl model takes 3-D mRoPE position ids"):
+        batch.hf_model_inputs(Qwen3VLConfig())
 
 
 def test_qwen2_vl_rule_on_qwen3_video_ids_names_the_rule(samples: list[EncodedSample]) -> None:
