@@ -41,7 +41,7 @@ masks derived from ``position_ids`` for eager/sdpa, and ``[4, B, T]`` packed Qwe
 _MEDIA = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 _TAKES_SECOND_PER_GRID_TS = frozenset({"qwen2_5_vl"})
 """Model types whose forward takes ``second_per_grid_ts``."""
-MROPE_MODEL_TYPES = frozenset(
+_MROPE_MODEL_TYPES = frozenset(
     {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"}
 )
 """Model types whose text positions are 3-D mRoPE ids: they need ``position_ids="mrope"``."""
@@ -75,7 +75,7 @@ class HFTarget:
     @property
     def mrope(self) -> bool:
         """The model rotates its text with 3-D mRoPE positions (Qwen2-VL to Qwen3.5)."""
-        return self.model_type in MROPE_MODEL_TYPES
+        return self.model_type in _MROPE_MODEL_TYPES
 
     @property
     def segment_blind(self) -> bool:

@@ -151,10 +151,17 @@ def mrope_setting(
     position_ids: PositionIds, mrope: MRopeConfig | None, tokenizer: _SpecialTokens
 ) -> MRopeConfig | None:
     """The mRoPE config a packer uses for its ``position_ids`` option (None for ``"1d"``):
-    ``mrope`` if given, else Qwen2-VL behaviour with the tokenizer's special-token ids."""
+    ``mrope`` if given, else Qwen2-VL behaviour with the tokenizer's special-token ids. An
+    ``mrope`` given with ``"1d"`` is a ValueError (it would be ignored)."""
     if position_ids not in ("1d", "mrope"):
         raise ValueError(f"position_ids must be '1d' or 'mrope', got {position_ids!r}")
     if position_ids == "1d":
+        if mrope is not None:
+            raise ValueError(
+                f"mrope=MRopeConfig(rule={mrope.rule!r}, ...) is set but position_ids='1d' "
+                "computes no mRoPE ids, so batches would carry 1-D positions only; pass "
+                "position_ids='mrope' (or leave mrope unset for a text model)"
+            )
         return None
     return mrope or MRopeConfig.from_tokenizer(tokenizer)
 

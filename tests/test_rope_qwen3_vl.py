@@ -24,9 +24,15 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
 from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeModel
 
+from energon_pack.collate import VLMPackingCollator
 from energon_pack.encode import ByteTokenizer
 from energon_pack.layout import build_packed_row
-from energon_pack.rope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
+from energon_pack.rope import (
+    MRopeConfig,
+    mrope_position_ids,
+    mrope_setting,
+    packed_mrope_position_ids,
+)
 
 TOKENIZER = ByteTokenizer()
 START = TOKENIZER.convert_tokens_to_ids("<|vision_start|>")
@@ -265,3 +271,10 @@ def test_qwen2_5_vl_rule_is_the_one_block_rule_with_its_frame_spacing() -> None:
     same, _ = mrope_position_ids(ids, None, video, seconds, replace(qwen2_5, rule="qwen2_vl"))
     assert torch.equal(positions, same)
     assert positions[0, 2:14].tolist() == [2 + i // 4 for i in range(12)]  # 2 tokens/s x 0.5 s
+
+
+def test_an_mrope_config_with_one_d_positions_is_refused() -> None:
+    assert mrope_setting("mrope", QWEN3, TOKENIZER) is QWEN3
+    assert mrope_setting("1d", None, TOKENIZER) is None
+    with pytest.raises(ValueError, match=r"rule='qwen3_vl'.*position_ids='1d'.*'mrope'"):
+        VLMPackingCollator(64, mrope=QWEN3)
