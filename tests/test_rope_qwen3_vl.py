@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,7 +23,9 @@ from transformers import Qwen3_5Config, Qwen3_5MoeConfig, Qwen3VLConfig, Qwen3VL
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5Model
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeModel
+from transformers.video_utils import VideoMetadata
 
 from energon_pack.collate import VLMPackingCollator
 from energon_pack.encode import ByteTokenizer
@@ -174,12 +177,23 @@ def test_packed_row_matches_get_rope_index_per_segment(
         assert torch.equal(positions[:, start + length : offsets[i + 1]], gap.expand(3, -1))
 
 
-def _frames_text(seconds: Sequence[float], pads: int) -> str:
-    """A Qwen3-VL video as transformers 5.x writes it inside the template's vision block."""
-    blocks = "".join(
-        f"<{t:.1f} seconds><|vision_start|>{'<|video_pad|>' * pads}<|vision_end|>" for t in seconds
-    )
-    return f"<|vision_start|>{blocks}<|vision_end|>"
+class _ProcessorRule:
+    """Just enough of ``Qwen3VLProcessor`` to call its ``replace_video_token`` (the text that
+    replaces a video's ``<|video_pad|>``), without its image and video processors."""
+
+    video_token = "<|video_pad|>"
+    vision_start_token = "<|vision_start|>"
+    vision_end_token = "<|vision_end|>"
+    video_processor = SimpleNamespace(merge_size=2, temporal_patch_size=2)
+    _calculate_timestamps = Qwen3VLProcessor._calculate_timestamps
+
+    def video_text(self, grid: Sequence[int], frames: Sequence[int], fps: float) -> str:
+        """The template's video block as transformers 5.x fills it (the outer pair kept)."""
+        metadata = VideoMetadata(total_num_frames=max(frames) + 1, fps=fps)
+        metadata.frames_indices = list(frames)
+        inputs = {"video_grid_thw": torch.tensor([grid]), "video_metadata": [metadata]}
+        blocks: str = Qwen3VLProcessor.replace_video_token(self, inputs, 0)
+        return f"<|vision_start|>{blocks}<|vision_end|>"
 
 
 def test_real_tokenizer_row_of_images_video_and_text_matches_all_references() -> None:
@@ -187,9 +201,13 @@ def test_real_tokenizer_row_of_images_video_and_text_matches_all_references() ->
     config = MRopeConfig.from_tokenizer(tokenizer, rule="qwen3_vl")
     pads = (config.image_token_id, config.video_token_id)
     image = "<|vision_start|>" + "<|image_pad|>" * 6 + "<|vision_end|>"  # grid (1, 4, 6)
+    # Six frames sampled from a 30 fps clip: three temporal patches of 2x2 merged tokens.
+    video = _ProcessorRule().video_text([3, 4, 4], [0, 15, 45, 60, 90, 119], fps=30.0)
+    assert video.count("seconds>") == 3
+    assert "<0.2 seconds>" in video  # the mean of frames 0 and 15 over 30 fps
     texts = [
         f"<|im_start|>user\n{image}What is shown?<|im_end|>\n<|im_start|>assistant\nA cat.",
-        f"<|im_start|>user\n{_frames_text([0.5, 2.5, 4.5], 4)}What happens?<|im_end|>\n"
+        f"<|im_start|>user\n{video}What happens?<|im_end|>\n"
         f"<|im_start|>assistant\nIt brightens, then {image} fades.",
         "<|im_start|>user\nJust text, please.<|im_end|>\n<|im_start|>assistant\nFine.",
     ]
