@@ -9,6 +9,7 @@ blocks. The position rule reads only the pad runs, so both must give the referen
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from chat_templates import QWEN3_VL
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from real_qwen import real_qwen_tokenizer
@@ -178,54 +180,90 @@ def test_packed_row_matches_get_rope_index_per_segment(
 
 
 class _ProcessorRule:
-    """Just enough of ``Qwen3VLProcessor`` to call its ``replace_video_token`` (the text that
-    replaces a video's ``<|video_pad|>``), without its image and video processors."""
+    """Just enough of ``Qwen3VLProcessor`` to call its ``replace_image_token`` and
+    ``replace_video_token`` (the text that replaces a medium's pad token), without its image
+    and video processors."""
 
+    image_token = "<|image_pad|>"
     video_token = "<|video_pad|>"
     vision_start_token = "<|vision_start|>"
     vision_end_token = "<|vision_end|>"
+    image_processor = SimpleNamespace(merge_size=2)
     video_processor = SimpleNamespace(merge_size=2, temporal_patch_size=2)
     _calculate_timestamps = Qwen3VLProcessor._calculate_timestamps
 
-    def video_text(self, grid: Sequence[int], frames: Sequence[int], fps: float) -> str:
-        """The template's video block as transformers 5.x fills it (the outer pair kept)."""
-        metadata = VideoMetadata(total_num_frames=max(frames) + 1, fps=fps)
-        metadata.frames_indices = list(frames)
-        inputs = {"video_grid_thw": torch.tensor([grid]), "video_metadata": [metadata]}
-        blocks: str = Qwen3VLProcessor.replace_video_token(self, inputs, 0)
-        return f"<|vision_start|>{blocks}<|vision_end|>"
+    def expand(self, text: str, images: list[list[int]], videos: list[Any], outer: bool) -> str:
+        """``text`` rendered by the chat template with its media expanded. ``outer``: as
+        transformers 5.x does (only the pad token replaced, so the template's own
+        ``<|vision_start|>``/``<|vision_end|>`` stay around the per-frame blocks); else as
+        transformers 4.57 does (the template's whole video block replaced)."""
+        pending = {"image": iter(images), "video": iter(videos)}
+        video_block = "<|vision_start|><|video_pad|><|vision_end|>"
+        out = []
+        for part in re.split(f"({re.escape(self.image_token)}|{re.escape(video_block)})", text):
+            if part == self.image_token:
+                grid = torch.tensor([next(pending["image"])])
+                out.append(Qwen3VLProcessor.replace_image_token(self, {"image_grid_thw": grid}, 0))
+            elif part == video_block:
+                grid, frames, fps = next(pending["video"])
+                metadata = VideoMetadata(total_num_frames=max(frames) + 1, fps=fps)
+                metadata.frames_indices = list(frames)
+                inputs = {"video_grid_thw": torch.tensor([grid]), "video_metadata": [metadata]}
+                blocks = Qwen3VLProcessor.replace_video_token(self, inputs, 0)
+                out.append(f"<|vision_start|>{blocks}<|vision_end|>" if outer else blocks)
+            else:
+                out.append(part)
+        return "".join(out)
 
 
-def test_real_tokenizer_row_of_images_video_and_text_matches_all_references() -> None:
-    tokenizer = real_qwen_tokenizer()
+def _turn(role: str, *media: str, text: str) -> dict[str, Any]:
+    return {
+        "role": role,
+        "content": [*({"type": m} for m in media), {"type": "text", "text": text}],
+    }
+
+
+@pytest.mark.parametrize("outer", [True, False], ids=["transformers 5.x", "transformers 4.57"])
+def test_real_template_row_of_images_video_and_text_matches_all_references(outer: bool) -> None:
+    tokenizer = real_qwen_tokenizer(chat_template=QWEN3_VL)
     config = MRopeConfig.from_tokenizer(tokenizer, rule="qwen3_vl")
     pads = (config.image_token_id, config.video_token_id)
-    image = "<|vision_start|>" + "<|image_pad|>" * 6 + "<|vision_end|>"  # grid (1, 4, 6)
     # Six frames sampled from a 30 fps clip: three temporal patches of 2x2 merged tokens.
-    video = _ProcessorRule().video_text([3, 4, 4], [0, 15, 45, 60, 90, 119], fps=30.0)
-    assert video.count("seconds>") == 3
-    assert "<0.2 seconds>" in video  # the mean of frames 0 and 15 over 30 fps
-    texts = [
-        f"<|im_start|>user\n{image}What is shown?<|im_end|>\n<|im_start|>assistant\nA cat.",
-        f"<|im_start|>user\n{video}What happens?<|im_end|>\n"
-        f"<|im_start|>assistant\nIt brightens, then {image} fades.",
-        "<|im_start|>user\nJust text, please.<|im_end|>\n<|im_start|>assistant\nFine.",
+    video = ([3, 4, 4], [0, 15, 45, 60, 90, 119], 30.0)
+    conversations: list[tuple[list[dict[str, Any]], list[list[int]], list[Any]]] = [
+        (
+            [_turn("user", "image", text="What is shown?"), _turn("assistant", text="A cat.")],
+            [[1, 4, 6]],
+            [],
+        ),
+        (
+            [
+                _turn("user", "video", text="What happens?"),
+                _turn("assistant", text="It brightens."),
+                _turn("user", "image", text="And here?"),
+                _turn("assistant", text="It fades."),
+            ],
+            [[1, 6, 4]],
+            [video],
+        ),
+        ([_turn("user", text="Just text, please."), _turn("assistant", text="Fine.")], [], []),
     ]
-    grids: list[tuple[list[list[int]], list[list[int]]]] = [
-        ([[1, 4, 6]], []),
-        ([[1, 4, 6]], [[3, 4, 4]]),
-        ([], []),
-    ]
+    rule = _ProcessorRule()
     samples = []
-    for text, (images, videos) in zip(texts, grids, strict=True):
+    for messages, images, videos in conversations:
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+        text = rule.expand(rendered, images, videos, outer)
         ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False))
         samples.append(
             {"input_ids": ids, "loss_mask": torch.ones_like(ids), "image": _grids(images)}
-            | {"video": _grids(videos)}
+            | {"video": _grids([v[0] for v in videos])}
         )
-    # Timestamps are text: "<0.5 seconds>" is several ordinary tokens before each block.
+    video_text = tokenizer.decode(samples[1]["input_ids"])
+    assert "<0.2 seconds><|vision_start|>" in video_text  # the mean of frames 0 and 15 / 30 fps
+    assert video_text.count("seconds>") == 3
+    # Timestamps are text: "<0.2 seconds>" is several ordinary tokens before each block.
     video_ids = samples[1]["input_ids"]
-    assert int((video_ids == config.vision_start_token_id).sum()) == 3 + 1 + 1
+    assert int((video_ids == config.vision_start_token_id).sum()) == 3 + int(outer) + 1
     row = build_packed_row(
         samples, pad_token_id=tokenizer.pad_token_id, seq_length=512, pad_to_multiple_of=8
     )
