@@ -53,11 +53,13 @@ _LINEAR_ATTENTION_MODEL_TYPES = frozenset(
 
 @dataclass(frozen=True)
 class HFTarget:
-    """What the inputs are shaped for: the model type and its attention implementation.
+    """What the inputs are shaped for: the model type, its attention implementation and whether
+    it has linear-attention layers.
 
     ``attn_implementation`` naming flash attention (``"flash_attention_2"``, ``"..._3"``) gives
     one flattened row ``[1, R*T]`` with the varlen kwargs; anything else (``"sdpa"``,
     ``"eager"``, ``"flex_attention"``) gives ``[R, T]`` rows, segmented by ``position_ids``.
+    A model with linear-attention layers keeps ``[R, T]`` rows of one segment each.
     """
 
     model_type: str | None = None
