@@ -27,6 +27,7 @@ from transformers import (
     PreTrainedModel,
     Qwen3_5Config,
     Qwen3_5ForConditionalGeneration,
+    Qwen3_5TextConfig,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
     Qwen3VLMoeConfig,
@@ -285,6 +286,20 @@ def test_packed_equals_one_by_one(
     assert_same_training_signal(forward_backward(model, inputs), one_by_one(model, samples))
 
 
+def test_flash_attention_inputs_run_through_sdpa_equal_one_by_one(
+    samples: list[EncodedSample],
+) -> None:
+    # Flash attention cannot run on CPU: its flattened row is run through sdpa, which finds the
+    # same segments in the text position row.
+    batch = collator("rows").collate(samples)
+    rows, width = batch.input_ids.shape
+    inputs = batch.hf_model_inputs(HFTarget("qwen3_vl", "flash_attention_2"))
+    assert inputs["position_ids"].shape == (4, 1, rows * width)
+    assert not {"cu_seq_lens_q", "cu_seq_lens_k"} & inputs.keys()
+    model = tiny_model("qwen3_vl")
+    assert_same_training_signal(forward_backward(model, inputs), one_by_one(model, samples))
+
+
 @pytest.fixture(scope="module")
 def one_d_batch(samples: list[EncodedSample]) -> CollatedBatch:
     return collator("dynamic", position_ids="1d", mrope=None).collate(samples)
@@ -395,6 +410,9 @@ def test_qwen3_5_packed_rows_are_refused_by_name(samples: list[EncodedSample]) -
     model = tiny_model("qwen3_5")
     assert HFTarget.of(model).linear_attention  # read from the text config's layer_types
     assert not HFTarget.of(Qwen3VLConfig()).segment_blind
+    text_only = HFTarget.of(Qwen3_5TextConfig())  # Qwen3_5ForCausalLM: 1-D positions, refused
+    assert text_only.segment_blind
+    assert not text_only.mrope
     batch = collator("rows").collate(samples)
     with pytest.raises(
         ValueError,
