@@ -173,6 +173,7 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], int] | type[str] | None], .
     ("--eval-cp", "eval_cp", _positive_int),
     ("--mtp", "mtp", _non_negative_int),
     ("--cuda-graphs", "cuda_graphs", None),
+    ("--cuda-graph-scope", "cuda_graph_scope", str),
     ("--calculate-per-token-loss", "calculate_per_token_loss", None),
     ("--average-in-collective", "average_in_collective", None),
     ("--pad-to-max-length", "pad_to_max_length", None),
@@ -456,6 +457,13 @@ def build_parser() -> argparse.ArgumentParser:
             )
         elif field == "mode":
             check.add_argument(flag, dest=field, choices=MODES, help="packing mode")
+        elif field == "cuda_graph_scope":
+            check.add_argument(
+                flag,
+                dest=field,
+                metavar="SCOPE",
+                help="what the CUDA graphs capture: full (default) or modules, e.g. attn,mlp",
+            )
         else:
             check.add_argument(flag, dest=field, type=kind, metavar="N", help=f"sets {field}")
     check.set_defaults(run=_cmd_check_config)
