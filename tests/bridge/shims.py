@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.metadata
+import importlib.util
 import sys
 import types
 import typing
@@ -25,7 +26,10 @@ def _typing_override() -> None:
 
 
 def _torchvision_schemas() -> None:
-    """Define ``torchvision::nms``/``qnms`` so that torchvision imports against CPU torch."""
+    """Define ``torchvision::nms``/``qnms`` so that torchvision imports against CPU torch
+    (only where torchvision is installed)."""
+    if importlib.util.find_spec("torchvision") is None:
+        return
     import torch
 
     try:
@@ -91,14 +95,31 @@ def _transformer_engine_stub() -> None:
 
 
 def install() -> None:
-    """Install every shim (idempotent)."""
+    """Install every shim (idempotent); ImportError, touching nothing, where Megatron-Bridge
+    is not installed (the main test environment)."""
     global _INSTALLED
     if _INSTALLED:
         return
+    if importlib.util.find_spec("megatron.bridge") is None:
+        raise ImportError(
+            "megatron-bridge is not installed here; build its test environment with "
+            "bash scripts/bridge_env.sh and run bash scripts/test_bridge.sh"
+        )
     _typing_override()
     _torchvision_schemas()
     _transformer_engine_stub()
     _INSTALLED = True
+
+
+def require_bridge() -> None:
+    """Install the shims, or skip the calling test module with the reason (for the main
+    suite, where Megatron-Bridge is not installed)."""
+    import pytest
+
+    try:
+        install()
+    except ImportError as error:
+        pytest.skip(f"Megatron-Bridge tests: {error}", allow_module_level=True)
 
 
 def bridge_version() -> str:
