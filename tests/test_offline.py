@@ -675,7 +675,7 @@ def test_bridge_format_fits_fed_tokens_and_truncates_to_them(tmp_path: Path) -> 
     result = pack_offline(longer, tmp_path / "cut", spec, format="bridge")
     assert result.truncated == 1
     (row,) = bridge_rows(result.files[0])
-    assert len(row["input_ids"]) == 257  # 256 fed tokens and the last label
+    assert row["input_ids"] == [7] * 257  # 256 fed tokens and the last label, no padding
 
 
 def test_bridge_format_reuse_refusals_and_reader(tmp_path: Path) -> None:
