@@ -22,7 +22,11 @@ from tests.bridge.shims import require_bridge
 
 require_bridge()
 
-from megatron.bridge.data.builders.gpt_sft import build_gpt_sft_split  # noqa: E402
+from megatron.bridge.data.builders.gpt_sft import (  # noqa: E402
+    GPTSFTDatasetBuilder,
+    GPTSFTDatasetConfig,
+    build_gpt_sft_split,
+)
 from megatron.bridge.data.packing.config import PackedSequenceSpecs  # noqa: E402
 from megatron.bridge.data.packing.parquet import GPTSFTPackedParquetDataset  # noqa: E402
 
@@ -156,3 +160,46 @@ def test_bridge_reads_every_pack_with_our_targets(
     bridge_targets = _bridge_targets(dataset, spec)
     assert sum(bridge_targets.values()) == ours.sequences == 120
     assert bridge_targets == _our_targets(ours.out_dir)
+
+
+def test_readme_config_builds_with_bridges_dataset_builder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's GPTSFTDatasetConfig, given what ``energon-pack offline`` printed, builds
+    Bridge's training dataset from the pack (no preparation of its own)."""
+    monkeypatch.chdir(tmp_path)
+    _write_input(tmp_path / "sft.jsonl", count=40, longest=900, seed=1)
+    spec = PackingSpec.for_topology(4096, tp=2, cp=2, sp=True)
+    result = pack_offline("sft.jsonl", "packed/", spec, format="bridge")
+    parquet, metadata = result.files
+    config = GPTSFTDatasetConfig(
+        seq_length=4096,
+        dataset_root="packed/",
+        enable_offline_packing=True,
+        offline_packing_specs=PackedSequenceSpecs(
+            packed_sequence_size=4096,
+            packed_train_data_path=str(parquet),
+            packed_metadata_path=str(metadata),
+            pad_seq_to_mult=spec.pad_seq_to_mult,
+            pad_cu_seqlens=False,
+        ),
+        dataset_kwargs={"pad_to_max_length": False},
+        do_validation=False,
+        do_test=False,
+    )
+    config.validate()
+    config.finalize()
+    pad = bridge_pad_id(ByteTokenizer())
+    train, validation, test = GPTSFTDatasetBuilder(
+        config, SimpleNamespace(eos_id=pad, eod=pad)
+    ).build()
+    assert isinstance(train, GPTSFTPackedParquetDataset)
+    assert (validation, test) == (None, None)
+    assert len(train) == result.packs
+    assert sorted(p.name for p in (tmp_path / "packed").iterdir()) == [
+        "4096_metadata.jsonl",
+        "manifest.json",
+        "training_4096.idx.parquet",
+    ]
+    batch = train.collate_fn([train[0]])
+    assert batch["cu_seqlens_q_padded"][0, -1] == batch["tokens"].shape[1]
