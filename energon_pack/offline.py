@@ -30,6 +30,13 @@ Packed directory (all arrays are ``.npy`` files, read memory-mapped):
   request. :class:`PackedDataset` checks every array's size, shape, dtype and block sample on
   open (the full CRC-32 with ``verify=True``); format 1 directories open unchecked.
 
+With ``format="bridge"`` the directory holds Megatron-Bridge's packed parquet instead of the
+arrays: ``training_<size>.idx.parquet`` (one row per pack: ``input_ids``, the label-aligned
+``loss_mask`` int8, ``seq_start_id``; each sequence padded with the tokenizer's eos so that the
+``L - 1`` tokens Bridge feeds of it are a multiple of ``pad_seq_to_mult``), Bridge's
+``<size>_metadata.jsonl`` (counted in those fed tokens) and the manifest (recording the
+parquet's size and CRC-32). Packs then hold at most ``packed_sequence_size`` fed tokens.
+
 The packing itself is out of core: pass 1 streams the input and appends each sequence's tokens
 to temporary files while only the lengths stay in memory; pass 2 packs the lengths (best or
 first fit decreasing); pass 3 copies the sequences in pack order from the memory-mapped
