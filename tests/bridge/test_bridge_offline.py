@@ -62,7 +62,9 @@ def _our_targets(out_dir: Path) -> collections.Counter[Targets]:
     return found
 
 
-def _bridge_dataset(result: Any, spec: PackingSpec) -> GPTSFTPackedParquetDataset:
+def _bridge_dataset(
+    result: Any, spec: PackingSpec, tokenizer: Any = None
+) -> GPTSFTPackedParquetDataset:
     parquet, metadata = result.files
     specs = PackedSequenceSpecs(
         packed_sequence_size=spec.packed_sequence_size,
@@ -71,11 +73,12 @@ def _bridge_dataset(result: Any, spec: PackingSpec) -> GPTSFTPackedParquetDatase
         pad_cu_seqlens=spec.pad_cu_seqlens,
         pad_seq_to_mult=spec.pad_seq_to_mult,
     )
-    tokenizer = SimpleNamespace(eos_id=bridge_pad_id(ByteTokenizer()))
+    # Bridge's tokenizer wrappers give eos_id; the pack was padded with the same id.
+    eos = bridge_pad_id(tokenizer if tokenizer is not None else ByteTokenizer())
     # How Bridge's GPT SFT data builder opens a training split from PackedSequenceSpecs.
     dataset = build_gpt_sft_split(
         specs.packed_train_data_path,
-        tokenizer=tokenizer,
+        tokenizer=SimpleNamespace(eos_id=eos),
         seq_length=spec.packed_sequence_size,
         memmap_workers=1,
         seed=1234,
@@ -203,3 +206,22 @@ def test_readme_config_builds_with_bridges_dataset_builder(
     ]
     batch = train.collate_fn([train[0]])
     assert batch["cu_seqlens_q_padded"][0, -1] == batch["tokens"].shape[1]
+
+
+def test_bridge_reads_packs_of_a_chatml_tokenizer(tmp_path: Path) -> None:
+    """A Qwen-style tokenizer whose eos is <|im_end|>: Bridge pads with it and takes no loss
+    where the input is <|im_end|>, which with the default convention is never a target."""
+    import hf_qwen
+
+    tokenizer = hf_qwen.qwen_tokenizer()
+    assert tokenizer.eos_token == "<|im_end|>"
+    source = tmp_path / "sft.jsonl"
+    _write_input(source, count=60, longest=600, seed=3)
+    spec = PackingSpec.for_topology(
+        2048, tp=4, sp=True, pad_to_max_length=True, pad_cu_seqlens=True
+    )
+    ours = pack_offline(source, tmp_path / "ours", spec, tokenizer)
+    bridge = pack_offline(source, tmp_path / "bridge", spec, tokenizer, format="bridge")
+    targets = _bridge_targets(_bridge_dataset(bridge, spec, tokenizer), spec)
+    assert sum(targets.values()) == 60
+    assert targets == _our_targets(ours.out_dir)
