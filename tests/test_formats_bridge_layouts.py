@@ -22,6 +22,7 @@ from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
 from energon_pack.formats import parse_any
 from energon_pack.formats.bridge import is_bridge_sample
+from energon_pack.formats.energon_types import MediaKeepingDecoder, NamedMember
 from energon_pack.media import Frames, MediaError
 
 LAYOUTS = ("mantis", "tutorial", "llava", "text")
@@ -135,3 +136,17 @@ def test_placeholder_mismatch_names_the_members() -> None:
         parse_any("k", sample)
     assert error.value.kind == "placeholder_mismatch"
     assert error.value.member == "conversation.json"
+
+
+def test_chatml_decoder_keeps_media_compressed_under_their_names(fixtures_dir: Path) -> None:
+    """The decoder given to Bridge's ``ChatMLWebdataset`` datasets: JSON parsed, every other
+    member its bytes under its own name (``field_map`` renames it to ``imgs`` / ``videos``)."""
+    decoder = MediaKeepingDecoder(keep_names=True)
+    for layout in ("mantis", "tutorial"):
+        for key, members in read_samples(fixtures_dir / "bridge_layouts" / layout).items():
+            decoded = decoder({"__key__": key, **members})
+            for name, data in members.items():
+                if name.endswith("json"):
+                    assert decoded[name] == json.loads(data)
+                else:
+                    assert decoded[name] == NamedMember(name, data)

@@ -71,8 +71,10 @@ def _decode_text_and_json(max_json_bytes: int, key: str, data: bytes) -> Any:
 
 
 def _keep_named(max_json_bytes: int, key: str, data: bytes) -> Any:
+    """As :func:`_decode_text_and_json`, other members as :class:`NamedMember` (webdataset
+    passes the member name with a leading dot)."""
     decoded = _decode_text_and_json(max_json_bytes, key, data)
-    return NamedMember(key, data) if decoded is None else decoded
+    return NamedMember(key.removeprefix("."), data) if decoded is None else decoded
 
 
 class MediaKeepingDecoder(SampleDecoder):  # type: ignore[misc]
