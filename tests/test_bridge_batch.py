@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import SMALL_MEDIA, make_encoder
+from helpers import SMALL_MEDIA, assert_resume_equivalent, make_encoder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
@@ -34,7 +34,7 @@ PACKED_SEQ_KEYS = (
 )
 
 
-def loader(encoder: PackingTaskEncoder, workers: int = 0) -> Any:
+def loader(encoder: PackingTaskEncoder, workers: int = 0, *, repeat: bool = False) -> Any:
     dataset = get_train_dataset(
         MANTIS,
         dataset_config="crude.yaml",
@@ -44,9 +44,9 @@ def loader(encoder: PackingTaskEncoder, workers: int = 0) -> Any:
         shuffle_buffer_size=None,
         max_samples_per_sequence=None,
         task_encoder=encoder,
-        repeat=False,
+        repeat=repeat,
     )
-    return get_savable_loader(dataset)
+    return get_savable_loader(dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1)
 
 
 def packed_seq_params_fields(batch: dict[str, Any]) -> dict[str, Any]:
@@ -207,3 +207,42 @@ def test_bridge_metadata_matches_the_row_for_any_layout(
         assert torch.equal(value, want) if isinstance(want, torch.Tensor) else value == want, key
     assert int(batch["cu_seqlens_q_padded"][-1]) == batch["input_ids"].shape[1]
     assert batch["visual_inputs"].normalized_for_model() == {}
+
+
+class BridgeRun:
+    """A repeating ``output="bridge"`` loader for the resume helper."""
+
+    def __init__(self) -> None:
+        self.loader = loader(make_encoder(output="bridge"), repeat=True)
+        self.batches: Any = None
+
+    def step(self) -> tuple[Any, ...]:
+        if self.batches is None:
+            self.batches = iter(self.loader)
+        batch = next(self.batches)
+        pixels = float(batch["visual_inputs"].pixel_values.sum())
+        return tuple(batch["__keys__"]), batch["input_ids"].tolist(), pixels
+
+
+@pytest.mark.parametrize("at", [1, 4])
+def test_bridge_output_resumes_exactly(at: int) -> None:
+    assert_resume_equivalent(
+        BridgeRun,
+        [BridgeRun.step] * 6,
+        at,
+        save=lambda run: run.loader.save_state_rank(),
+        load=lambda run, state: run.loader.restore_state_rank(state),
+        roundtrip=lambda state: state,
+    )
+
+
+def test_restore_sample_rebuilds_a_bridge_batch() -> None:
+    bridge_loader = loader(make_encoder(output="bridge"))
+    batches = list(bridge_loader)
+    for batch in (batches[0], batches[-1]):
+        again = bridge_loader.restore_sample(batch["__restore_key__"])
+        assert again["__keys__"] == batch["__keys__"]
+        assert torch.equal(again["input_ids"], batch["input_ids"])
+        assert torch.equal(again["cu_seqlens_q_padded"], batch["cu_seqlens_q_padded"])
+        pixels = again["visual_inputs"].pixel_values
+        assert torch.equal(pixels, batch["visual_inputs"].pixel_values)

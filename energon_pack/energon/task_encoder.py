@@ -328,8 +328,9 @@ class PackingTaskEncoder(DefaultTaskEncoder):
     def preencode_sample(self, sample: Sample) -> PreparedSample | RejectedSample:
         """Tokenise and probe the media (header only); bad samples become RejectedSample.
 
-        Takes cooked WebDataset samples (native or Megatron-Bridge layout) and Energon's
-        ``VQASample`` / ``CaptioningSample`` (see :mod:`energon_pack.formats.energon_types`).
+        Takes cooked WebDataset samples (native or Megatron-Bridge layouts), Bridge's
+        ``ChatMLSample`` and Energon's ``VQASample`` / ``CaptioningSample`` (see
+        :mod:`energon_pack.formats.energon_types`).
         """
         try:
             row = (
@@ -340,8 +341,8 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             if row is None:
                 raise ValueError(
                     f"sample {sample.__key__!r} is a {type(sample).__name__}; PackingTaskEncoder "
-                    "reads CrudeWebdataset samples (native or Megatron-Bridge layout), "
-                    "VQAWebdataset and CaptioningWebdataset"
+                    "reads CrudeWebdataset samples (native or Megatron-Bridge layouts), "
+                    "Megatron-Bridge's ChatMLWebdataset, VQAWebdataset and CaptioningWebdataset"
                 )
             encoded = self.encoder.encode_sample(sample.__key__, row)
             if self.decode == "eager":
