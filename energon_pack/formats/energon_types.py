@@ -98,26 +98,22 @@ class MediaKeepingDecoder(SampleDecoder):  # type: ignore[misc]
         self._decoder = webdataset.autodecode.Decoder([handler], pre=[], post=[])
 
 
-def is_chatml_sample(sample: Any) -> bool:
-    """Whether ``sample`` is Megatron-Bridge's ``ChatMLSample`` (or a subclass), told by class
-    name so that Bridge need not be importable."""
-    return any(cls.__name__ == "ChatMLSample" for cls in type(sample).__mro__)
+def is_chatml_type(sample_type: object) -> bool:
+    """Whether ``sample_type`` is Megatron-Bridge's ``ChatMLSample`` (or a subclass), told by
+    class name so that Bridge need not be importable."""
+    mro = getattr(sample_type, "__mro__", ())
+    return any(cls.__name__ == "ChatMLSample" for cls in mro)
 
 
-def keep_media_compressed(datasets: Sequence[Any], max_json_bytes: int) -> int:
+def keep_media_compressed(datasets: Sequence[Any], max_json_bytes: int) -> None:
     """Give every loaded dataset (Energon's ``LoadedDataset``) that yields Bridge's
     ``ChatMLSample`` a :class:`MediaKeepingDecoder` in place of its own, so that its images
-    stay compressed until a pack is chosen; returns how many were changed."""
-    changed = 0
+    stay compressed until a pack is chosen."""
     for loaded in datasets:
         factory = loaded.dataset
         sample_type = getattr(factory, "__sample_type__", None)
-        if not isinstance(sample_type, type) or not hasattr(factory, "_decoder"):
-            continue
-        if any(cls.__name__ == "ChatMLSample" for cls in sample_type.__mro__):
+        if hasattr(factory, "_decoder") and is_chatml_type(sample_type):
             factory._decoder = MediaKeepingDecoder(max_json_bytes, keep_names=True)
-            changed += 1
-    return changed
 
 
 def typed_sample_row(sample: Any) -> dict[str, Any] | None:
@@ -125,7 +121,7 @@ def typed_sample_row(sample: Any) -> dict[str, Any] | None:
     the members of a Bridge ``ChatMLSample``, or None for other samples. Raises
     :class:`~energon_pack.media.MediaError` for a sample type that has no conversation form."""
     key = str(getattr(sample, "__key__", "?"))
-    if is_chatml_sample(sample):
+    if is_chatml_type(type(sample)):
         return _chatml_members(key, sample)
     if isinstance(sample, VQASample):
         turns = [
@@ -159,7 +155,10 @@ def _chatml_members(key: str, sample: Any) -> dict[str, Any]:
                 f"ChatMLSample.{field} is not read by PackingTaskEncoder (images, videos and "
                 f"text only); map no {field} member in the dataset's field_map",
             )
-    members: dict[str, Any] = {"json": sample.conversation}
+    conversation = sample.conversation
+    if isinstance(conversation, NamedMember):  # a member the decoder does not parse
+        conversation = conversation.data
+    members: dict[str, Any] = {"json": conversation}
     for field in ("imgs", "videos"):
         value = getattr(sample, field, None)
         if value is None:

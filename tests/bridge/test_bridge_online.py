@@ -183,3 +183,22 @@ def test_declarative_energon_config_refuses_our_encoder() -> None:
     )
     with pytest.raises(TypeError, match="declarative Energon task-encoder config"):
         config.validate()
+
+
+def test_a_decoded_chatml_sample_is_refused_by_name() -> None:
+    """A ``ChatMLSample`` whose dataset kept Bridge's own decoder (images as tensors)."""
+    from megatron.bridge.data.energon.task_encoder_utils import ChatMLSample
+
+    from energon_pack.formats.energon_types import typed_sample_row
+    from energon_pack.media import MediaError
+
+    turns = '[{"role": "user", "content": "<image>"}, {"role": "assistant", "content": "red"}]'
+    decoded = ChatMLSample(
+        __key__="k", __restore_key__=(), conversation=turns, imgs=[torch.zeros(3, 8, 8)]
+    )
+    with pytest.raises(MediaError, match=r"ChatMLSample.imgs arrived decoded \(list\)") as error:
+        typed_sample_row(decoded)
+    assert error.value.kind == "unsupported"
+    voice = ChatMLSample(__key__="k", __restore_key__=(), conversation=turns, audio=torch.zeros(4))
+    with pytest.raises(MediaError, match=r"ChatMLSample.audio is not read"):
+        typed_sample_row(voice)
