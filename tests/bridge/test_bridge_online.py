@@ -30,11 +30,8 @@ try:
     from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
     from megatron.core.packed_seq_params import PackedSeqParams
 except ImportError as error:
-    pytest.skip(
-        f"Megatron-Bridge is not importable ({error}); build its test environment with "
-        "bash scripts/bridge_env.sh and run .bridge-venv/bin/python -m pytest tests/bridge",
-        allow_module_level=True,
-    )
+    how = "" if "bridge_env.sh" in str(error) else "; build it with bash scripts/bridge_env.sh"
+    pytest.skip(f"Megatron-Bridge is not importable: {error}{how}", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUTS = ROOT / "fixtures" / "bridge_layouts"
