@@ -246,3 +246,16 @@ def test_restore_sample_rebuilds_a_bridge_batch() -> None:
         assert torch.equal(again["cu_seqlens_q_padded"], batch["cu_seqlens_q_padded"])
         pixels = again["visual_inputs"].pixel_values
         assert torch.equal(pixels, batch["visual_inputs"].pixel_values)
+
+
+def test_a_failing_conversion_stops_the_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure in the encoder's own ``encode_batch`` is a bug, not bad data: the loader stops
+    at once instead of dropping packs (Energon's default tolerates 100 failures)."""
+
+    def broken(self: PackedBatch, media: Any = None) -> dict[str, Any]:
+        raise RuntimeError("conversion broke")
+
+    monkeypatch.setattr(PackedBatch, "to_bridge_batch", broken)
+    with pytest.raises(Exception, match=r"conversion broke|encode_batch") as error:
+        next(iter(loader(make_encoder(output="bridge"))))
+    assert not isinstance(error.value, StopIteration)

@@ -385,7 +385,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             **packed.vision.tensors(),
         )
 
-    @stateless
+    @stateless(failure_tolerance=1)  # a failure here is a bug, not bad data: stop at once
     def encode_batch(self, batch: PackedBatch) -> PackedBatch | dict[str, Any]:
         """The loader's output form of a pack: ``batch`` itself, or with ``output="bridge"``
         the dict Megatron-Bridge's ``vlm_step`` reads."""
