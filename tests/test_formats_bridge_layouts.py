@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import SMALL_MEDIA, image_bytes, make_encoder, native_pack, read_samples
+from helpers import (
+    SMALL_MEDIA,
+    image_bytes,
+    load_script,
+    make_encoder,
+    native_pack,
+    read_samples,
+)
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
 from energon_pack.formats import parse_any
@@ -150,3 +157,13 @@ def test_chatml_decoder_keeps_media_compressed_under_their_names(fixtures_dir: P
                     assert decoded[name] == json.loads(data)
                 else:
                     assert decoded[name] == NamedMember(name, data)
+
+
+def test_layouts_regenerate_byte_identical(fixtures_dir: Path, tmp_path: Path) -> None:
+    maker = load_script(fixtures_dir / "make_bridge_fixture.py")
+    fresh = maker.write_layouts(maker.read_native(fixtures_dir / "vlm_demo"), tmp_path)
+    assert sorted(fresh) == sorted(LAYOUTS)
+    for layout, path in fresh.items():
+        shipped = fixtures_dir / "bridge_layouts" / layout
+        for name in (f"{layout}-000000.tar", ".nv-meta/dataset.yaml", ".nv-meta/crude.yaml"):
+            assert (path / name).read_bytes() == (shipped / name).read_bytes(), (layout, name)
