@@ -49,14 +49,18 @@ _PIXELS = ("pixel_values", "pixel_values_videos")
 
 @dataclass
 class VisualInputs:
-    """The Qwen-VL fields of Megatron-Bridge's ``GenericVisualInputs`` (used when Bridge is
-    not importable): pixel patches ``[P, patch_dim]`` and ``[N, 3]`` grids, in segment order."""
+    """The fields of Megatron-Bridge 0.6.2's ``GenericVisualInputs`` (used when Bridge is not
+    importable). Packed rows set the Qwen-VL ones: pixel patches ``[P, patch_dim]``, ``[N, 3]``
+    grids and ``second_per_grid_ts``, in segment order."""
 
     pixel_values: torch.Tensor | None = None
     pixel_values_videos: torch.Tensor | None = None
     image_grid_thw: torch.Tensor | None = None
     video_grid_thw: torch.Tensor | None = None
     second_per_grid_ts: torch.Tensor | None = None
+    image_sizes: torch.Tensor | None = None
+    image_position_ids: torch.Tensor | None = None
+    mm_token_type_ids: torch.Tensor | None = None
 
     def as_model_kwargs(self) -> dict[str, torch.Tensor]:
         """The fields that are set, by name."""

@@ -168,6 +168,19 @@ def test_the_readme_quick_start_runs_as_written(monkeypatch: pytest.MonkeyPatch)
     assert next(scope["train"])["max_seqlen_q"].dtype == torch.int32
 
 
+def test_the_fallback_visual_inputs_have_bridges_fields() -> None:
+    from dataclasses import fields
+
+    from energon_pack.bridge_batch import VisualInputs
+
+    assert [f.name for f in fields(VisualInputs)] == [f.name for f in fields(GenericVisualInputs)]
+    pixels = torch.ones(2, 3, 4, 1, 1)
+    ours = VisualInputs(pixel_values=pixels).normalized_for_model()
+    theirs = GenericVisualInputs(pixel_values=pixels).normalized_for_model()
+    assert ours.keys() == theirs.keys()
+    assert torch.equal(ours["pixel_values"], theirs["pixel_values"])
+
+
 def test_declarative_energon_config_refuses_our_encoder() -> None:
     """Why the quick start goes through the datamodule (as the README says)."""
     from megatron.bridge.data.builders.energon import EnergonDatasetConfig
