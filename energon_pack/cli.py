@@ -354,6 +354,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         pixel_dtype=args.pixel_dtype,
         tokenizer=args.tokenizer,
         overlong=args.overlong,
+        dataset_config=args.dataset_config,
     )
     # Forked loader workers use the tokenizer after the main process did: no Rust thread pool.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -591,6 +592,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["skip", "error"],
         default="skip",
         help="samples longer than --seq-length: count and skip them (default), or stop",
+    )
+    tune.add_argument(
+        "--dataset-config",
+        metavar="NAME",
+        help="the dataset's description file in .nv-meta (default: dataset.yaml), e.g. "
+        "crude.yaml to read a Megatron-Bridge ChatMLWebdataset's shards without Bridge",
     )
     tune.add_argument("--out", default="tune-out", help="directory for JSON, plots, reports")
     tune.set_defaults(run=_cmd_tune)
