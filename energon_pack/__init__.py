@@ -7,6 +7,7 @@ from energon_pack.binpack import (
     best_fit_decreasing,
     first_fit_decreasing,
 )
+from energon_pack.bridge_batch import VisualInputs, bridge_batch
 from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
 from energon_pack.encode import ByteTokenizer, ConversationEncoder
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
@@ -71,7 +72,9 @@ __all__ = [
     "RowLayout",
     "TokenSlotRow",
     "VLMPackingCollator",
+    "VisualInputs",
     "best_fit_decreasing",
+    "bridge_batch",
     "build_packed_row",
     "check_trainer",
     "equal_token_slot_table",

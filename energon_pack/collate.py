@@ -36,7 +36,7 @@ from energon_pack.checks import check_choice, check_config
 from energon_pack.encode import ConversationEncoder
 from energon_pack.formats.chat_rows import is_chat_row
 from energon_pack.formats.trainer_rows import check_media_columns, row_key, unreadable_item
-from energon_pack.hf import HFTarget, batch_model_inputs
+from energon_pack.hf import HFTarget, batch_model_inputs, check_position_ids
 from energon_pack.layout import hf_varlen_kwargs, loss_mask_from_labels, packed_seq_params_kwargs
 from energon_pack.loss import LOSS_SEGMENTS, hf_loss_segments
 from energon_pack.media import MediaError, VisionInputs
@@ -187,7 +187,8 @@ class VLMPackingCollator:
             ``data_collator`` of transformers' ``Trainer`` or TRL's ``SFTTrainer``.
         hf_model: with ``output="hf"``, the transformers model or config the inputs are for
             (its model type and attention implementation are kept, not the model); see
-            :class:`~energon_pack.hf.HFTarget`. Default: sdpa/eager form.
+            :class:`~energon_pack.hf.HFTarget`. Default: sdpa/eager form. A model that takes
+            mRoPE positions with ``position_ids="1d"`` is a ValueError.
         loss_segments: with ``output="hf"``, the dict also carries
             :data:`~energon_pack.loss.LOSS_SEGMENTS` (each target token's sample) for the
             ``"sample"`` / ``"sqrt"`` reductions of :mod:`energon_pack.loss`; it is not a model
@@ -248,6 +249,7 @@ class VLMPackingCollator:
         self._vision_end = tokenizer.convert_tokens_to_ids("<|vision_end|>")
         self.output: Output = output
         self.hf_target = HFTarget.of(hf_model)
+        check_position_ids(self.hf_target, mrope=self.mrope is not None)
         self.loss_segments = loss_segments
         self._warned_single = False
 
