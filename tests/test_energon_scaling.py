@@ -8,6 +8,10 @@ and 4x1 exactly; another global worker count is refused first, by name."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +57,21 @@ def described(batches: Iterator[Any], count: int | None = None) -> list[Pack]:
     return out
 
 
+def shut_down(loader: Any) -> None:
+    """Stop the loader's worker processes now (torch has no public call for it): left to the
+    garbage collector, each takes seconds to stop."""
+    if loader._iterator is not None:
+        loader._iterator._shutdown_workers()
+
+
+def packs_of(loader: Any, count: int | None = None) -> list[Pack]:
+    """``count`` packs of a fresh ``loader`` (None: its epoch), its workers then stopped."""
+    try:
+        return described(iter(loader), count)
+    finally:
+        shut_down(loader)
+
+
 def by_worker(packs: list[Pack]) -> dict[int, list[tuple[str, ...]]]:
     """Each global worker's packs, in its order."""
     out: dict[int, list[tuple[str, ...]]] = {}
@@ -78,7 +97,7 @@ def resumed(path: Path, files: list[Path], workers: int) -> list[Pack]:
     for rank, file in enumerate(files):
         rank_loader = loader(path, rank, len(files), workers)
         restore_state_rank(rank_loader, torch.load(file, weights_only=False))
-        packs += described(iter(rank_loader))
+        packs += packs_of(rank_loader)
     return packs
 
 
@@ -96,7 +115,7 @@ def test_the_same_global_worker_count_gives_the_same_packs_and_global_batches(
     for world_size, workers in TOPOLOGIES:
         count = per_rank * 4 // (world_size * workers) * workers
         runs[world_size, workers] = [
-            described(iter(loader(data, rank, world_size, workers, repeat=True)), count)
+            packs_of(loader(data, rank, world_size, workers, repeat=True), count)
             for rank in range(world_size)
         ]
     streams = {
@@ -138,6 +157,7 @@ def checkpoint(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         files.append(folder / f"state_rank{rank}.pt")
         torch.save(state, files[-1])
         after += described(batches)
+        shut_down(rank_loader)
     return {"files": files, "before": before, "after": after}
 
 
@@ -175,8 +195,12 @@ def test_another_global_worker_count_is_refused_naming_the_topologies(
     # refuses it in the worker, before it packs anything.
     plain = loader(data, 0, 1, 2)
     plain.restore_state_rank(state)
-    with pytest.raises(ValueError, match=r"saved with 4 global workers.*runs 1 rank x 2 workers"):
-        next(iter(plain))
+    batches = iter(plain)
+    try:
+        with pytest.raises(ValueError, match=r"saved with 4 global workers.*runs 1 rank x 2 work"):
+            next(batches)
+    finally:
+        shut_down(plain)
 
 
 def test_a_redistributed_state_on_the_wrong_workers_per_rank_is_refused_first(
@@ -199,6 +223,36 @@ def test_a_rank_restoring_another_ranks_state_is_refused_by_global_worker(
     state = torch.load(checkpoint["files"][1], weights_only=False)
     with pytest.raises(ValueError, match=r"global_worker: saved 2, now 0\. .*rank 0, worker 0"):
         restore_state_rank(loader(data, 0, 2, 2), state)
+
+
+def test_torchrun_2x2_saved_per_rank_redistributed_by_energon_resumes_at_1x4(
+    data: Path, tmp_path: Path
+) -> None:
+    """Two processes (gloo) save their rank states as Megatron does; Energon's CLI
+    redistributes them; this one process resumes them with 4 workers."""
+    script = Path(__file__).parent / "distributed_resume.py"
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    run += ["--master_port=29547", str(script), str(data), "3", str(tmp_path)]
+    # The processes import this checkout's energon_pack, as this one does.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    subprocess.run(run, check=True, timeout=300, capture_output=True, env=env)
+    ranks = json.loads((tmp_path / "packs.json").read_text())
+    saved = [tmp_path / "saved" / f"state_rank{rank}.pt" for rank in range(2)]
+    (tmp_path / "redist").mkdir()  # Energon 7.4.1 writes only into an existing folder
+    energon = Path(sys.executable).parent / "energon"
+    redist = [str(energon), "checkpoint", "redist", *map(str, saved), str(tmp_path / "redist")]
+    subprocess.run([*redist, "--new-world-size", "1"], check=True, timeout=120, env=env)
+    state = torch.load(tmp_path / "redist" / "state_rank0.pt", weights_only=False)
+    resumed_loader = loader(data, 0, 1, 4)
+    restore_state_rank(resumed_loader, state["dataloader_state_dict"])
+    after = packs_of(resumed_loader)
+
+    def packs(part: str) -> list[Pack]:
+        return [(g, index, tuple(keys)) for rank in ranks for g, index, keys in rank[part]]
+
+    assert sorted(after) == sorted(packs("after"))
+    delivered = [key for _, _, keys in packs("before") + after for key in keys]
+    assert sorted(delivered) == [f"t{index:05d}" for index in range(SAMPLES)], "not once each"
 
 
 def _packing_states(value: Any) -> Iterator[dict[str, Any]]:
