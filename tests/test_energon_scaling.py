@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -23,6 +25,7 @@ from helpers import text_dataset, train_dataset
 from megatron.energon import get_savable_loader
 from megatron.energon.tools.checkpoint import command_redist
 
+from energon_pack.cli import main
 from energon_pack.energon import restore_state_rank
 
 SAMPLES = 40
@@ -223,6 +226,54 @@ def test_a_rank_restoring_another_ranks_state_is_refused_by_global_worker(
     state = torch.load(checkpoint["files"][1], weights_only=False)
     with pytest.raises(ValueError, match=r"global_worker: saved 2, now 0\. .*rank 0, worker 0"):
         restore_state_rank(loader(data, 0, 2, 2), state)
+
+
+def test_energon_pack_redist_moves_a_2x2_checkpoint_to_4x1_into_a_new_folder(
+    data: Path, checkpoint: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "new" / "redist"  # not there yet: created
+    files = [str(file) for file in checkpoint["files"]]
+    assert main(["redist", *reversed(files), str(out), "--new-world-size", "4"]) == 0
+    written = [out / f"state_rank{rank}.pt" for rank in range(4)]
+    assert f"wrote {', '.join(map(str, written))}" in capsys.readouterr().out
+    assert by_worker(resumed(data, written, 1)) == by_worker(checkpoint["after"])
+
+
+@pytest.mark.parametrize(
+    ("which", "size", "message"),
+    [
+        (
+            "both",
+            "3",
+            r"--new-world-size=3 does not divide the 4 global workers \(2 ranks x 2 "
+            r"workers\): use one of 1, 2, 4",
+        ),
+        ("rank1", "1", r"1 state file given: Energon 7\.4\.1's redist needs the per-rank files"),
+        (
+            "rank1 as rank0",
+            "1",
+            r"state_rank0\.pt: worker 0 holds the packing state of global worker 2, not 0: "
+            r"pass every rank's state file of one checkpoint",
+        ),
+    ],
+)
+def test_energon_pack_redist_refuses_before_writing(
+    checkpoint: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    which: str,
+    size: str,
+    message: str,
+) -> None:
+    files = [str(file) for file in checkpoint["files"]]
+    if which == "rank1 as rank0":
+        shutil.copy(files[1], tmp_path / "state_rank0.pt")
+        files[0] = str(tmp_path / "state_rank0.pt")
+    files = files[1:] if which == "rank1" else files
+    out = tmp_path / "redist"
+    assert main(["redist", *files, str(out), "--new-world-size", size]) == 2
+    assert re.search(rf"^energon-pack: error: .*{message}", capsys.readouterr().err)
+    assert not out.exists()
 
 
 def test_torchrun_2x2_saved_per_rank_redistributed_by_energon_resumes_at_1x4(

@@ -70,7 +70,7 @@ def check_loader_state(loader: SavableDataLoader[Any], state: SavableDataLoaderS
     packing = [
         (index, packing_state)
         for index, worker_state in enumerate(worker_states)
-        for packing_state in _packing_states(worker_state)
+        for packing_state in packing_states(worker_state)
     ]
     for _, packing_state in packing:
         _check_global_count(packing_state.get("settings"), saved_workers, current)
@@ -171,17 +171,17 @@ def _packing_wrapper(dataset: Any) -> CarryOverPackingDataset[Any, Any]:
     return node
 
 
-def _packing_states(value: Any) -> Iterator[Mapping[str, Any]]:
+def packing_states(value: Any) -> Iterator[Mapping[str, Any]]:
     """Every saved CarryOverPackingDataset state nested in ``value``."""
     if isinstance(value, Mapping):
         if value.get("__class__") == CarryOverPackingDataset.__name__:
             yield value
             return
         for item in value.values():
-            yield from _packing_states(item)
+            yield from packing_states(item)
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _packing_states(item)
+            yield from packing_states(item)
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for field in dataclasses.fields(value):
-            yield from _packing_states(getattr(value, field.name))
+            yield from packing_states(getattr(value, field.name))
