@@ -276,6 +276,14 @@ def test_energon_pack_redist_refuses_before_writing(
     assert not out.exists()
 
 
+def test_energon_pack_redist_names_a_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = [str(tmp_path / f"state_rank{rank}.pt") for rank in range(2)]
+    assert main(["redist", *files, str(tmp_path / "out"), "--new-world-size", "1"]) == 3
+    assert capsys.readouterr().err.startswith(f"energon-pack: error: {files[0]}: No such file")
+
+
 def test_torchrun_2x2_saved_per_rank_redistributed_by_energon_resumes_at_1x4(
     data: Path, tmp_path: Path
 ) -> None:

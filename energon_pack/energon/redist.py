@@ -37,6 +37,8 @@ def redistribute(files: Sequence[Path], out: Path, new_world_size: int) -> list[
     files = sorted(files, key=lambda file: natural_sort_key(file.name))  # as Energon reads them
     try:
         ranks = RankStateIterable([EPath(str(file)) for file in files])
+    except OSError:
+        raise
     except Exception as error:  # Energon raises bare Exceptions and assertions here
         raise ValueError(
             f"Energon cannot read {', '.join(map(str, files))} as the rank states of one "
