@@ -292,8 +292,11 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         """The current fingerprint to compare a state saved before the global worker was
         recorded with: refused unless this loader has its topology and rank."""
         config = self.worker_config
-        here = {"world_size": config.world_size, "num_workers": config.num_workers}
-        here["rank"] = config.rank
+        here = {
+            "world_size": config.world_size,
+            "num_workers": config.num_workers,
+            "rank": config.rank,
+        }
         if any(saved[name] != value for name, value in here.items()):
             then = ", ".join(f"{name}={saved[name]!r}" for name in here)
             now = ", ".join(f"{name}={value!r}" for name, value in here.items())
