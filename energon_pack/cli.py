@@ -431,6 +431,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_redist(args: argparse.Namespace) -> int:
+    from energon_pack.energon.redist import redistribute  # imports Energon and torch
+
+    written = redistribute(args.files, args.out_dir, args.new_world_size)
+    print(f"wrote {', '.join(str(path) for path in written)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="energon-pack",
@@ -613,6 +621,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="plot path, written as PNG whatever its suffix (default: REPORT_DIR/rss.png)",
     )
     report.set_defaults(run=_cmd_report)
+
+    redist = commands.add_parser(
+        "redist",
+        help="move per-rank Energon loader states to a new data-parallel world size "
+        "(Energon's `energon checkpoint redist`, checked)",
+        description="Calls Energon's redistribution after checking that NEW divides "
+        "world_size x num_workers, that the states were saved with worker processes and that "
+        "the files are every rank of one checkpoint; creates OUT_DIR. Exit status 2 on a "
+        "refused checkpoint, 3 when a file cannot be read or written.",
+    )
+    redist.add_argument("files", type=Path, nargs="+", metavar="STATE.pt", help="one per rank")
+    redist.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    redist.add_argument(
+        "--new-world-size", type=_positive_int, required=True, metavar="NEW", help="ranks"
+    )
+    redist.set_defaults(run=_cmd_redist)
     return parser
 
 

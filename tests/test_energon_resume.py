@@ -341,8 +341,6 @@ CHANGED = [
     ("system_prompt", {"system_prompt": "Be brief."}),
     ("loss_on", {"loss_on": "all"}),
     ("position_ids", {"position_ids": "mrope"}),
-    ("world_size", {"world_size": 2}),
-    ("num_workers", {"workers": 2}),
 ]
 
 
@@ -365,14 +363,36 @@ def test_a_plain_restore_also_refuses_changed_settings(text_path: Path, saved_st
         loader.restore_state_rank(saved_state)
 
 
-def test_another_number_of_workers_is_refused_by_name(text_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"world_size": 2}, r"at 1 rank x 0 workers = 1 global worker, this loader runs 2 ranks"),
+        ({"workers": 2}, r"= 1 global worker, this loader runs 1 rank x 2 workers = 2 global"),
+        ({"workers": 1}, r"saved with num_workers=0, this loader has num_workers=1\b"),
+    ],
+)
+def test_another_topology_is_refused_by_name(
+    text_path: Path, saved_state: Any, change: dict[str, Any], message: str
+) -> None:
+    """The state of a loader without worker processes restores only at its topology (it is
+    one FlexState per rank, which Energon cannot redistribute)."""
+    loader = LoaderRun(text_path, **{**PENDING, **change}).loader
+    with pytest.raises(ValueError, match=rf"{message}.*start a fresh run"):
+        restore_state_rank(loader, saved_state)
+
+
+def test_another_global_worker_count_is_refused_by_name(text_path: Path) -> None:
     run = LoaderRun(text_path, workers=2, **PENDING)
     for _ in range(3):
         run.step()
     state = run.save()
-    with pytest.raises(ValueError, match=r"num_workers: saved 2, now 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"at 1 rank x 2 workers = 2 global workers, this loader runs 1 rank x 0 workers "
+        r"= 1 global worker\. .*use 1x2 or 2x1",
+    ):
         restore_state_rank(LoaderRun(text_path, **PENDING).loader, state)
-    with pytest.raises(ValueError, match=r"num_workers: saved 2, now 3"):
+    with pytest.raises(ValueError, match=r"runs 1 rank x 3 workers = 3 global workers"):
         restore_state_rank(LoaderRun(text_path, workers=3, **PENDING).loader, state)
     # Workers that had no state yet: the count alone still tells.
     for worker_state in state.worker_states:

@@ -116,5 +116,29 @@ def test_a_committed_state_is_refused_with_another_number_of_workers(
 ) -> None:
     run = expected["runs"]["workers2"]
     loader = maker.make_loader(dataset, expected["settings"], 0)
-    with pytest.raises(ValueError, match=r"num_workers: saved 2, now 0"):
+    with pytest.raises(
+        ValueError, match=r"saved with num_workers=2, this loader has num_workers=0"
+    ):
+        restore_state_rank(loader, saved_state(fixtures_dir, run))
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_committed_state_resumes_only_at_the_rank_and_topology_it_was_saved_at(
+    fixtures_dir: Path, maker: ModuleType, expected: dict[str, Any], dataset: Path, name: str
+) -> None:
+    """These states predate the global worker in the fingerprint: they cannot say which global
+    worker they belong to, so another world size (even with the same per-rank worker count) is
+    refused, naming where they were saved."""
+    run = expected["runs"][name]
+    settings = json.loads(json.dumps(expected["settings"]))
+    settings["loader"]["world_size"] = 2
+    loader = maker.make_loader(dataset, settings, run["num_workers"])
+    workers = run["num_workers"]
+    with pytest.raises(
+        ValueError,
+        match=(
+            rf"saved by an earlier energon_pack with world_size=1, num_workers={workers}, rank=0, "
+            r"before packing states recorded their global worker.* not at world_size=2"
+        ),
+    ):
         restore_state_rank(loader, saved_state(fixtures_dir, run))

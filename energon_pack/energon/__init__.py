@@ -1,6 +1,7 @@
 """Megatron-Energon integration: the packing task encoder and its carry-over wrapper."""
 
 from energon_pack.energon.carry_over import CarryOverPackingDataset, PackingStats, RejectedSample
+from energon_pack.energon.redist import redistribute
 from energon_pack.energon.resume import check_loader_state, restore_state_rank
 from energon_pack.energon.task_encoder import (
     ConversationSample,
@@ -22,5 +23,6 @@ __all__ = [
     "SkippedSample",
     "check_loader_state",
     "cook_conversation",
+    "redistribute",
     "restore_state_rank",
 ]

@@ -15,7 +15,10 @@ Saved state (per worker), all listed in ``_savable_fields``:
   restore of a state saved during the flush or after the last pack finishes the epoch from
   ``_pending`` without reading the source again (states saved before the field restore as
   False);
-* ``settings``: the fingerprint of every setting the packs depend on (see ``fingerprint``).
+* ``settings``: the fingerprint of every setting the packs depend on (see ``fingerprint``),
+  with the global worker count (``world_size x num_workers``) and ``global_worker``, the global
+  index of the worker that saved it (see :mod:`~energon_pack.energon.workers`): the state
+  belongs to that global worker and resumes on any topology with the same global count.
   Restoring under other settings raises ValueError naming each difference, before anything is
   restored; restoring never changes the state it reads, so one state can be restored twice.
 
@@ -56,6 +59,12 @@ from energon_pack.binpack import (
     Overlong,
     aligned_length,
     overlong_message,
+)
+from energon_pack.energon.workers import (
+    Topology,
+    current_global_worker,
+    saved_index,
+    topology_refusal,
 )
 from energon_pack.fingerprint import check_fingerprint, settings_fingerprint
 from energon_pack.memory import BufferSnapshot, MonitorConfig, RSSMonitor
@@ -133,7 +142,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         monitor: if set, each worker runs an :class:`~energon_pack.memory.RSSMonitor`.
         settings: what else the packs depend on (the task encoder's settings, nested mappings
             or dataclasses of JSON-able values), checked on restore with the packer settings,
-            ``overlong`` and the worker config (``num_workers``, ``world_size``, ``rank``).
+            ``overlong``, the global worker count and the worker's global index.
     """
 
     _savable_fields = (
@@ -177,13 +186,12 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                 **(settings or {}),
                 "packer": self.packer.state_dict()["settings"],
                 "overlong": overlong,
-                "num_workers": worker_config.num_workers,
-                "world_size": worker_config.world_size,
-                "rank": worker_config.rank,
+                "global_workers": Topology.of(worker_config).global_workers,
                 **dataset_identity(dataset),
             }
         )
-        """Flat settings fingerprint saved with the state and compared on restore."""
+        """Flat settings fingerprint saved with the state (with ``global_worker``, the global
+        index of the worker that saved it) and compared on restore."""
 
     def reset_state_own(self) -> None:
         self._buffer: SavableSampleBuffer[T_sample] = SavableSampleBuffer(
@@ -207,33 +215,46 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
 
     def save_state(self) -> FlexState:
         state = super().save_state()
-        state["settings"] = dict(self.fingerprint)
+        state["settings"] = {
+            **self.fingerprint,
+            "global_worker": current_global_worker(self.worker_config),
+        }
         return state
 
     def restore_state(self, state: FlexState) -> None:
         """Restore a copy of ``state`` (left unchanged) once it is valid and its settings match
         these (:meth:`check_state`)."""
-        self.check_state(state, what="the packing state")
+        global_worker = current_global_worker(self.worker_config)
+        self.check_state(state, what="the packing state", global_worker=global_worker)
         state = copy.deepcopy(state)
         state.setdefault("_source_done", False)  # saved before the field existed
         super().restore_state(state)
         self._restored = True
 
-    def check_state(self, state: object, *, what: str) -> None:
+    def check_state(self, state: object, *, what: str, global_worker: int) -> None:
         """Raise ValueError naming the field if ``state`` (this wrapper's saved state) cannot
-        resume it exactly: other settings, another dataset, or a field that is malformed or
-        inconsistent with the others. Reads no data and changes nothing."""
+        resume it exactly as global worker ``global_worker``: other settings, another dataset,
+        another global worker, or a field that is malformed or inconsistent with the others.
+        Reads no data and changes nothing."""
         if not isinstance(state, Mapping):
             raise ValueError(f"{what} must be a dict, got {type(state).__name__}; {_STATE_FIX}")
-        self.check_settings(state.get("settings"), what=what)
+        self.check_settings(state.get("settings"), what=what, global_worker=global_worker)
         _StateCheck(self, state, what).run()
 
-    def check_settings(self, saved: object, *, what: str) -> None:
-        """Raise ValueError naming each setting ``saved`` (a state's fingerprint) differs in.
+    def check_settings(self, saved: object, *, what: str, global_worker: int) -> None:
+        """Raise ValueError naming each setting ``saved`` (a state's fingerprint) differs in,
+        the global worker count and ``global_worker`` (the global index it is restored into)
+        first.
 
         A state saved before the fingerprint held the dataset's identity is accepted with the
-        identity unchecked (logged once)."""
-        current = self.fingerprint
+        identity unchecked (logged once). One saved before it held the global worker (with
+        ``num_workers``, ``world_size`` and ``rank`` instead) restores only where it was saved:
+        same topology, same rank."""
+        current: dict[str, Any] = {**self.fingerprint, "global_worker": global_worker}
+        if isinstance(saved, Mapping) and _before_global_workers(saved):
+            current = self._placement_before_global_workers(saved, current, what)
+        elif isinstance(saved, Mapping):
+            self._check_global_worker(saved, global_worker, what)
         if isinstance(saved, Mapping) and not any(name.startswith("dataset.") for name in saved):
             current = {k: v for k, v in current.items() if not k.startswith("dataset.")}
             if not _warned["no_identity"]:
@@ -245,6 +266,49 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                     what,
                 )
         check_fingerprint(saved, current, what=what)
+
+    def _check_global_worker(self, saved: Mapping[str, Any], global_worker: int, what: str) -> None:
+        """The global worker count and identity in ``saved``, checked with a clear message
+        (values that are not ints are left to the fingerprint comparison)."""
+        topology = Topology.of(self.worker_config)
+        saved_global = saved_index(saved, "global_workers")
+        if saved_global and saved_global != topology.global_workers:
+            raise ValueError(topology_refusal(None, saved_global, topology))
+        saved_worker = saved_index(saved, "global_worker")
+        if saved_worker is not None and saved_worker != global_worker:
+            per_rank = max(topology.num_workers, 1)
+            raise ValueError(
+                f"cannot restore {what}: global_worker: saved {saved_worker}, now "
+                f"{global_worker}. It belongs to global worker {saved_worker} of "
+                f"{topology.global_workers} and would resume global worker {global_worker} "
+                f"(rank {global_worker // per_rank}, worker {global_worker % per_rank} at "
+                f"{topology}). Restore on each rank the state that rank saved, or the rank's "
+                "own file written by `energon checkpoint redist`, or start a fresh run"
+            )
+
+    def _placement_before_global_workers(
+        self, saved: Mapping[str, Any], current: dict[str, Any], what: str
+    ) -> dict[str, Any]:
+        """The current fingerprint to compare a state saved before the global worker was
+        recorded with: refused unless this loader has its topology and rank."""
+        config = self.worker_config
+        here = {
+            "world_size": config.world_size,
+            "num_workers": config.num_workers,
+            "rank": config.rank,
+        }
+        if any(saved[name] != value for name, value in here.items()):
+            then = ", ".join(f"{name}={saved[name]!r}" for name in here)
+            now = ", ".join(f"{name}={value!r}" for name, value in here.items())
+            raise ValueError(
+                f"cannot restore {what}: it was saved by an earlier energon_pack with {then}, "
+                "before packing states recorded their global worker, so it resumes only at "
+                f"that rank and topology, not at {now}: restore it there, or start a fresh "
+                "run (states saved by this version resume on any topology with the same "
+                "world_size x num_workers)"
+            )
+        kept = {k: v for k, v in current.items() if k not in ("global_workers", "global_worker")}
+        return {**kept, **here}
 
     def len_worker(self, worker_idx: int | None = None) -> int:
         # Packs per worker depend on the packing; like Energon, report source samples.
@@ -456,6 +520,16 @@ _STATE_FIX = (
     "the checkpoint is corrupt or was edited: restore an untouched one, or start a fresh run"
 )
 _INT_MAX = 2**63 - 1
+
+
+def _before_global_workers(saved: Mapping[str, Any]) -> bool:
+    """Whether the fingerprint ``saved`` is from before states recorded their global worker
+    (it names ``num_workers``, ``world_size`` and ``rank`` instead)."""
+    return "global_workers" not in saved and all(
+        name in saved for name in ("num_workers", "world_size", "rank")
+    )
+
+
 _warned = {"no_identity": False}
 """Warnings given once per process."""
 
