@@ -6,6 +6,10 @@ import copy
 import importlib.util
 import io
 import json
+import os
+import socket
+import subprocess
+import sys
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
@@ -238,3 +242,19 @@ def text_dataset(root: Path, lengths: Sequence[int]) -> Path:
     maker.write_tar(root / "shard-000000.tar", members)
     maker.prepare_energon(root, [root / "shard-000000.tar"])
     return root
+
+
+def torchrun(script: Path, *args: object, env: dict[str, str] | None = None) -> None:
+    """Run ``script`` on 2 local processes with ``torch.distributed.run`` on a free port; the
+    processes import this checkout's ``energon_pack``. Fails with the processes' stderr."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    command += [f"--master_port={port}", str(script), *map(str, args)]
+    root = str(Path(__file__).resolve().parent.parent)
+    environment = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", **(env or {})}
+    done = subprocess.run(
+        command, timeout=300, capture_output=True, text=True, env=environment, check=False
+    )
+    assert done.returncode == 0, done.stderr[-4000:]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +18,7 @@ from helpers import (
     batches,
     make_encoder,
     read_samples,
+    torchrun,
     train_dataset,
 )
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
@@ -240,17 +239,7 @@ def test_torchrun_two_ranks_cover_the_epoch(
 ) -> None:
     script = Path(__file__).parent / "distributed_epoch.py"
     out = tmp_path / "keys.json"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master_port=29533",
-        str(script),
-        str(vlm_demo_path),
-        str(out),
-    ]
-    subprocess.run(command, check=True, timeout=300, capture_output=True)
+    torchrun(script, vlm_demo_path, out)
     per_rank = json.loads(out.read_text())
     assert len(per_rank) == 2
     assert not set(per_rank[0]) & set(per_rank[1])

@@ -9,7 +9,6 @@ and 4x1 exactly; another global worker count is refused first, by name."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import text_dataset, train_dataset
+from helpers import text_dataset, torchrun, train_dataset
 from megatron.energon import get_savable_loader
 from megatron.energon.tools.checkpoint import command_redist
 
@@ -290,17 +289,13 @@ def test_torchrun_2x2_saved_per_rank_redistributed_by_energon_resumes_at_1x4(
     """Two processes (gloo) save their rank states as Megatron does; Energon's CLI
     redistributes them; this one process resumes them with 4 workers."""
     script = Path(__file__).parent / "distributed_resume.py"
-    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    run += ["--master_port=29547", str(script), str(data), "3", str(tmp_path)]
-    # The processes import this checkout's energon_pack, as this one does.
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    subprocess.run(run, check=True, timeout=300, capture_output=True, env=env)
+    torchrun(script, data, 3, tmp_path)
     ranks = json.loads((tmp_path / "packs.json").read_text())
     saved = [tmp_path / "saved" / f"state_rank{rank}.pt" for rank in range(2)]
     (tmp_path / "redist").mkdir()  # Energon 7.4.1 writes only into an existing folder
     energon = Path(sys.executable).parent / "energon"
     redist = [str(energon), "checkpoint", "redist", *map(str, saved), str(tmp_path / "redist")]
-    subprocess.run([*redist, "--new-world-size", "1"], check=True, timeout=120, env=env)
+    subprocess.run([*redist, "--new-world-size", "1"], check=True, timeout=120)
     state = torch.load(tmp_path / "redist" / "state_rank0.pt", weights_only=False)
     resumed_loader = loader(data, 0, 1, 4)
     restore_state_rank(resumed_loader, state["dataloader_state_dict"])

@@ -13,9 +13,6 @@ after every step must agree (relative 1e-6; transformers' loss is float32). The 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from typing import Any
 import datasets
 import pytest
 import torch
-from helpers import SMALL_MEDIA, video_bytes
+from helpers import SMALL_MEDIA, torchrun, video_bytes
 from hf_qwen import qwen_processor, qwen_tokenizer
 from PIL import Image
 from test_hf import RELATIVE, mrope, tiny_model
@@ -306,19 +303,7 @@ def test_without_a_token_count_qwen2_5_vl_trains_on_means_of_means(
 
 def test_sample_reduction_on_two_ranks_equals_unpacked_sample_means(tmp_path: Path) -> None:
     """PackedLoss.attach sums the step's normaliser over both ranks' micro-batches."""
-    script = Path(__file__).parent / "distributed_trainer.py"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master_port=29541",
-        str(script),
-        str(tmp_path),
-    ]
-    root = Path(__file__).resolve().parent.parent  # the ranks import this checkout's package
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    subprocess.run(command, check=True, timeout=300, capture_output=True, env=env)
+    torchrun(Path(__file__).parent / "distributed_trainer.py", tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     by_id = {row["id"]: row for row in chat_rows("qwen2")}
     steps = [
