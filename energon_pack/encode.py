@@ -1,17 +1,24 @@
-"""Conversation encoding: ChatML (Qwen) token ids, loss mask and lazily decoded media.
+"""Conversation encoding: token ids, loss mask and lazily decoded media.
 
-:class:`ConversationEncoder` turns a conversation and its media members into an
-:class:`EncodedSample`: token ids with every ``<image>``/``<video>`` placeholder expanded to
-``<|vision_start|>`` + N pad tokens + ``<|vision_end|>``, N taken from the media *probe* (header
+:class:`SampleEncoder` is what every encoder shares (settings, media probing, the vision-token
+check); :class:`ConversationEncoder` is the hand-written ChatML (Qwen) encoder, and
+:class:`~energon_pack.template_encoder.TemplateEncoder` the one driven by a tokenizer's chat
+template. Each turns a conversation and its media members into an :class:`EncodedSample`: token
+ids with every medium expanded by one hook, :func:`vision_block` by default
+(``<|vision_start|>`` + N pad tokens + ``<|vision_end|>``, N taken from the media *probe*, header
 only). The media stay compressed bytes until :meth:`EncodedSample.materialize` decodes and
 patchifies them, which the packers call only for samples they selected.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
@@ -145,7 +152,146 @@ def template_system_prompt(tokenizer: object) -> str | None:
     return text[len(head) : text.index("<|im_end|>")]
 
 
-class ConversationEncoder:
+@dataclass(frozen=True)
+class VisionIds:
+    """The ids of a tokenizer's vision tokens."""
+
+    start: int
+    end: int
+    image_pad: int
+    video_pad: int
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> VisionIds:
+        """The ids ``tokenizer`` gives ``<|vision_start|>``, ``<|vision_end|>`` and the pads."""
+        ids = tokenizer.convert_tokens_to_ids
+        return cls(
+            ids("<|vision_start|>"),
+            ids("<|vision_end|>"),
+            ids("<|image_pad|>"),
+            ids("<|video_pad|>"),
+        )
+
+    def pad(self, kind: Literal["image", "video"]) -> int:
+        """The pad id of a medium of ``kind``."""
+        return self.image_pad if kind == "image" else self.video_pad
+
+
+MediaBlock = Callable[[MediaItem], list[int]]
+"""The hook that expands one medium into its ids (the ``<|vision_start|><|X_pad|><|vision_end|>``
+block a template renders is replaced by them)."""
+
+
+def vision_block(item: MediaItem, ids: VisionIds) -> list[int]:
+    """Qwen2-VL / Qwen2.5-VL processors' expansion of one medium: ``<|vision_start|>``, one pad
+    per merged patch (``item.tokens`` = ``t*h*w / merge_size**2`` of the probed grid),
+    ``<|vision_end|>``."""
+    return [ids.start, *[ids.pad(item.kind)] * item.tokens, ids.end]
+
+
+class SampleEncoder(ABC):
+    """What every encoder has: a tokenizer, media settings, the loss rule, media probing, and
+    :meth:`encode_sample` for any input layout. Subclasses implement :meth:`encode`.
+
+    Args:
+        tokenizer: an HF-style tokenizer, or None for :class:`ByteTokenizer`.
+        media: preprocessing settings and limits for images and videos.
+        system_prompt: used when a sample has no system prompt (or first system turn) of its own;
+            plain text (placeholders in it are not media).
+        loss_on: ``"assistant"`` or ``"all"``.
+        media_block: the hook that expands one medium into its ids (default
+            :func:`vision_block`); picklable when the encoder goes to loader workers.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None = None,
+        *,
+        media: MediaConfig | None = None,
+        system_prompt: str | None = None,
+        loss_on: LossOn = "assistant",
+        media_block: MediaBlock | None = None,
+    ) -> None:
+        if loss_on not in ("assistant", "all"):
+            raise ValueError(f"loss_on must be 'assistant' or 'all', got {loss_on!r}")
+        check_config("media", media, MediaConfig)
+        check_type("system_prompt", system_prompt, str, "a str", fix="pass the prompt's text")
+        if media_block is not None and not callable(media_block):
+            raise ValueError(
+                f"media_block must be a function of a MediaItem giving its ids, got "
+                f"{type(media_block).__name__}; pass e.g. None for vision_block"
+            )
+        self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
+        self.media = media or MediaConfig()
+        self.system_prompt = system_prompt
+        self.loss_on: LossOn = loss_on
+        self.vision_ids = VisionIds.of(self.tokenizer)
+        self.media_block: MediaBlock = (
+            media_block
+            if media_block is not None
+            else functools.partial(vision_block, ids=self.vision_ids)
+        )
+
+    def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
+        """Encode a raw sample of any layout :func:`~energon_pack.formats.parse_any` reads
+        (native, Megatron-Bridge Qwen-VL, chat rows); see the README."""
+        return self.encode(parse_any(key, sample, self.media))
+
+    @abstractmethod
+    def encode(self, raw: RawSample) -> EncodedSample:
+        """Encode a parsed sample, probing (not decoding) its media."""
+
+    @abstractmethod
+    def settings(self) -> dict[str, Any]:
+        """The encoder's settings for a settings fingerprint (JSON-able values)."""
+
+    def _check_vision_tokens(
+        self, key: str, input_ids: torch.Tensor, media: Sequence[MediaItem], blocks: list[int]
+    ) -> None:
+        """The finished sample's vision tokens are its media's: ``t*h*w / merge_size**2`` pads
+        per medium's grid, and as many ``<|vision_start|>`` / ``<|vision_end|>`` as the
+        media's ``blocks`` (the ids :attr:`media_block` gave them: one each by default); else
+        a ``placeholder_mismatch`` (e.g. special-token text that the tokenizer made a token)."""
+        merge = self.media.merge_size**2
+        vision = self.vision_ids
+        in_blocks = Counter(blocks)
+        expected = [
+            ("<|vision_start|>", vision.start, in_blocks[vision.start]),
+            ("<|vision_end|>", vision.end, in_blocks[vision.end]),
+        ]
+        for kind, pad in (("image", vision.image_pad), ("video", vision.video_pad)):
+            grids = [m.grid_thw for m in media if m.kind == kind]
+            expected.append((f"<|{kind}_pad|>", pad, sum(t * h * w // merge for t, h, w in grids)))
+        for token, token_id, count in expected:
+            found = int((input_ids == token_id).sum())
+            if found != count:
+                raise MediaError(
+                    key,
+                    "json",
+                    "placeholder_mismatch",
+                    f"the sample has {found} {token} tokens but its {len(media)} media give "
+                    f"{count} (pads: t*h*w / {merge} per grid; one vision start and end per "
+                    f"medium); this tokenizer reads special-token text such as {token!r} as "
+                    "the token itself: remove it from the text",
+                )
+
+    def _text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _probe(
+        self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
+    ) -> MediaItem:
+        if isinstance(data, Frames):
+            grid, tokens, seconds = probe_frames(data, kind, self.media, key=key, member=member)
+            return MediaItem(member, kind, data, grid, tokens, seconds)
+        if kind == "image":
+            probe = probe_image(data, self.media, key=key, member=member)
+            return MediaItem(member, kind, data, probe.grid_thw, probe.tokens)
+        video = probe_video(data, self.media, key=key, member=member)
+        return MediaItem(member, kind, data, video.grid_thw, video.tokens, video.second_per_grid_t)
+
+
+class ConversationEncoder(SampleEncoder):
     """Encodes conversations with the ChatML template used by Qwen2-VL.
 
     Each turn becomes ``<|im_start|>{role}\\n{content}<|im_end|>\\n``; an optional system prompt
@@ -165,13 +311,10 @@ class ConversationEncoder:
         tokenizer: an HF-style tokenizer (``encode(text, add_special_tokens=False)`` and
             ``convert_tokens_to_ids``) or None for the built-in :class:`ByteTokenizer`. Text
             between special tokens is encoded as one string, as ``apply_chat_template`` does.
-        media: preprocessing settings and limits for images and videos.
-        system_prompt: used when a sample has no system prompt (or first system turn) of its own;
-            plain text (placeholders in it are not media).
-        template_system: without either, use the system prompt that the tokenizer's chat
-            template adds by default (Qwen's ``"You are a helpful assistant."``), as
-            ``apply_chat_template`` does; see :func:`template_system_prompt`.
-        loss_on: ``"assistant"`` or ``"all"``.
+        media, system_prompt, loss_on, media_block: see :class:`SampleEncoder`.
+        template_system: without a system prompt of the sample's or ``system_prompt``, use the
+            one that the tokenizer's chat template adds by default (Qwen's ``"You are a helpful
+            assistant."``), as ``apply_chat_template`` does; see :func:`template_system_prompt`.
     """
 
     def __init__(
@@ -182,29 +325,25 @@ class ConversationEncoder:
         system_prompt: str | None = None,
         loss_on: LossOn = "assistant",
         template_system: bool = True,
+        media_block: MediaBlock | None = None,
     ) -> None:
-        if loss_on not in ("assistant", "all"):
-            raise ValueError(f"loss_on must be 'assistant' or 'all', got {loss_on!r}")
-        check_config("media", media, MediaConfig)
-        check_type("system_prompt", system_prompt, str, "a str", fix="pass the prompt's text")
+        super().__init__(
+            tokenizer,
+            media=media,
+            system_prompt=system_prompt,
+            loss_on=loss_on,
+            media_block=media_block,
+        )
         if not isinstance(template_system, bool):
             raise ValueError(
                 f"template_system must be True or False, got {template_system!r}; False uses no "
                 "system prompt where the sample and system_prompt give none"
             )
-        self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
-        self.media = media or MediaConfig()
-        self.system_prompt = system_prompt
         self.default_system_prompt = (
             template_system_prompt(self.tokenizer) if template_system else None
         )
-        self.loss_on: LossOn = loss_on
-        ids = {token: self.tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
-        self._im_start = ids["<|im_start|>"]
-        self._im_end = ids["<|im_end|>"]
-        self._vision_start = ids["<|vision_start|>"]
-        self._vision_end = ids["<|vision_end|>"]
-        self._pad = {"image": ids["<|image_pad|>"], "video": ids["<|video_pad|>"]}
+        self._im_start = self.tokenizer.convert_tokens_to_ids("<|im_start|>")
+        self._im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self._newline = self._text("\n")
         self._headers = {role: self._text(f"{role}\n") for role in set(_ROLES.values())}
         if system_prompt is not None:
@@ -216,10 +355,13 @@ class ConversationEncoder:
                     f"{_why_unencodable(system_prompt, error)}; fix the setting"
                 ) from error
 
-    def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
-        """Encode a raw sample of any layout :func:`~energon_pack.formats.parse_any` reads
-        (native, Megatron-Bridge Qwen-VL, chat rows); see the README."""
-        return self.encode(parse_any(key, sample, self.media))
+    def settings(self) -> dict[str, Any]:
+        """The system prompts and the loss rule (the ChatML path adds no other setting)."""
+        return {
+            "system_prompt": self.system_prompt,
+            "default_system_prompt": self.default_system_prompt,
+            "loss_on": self.loss_on,
+        }
 
     def encode(self, raw: RawSample) -> EncodedSample:
         """Encode a parsed sample, probing (not decoding) its media.
@@ -246,15 +388,16 @@ class ConversationEncoder:
         if system is not None:  # plain text: a system prompt carries no media
             pieces.insert(0, ("system", [system]))
         pending = iter(media)  # as many as the placeholders (checked above)
+        blocks: list[int] = []
         for role, turn in pieces:
             target = role == "assistant"
             add([self._im_start], False)
             first = True
             for piece in turn:
                 if piece is None:  # the header went with the text piece before it
-                    item = next(pending)
-                    add([self._vision_start, *[self._pad[item.kind]] * item.tokens], False)
-                    add([self._vision_end], False)
+                    block = self.media_block(next(pending))
+                    blocks.extend(block)
+                    add(block, False)
                 elif first:
                     add(*self._text_after(raw.key, role, piece, target))
                     first = False
@@ -263,40 +406,13 @@ class ConversationEncoder:
             add([self._im_end], target)
             add(self._newline, False)
         input_ids = torch.tensor(ids, dtype=torch.long)
-        self._check_vision_tokens(raw.key, input_ids, media)
+        self._check_vision_tokens(raw.key, input_ids, media, blocks)
         return EncodedSample(
             key=raw.key,
             input_ids=input_ids,
             loss_mask=torch.tensor(mask, dtype=torch.long),
             media=media,
         )
-
-    def _check_vision_tokens(
-        self, key: str, input_ids: torch.Tensor, media: Sequence[MediaItem]
-    ) -> None:
-        """The finished sample's vision tokens are its media's: ``t*h*w / merge_size**2`` pads
-        per medium, one ``<|vision_start|>`` and ``<|vision_end|>`` each; else a
-        ``placeholder_mismatch`` (e.g. special-token text that the tokenizer made a token)."""
-        merge = self.media.merge_size**2
-        expected = [
-            ("<|vision_start|>", self._vision_start, len(media)),
-            ("<|vision_end|>", self._vision_end, len(media)),
-        ]
-        for kind, pad in self._pad.items():
-            grids = [m.grid_thw for m in media if m.kind == kind]
-            expected.append((f"<|{kind}_pad|>", pad, sum(t * h * w // merge for t, h, w in grids)))
-        for token, token_id, count in expected:
-            found = int((input_ids == token_id).sum())
-            if found != count:
-                raise MediaError(
-                    key,
-                    "json",
-                    "placeholder_mismatch",
-                    f"the sample has {found} {token} tokens but its {len(media)} media give "
-                    f"{count} (pads: t*h*w / {merge} per grid; one vision start and end per "
-                    f"medium); this tokenizer reads special-token text such as {token!r} as "
-                    "the token itself: remove it from the text",
-                )
 
     def _system(self, own: str | None, turns: list[tuple[str, str]]) -> str | None:
         """The system prompt to put first: the sample's, else (without a system turn of the
@@ -318,9 +434,6 @@ class ConversationEncoder:
         while shared < min(len(head), len(tokens)) and head[shared] == tokens[shared]:
             shared += 1
         return tokens, [0] * shared + [int(target)] * (len(tokens) - shared)
-
-    def _text(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _content(self, key: str, role: str, text: str) -> list[int]:
         """Tokens of a sample's text; text the tokenizer cannot encode is a ``bad_sample``."""
@@ -347,15 +460,3 @@ class ConversationEncoder:
                 "bad_sample",
                 f"unknown conversation role {role!r}; use one of {sorted(_ROLES)}",
             ) from None
-
-    def _probe(
-        self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
-    ) -> MediaItem:
-        if isinstance(data, Frames):
-            grid, tokens, seconds = probe_frames(data, kind, self.media, key=key, member=member)
-            return MediaItem(member, kind, data, grid, tokens, seconds)
-        if kind == "image":
-            probe = probe_image(data, self.media, key=key, member=member)
-            return MediaItem(member, kind, data, probe.grid_thw, probe.tokens)
-        video = probe_video(data, self.media, key=key, member=member)
-        return MediaItem(member, kind, data, video.grid_thw, video.tokens, video.second_per_grid_t)

@@ -4,7 +4,7 @@ One sample has three members:
 
 * ``json``: the conversation, a JSON list of turns (ShareGPT ``from``/``value`` or
   ``role``/``content``), or an object with ``conversations`` or ``messages`` (and optionally
-  ``system``);
+  ``system`` and ``tools``);
 * ``jpgs``: a pickled list of images, each an ``[H, W, 3]`` array (already resized);
 * ``videos``: a pickled list of videos, each a list of frames (``[H, W, 3]`` or ``[3, H, W]``)
   or one ``[T, H, W, 3]`` / ``[T, 3, H, W]`` array.
@@ -23,8 +23,10 @@ from typing import Any, Literal
 import numpy as np
 
 from energon_pack.formats.conversation import (
+    conversation_messages,
+    conversation_tools,
     conversation_turns,
-    placeholder_kinds,
+    message_media_kinds,
 )
 from energon_pack.formats.native import load_json
 from energon_pack.formats.raw import RawSample
@@ -51,14 +53,17 @@ def parse_bridge_sample(
     """Parse one Bridge Qwen-VL sample (see the module docstring) into a :class:`RawSample`."""
     meta = load_json(key, sample.get("json"), config)
     system: Any = None
+    tools = None
     if isinstance(meta, dict):
         system = meta.get("system")
+        tools = conversation_tools(key, meta.get("tools"))
         turns_value = meta.get("conversations", meta.get("messages"))
     else:
         turns_value = meta
     if system is not None and not isinstance(system, str):
         raise MediaError(key, "json", "bad_sample", "'system' must be a string")
     turns = tuple(conversation_turns(key, turns_value))
+    messages = tuple(conversation_messages(key, turns_value))
     images = [
         rgb_frames(a, key, f"jpgs[{i}]", "image") for i, a in enumerate(_list(sample, key, "jpgs"))
     ]
@@ -66,7 +71,7 @@ def parse_bridge_sample(
         rgb_frames(v, key, f"videos[{i}]", "video")
         for i, v in enumerate(_list(sample, key, "videos"))
     ]
-    kinds = placeholder_kinds(turns)
+    kinds = message_media_kinds(messages)
     if kinds.count("image") != len(images) or kinds.count("video") != len(videos):
         raise MediaError(
             key,
@@ -81,7 +86,7 @@ def parse_bridge_sample(
         index, frames = next(pending[kind])
         name = f"jpgs[{index}]" if kind == "image" else f"videos[{index}]"
         media.append((name, "image" if kind == "image" else "video", frames))
-    return RawSample(key, turns, system, tuple(media))
+    return RawSample(key, turns, system, tuple(media), messages, tools)
 
 
 def _list(sample: Mapping[str, Any], key: str, member: str) -> list[Any]:
