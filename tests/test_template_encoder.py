@@ -412,3 +412,43 @@ def _row(batch: Any) -> PackedRow:
         max_seqlen=batch.max_seqlen,
         seq_idx=batch.seq_idx[0],
     )
+
+
+def test_the_chatml_fast_path_equals_the_qwen2_vl_template_where_it_applies() -> None:
+    """System / user / assistant talks (no tools, think or typed text): the same ids and mask."""
+    chatml = ConversationEncoder(tokenizer("QWEN2_VL"), media=SMALL_MEDIA)
+    for case in cases(40, seed=5, tools=False, think=False, media=True, image=IMAGE):
+        fast = chatml.encode_sample(case.key, case.sample)
+        exact = encoder("QWEN2_VL").encode_sample(case.key, case.sample)
+        assert fast.input_ids.tolist() == exact.input_ids.tolist(), case.key
+        assert fast.loss_mask.tolist() == exact.loss_mask.tolist(), case.key
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"template_kwargs": ["enable_thinking"]}, "template_kwargs must be a mapping"),
+        ({"media_block": 5}, "media_block must be a function"),
+        ({"loss_on": "assistants"}, "loss_on must be"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TemplateEncoder(tokenizer("QWEN3"), **options)
+
+
+def test_a_template_kwarg_reaches_the_template() -> None:
+    """Qwen3's enable_thinking only changes the generation prompt: training turns render alike."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    off = TemplateEncoder(tokenizer("QWEN3"), template_kwargs={"enable_thinking": False})
+    assert off.settings()["template_kwargs"] == {"enable_thinking": False}
+    base = encoder("QWEN3").encode_sample("k", {"messages": messages}).input_ids.tolist()
+    assert off.encode_sample("k", {"messages": messages}).input_ids.tolist() == base
+    spelled = TemplateEncoder(
+        tokenizer("QWEN3"),
+        chat_template="{% for m in messages %}<|im_start|>{{ m.role }}\n{{ shout }}"
+        "{{ m.content }}<|im_end|>\n{% endfor %}",
+        template_kwargs={"shout": "!"},
+    )
+    text = tokenizer("QWEN3").decode(spelled.encode_sample("k", {"messages": messages}).input_ids)
+    assert text == "<|im_start|>user\n!Hi<|im_end|>\n<|im_start|>assistant\n!Yo<|im_end|>\n"
