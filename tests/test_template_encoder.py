@@ -452,3 +452,18 @@ def test_a_template_kwarg_reaches_the_template() -> None:
     )
     text = tokenizer("QWEN3").decode(spelled.encode_sample("k", {"messages": messages}).input_ids)
     assert text == "<|im_start|>user\n!Hi<|im_end|>\n<|im_start|>assistant\n!Yo<|im_end|>\n"
+
+
+def test_tune_counts_with_the_template_encoder_of_a_saved_tokenizer(tmp_path: Path) -> None:
+    """A tokenizer directory with a chat template (``energon-pack tune --tokenizer DIR``) runs
+    the template encoder, and tune's report names the encoding and the template's digest."""
+    from energon_pack.tune import describe_tokenizer, load_tokenizer
+
+    tokenizer("QWEN3").save_pretrained(tmp_path / "qwen3")
+    name = str(tmp_path / "qwen3")
+    assert describe_tokenizer(name)["encoding"] == "template"
+    assert describe_tokenizer(name)["chat_template_sha256"] == encoder("QWEN3").template_sha256
+    task = PackingTaskEncoder(load_tokenizer(name), seq_length=256)
+    assert isinstance(task.encoder, TemplateEncoder)
+    real_qwen_tokenizer().save_pretrained(tmp_path / "plain")
+    assert describe_tokenizer(str(tmp_path / "plain"))["encoding"] == "chatml"
