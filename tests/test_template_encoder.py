@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from chat_corpus import TOOLS, cases
 from chat_templates import RELEASED
-from helpers import SMALL_MEDIA, batches, image_bytes, read_samples, train_dataset
+from helpers import SMALL_MEDIA, batches, fixture_maker, image_bytes, train_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from real_qwen import real_qwen_tokenizer
@@ -352,11 +352,15 @@ def test_any_text_gives_the_templates_ids_and_mask(turns: list[tuple[str, str]],
     check(name, {"messages": messages}, messages)
 
 
-def test_every_path_takes_the_template_encoder(tmp_path: Path, fixtures_dir: Path) -> None:
+def test_every_path_takes_the_template_encoder(tmp_path: Path) -> None:
     """Offline, collator and Energon packing give the template's ids and mask."""
     name = "QWEN3"
     processor = processor_for(tokenizer(name), SMALL_MEDIA)
     sample = cases(12, seed=3)
+    assert any(c.tools for c in sample)
+    assert any(
+        "<think>" in str(c.messages) or "reasoning_content" in str(c.messages) for c in sample
+    )
     # offline: {"conversations"} lines (tools and tool turns included)
     source = tmp_path / "sft.jsonl"
     source.write_text(
@@ -383,21 +387,25 @@ def test_every_path_takes_the_template_encoder(tmp_path: Path, fixtures_dir: Pat
     vl_processor = processor_for(tokenizer("QWEN2_VL"), SMALL_MEDIA)
     expected = [reference(vl_processor, "QWEN2_VL", c.messages, c.tools, c.images) for c in vl]
     assert got == [(ids, [float(m) for m in mask[1:]]) for ids, mask in expected]
-    # Energon: the Bridge fixture through the task encoder with the real tokenizer
-    samples = read_samples(fixtures_dir / "bridge_qwenvl")
-    dataset = train_dataset(
-        fixtures_dir / "bridge_qwenvl", 4, tokenizer=tokenizer("QWEN2_VL"), media=SMALL_MEDIA
-    )
-    reference_encoder = TemplateEncoder(tokenizer("QWEN2_VL"), media=SMALL_MEDIA)
+    # Energon: native samples (tool use, think blocks) through the task encoder
+    members = [
+        (f"{c.key}.json", json.dumps({"conversations": c.messages, "tools": c.tools}).encode())
+        for c in sample
+    ]
+    maker = fixture_maker()
+    root = tmp_path / "energon"
+    root.mkdir()
+    maker.write_tar(root / "shard-000000.tar", members)
+    maker.prepare_energon(root, [root / "shard-000000.tar"])
+    by_key = dict(zip((c.key for c in sample), want, strict=True))
     seen = 0
-    for packed in batches(dataset):
-        segments = [s["input_ids"].tolist() for s in unpack(packed.row())]
-        assert segments == [
-            reference_encoder.encode_sample(k, samples[k]).input_ids.tolist()
-            for k in packed.__keys__
-        ]
-        seen += len(segments)
-    assert seen == len(samples)
+    for packed in batches(train_dataset(root, 4, tokenizer=tokenizer(name), media=SMALL_MEDIA)):
+        for key, segment in zip(packed.__keys__, unpack(packed.row()), strict=True):
+            ids, mask = by_key[key]
+            assert segment["input_ids"].tolist() == ids, key
+            assert segment["loss_mask"][1:].tolist() == [float(m) for m in mask[1:]], key
+            seen += 1
+    assert seen == len(sample)
 
 
 def _row(batch: Any) -> PackedRow:
