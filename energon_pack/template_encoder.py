@@ -96,7 +96,8 @@ class TemplateEncoder(SampleEncoder):
         tokenizer: a fast HF tokenizer with a chat template (``tokenizer.chat_template``).
         media, system_prompt, loss_on, media_block: see :class:`~energon_pack.encode.SampleEncoder`.
         chat_template: render with this template instead of the tokenizer's.
-        template_kwargs: extra template variables (e.g. ``{"enable_thinking": False}``).
+        template_kwargs: extra template variables, JSON-able (e.g. ``{"enable_thinking":
+            False}``); they are in the settings fingerprint.
 
     Raises:
         ValueError: the tokenizer has no chat template or no fast backend, or the template has
@@ -115,6 +116,13 @@ class TemplateEncoder(SampleEncoder):
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        named = getattr(tokenizer, "chat_template", None)
+        if chat_template is None and isinstance(named, Mapping):
+            raise ValueError(
+                f"{type(tokenizer).__name__} has several named chat templates {sorted(named)}; "
+                "pass the one to train with as chat_template= (e.g. "
+                "tokenizer.chat_template['default'])"
+            )
         template = chat_template if chat_template is not None else chat_template_of(tokenizer)
         if not isinstance(template, str) or not template:
             raise ValueError(
@@ -393,7 +401,9 @@ def make_encoder(
         "loss_on": loss_on,
         "media_block": media_block,
     }
-    has_template = tokenizer is not None and chat_template_of(tokenizer) is not None
+    has_template = bool(getattr(tokenizer, "chat_template", None)) and callable(
+        getattr(tokenizer, "apply_chat_template", None)
+    )
     if encoding == "template" or (encoding == "auto" and has_template):
         if tokenizer is None:
             raise ValueError(

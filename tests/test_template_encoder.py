@@ -293,6 +293,11 @@ def test_which_encoder_runs_is_explicit() -> None:
         make_encoder(None, encoding="template")
     with pytest.raises(ValueError, match="needs a tokenizer with a chat template"):
         TemplateEncoder(ByteTokenizer())
+    named = real_qwen_tokenizer()
+    named.chat_template = {"default": RELEASED["QWEN3"], "tool_use": RELEASED["QWEN3"]}
+    with pytest.raises(ValueError, match=r"several named chat templates \['default', 'tool_use'\]"):
+        make_encoder(named)
+    assert TemplateEncoder(named, chat_template=RELEASED["QWEN3"]).masking == "chatml"
     with pytest.raises(ValueError, match="encoding must be"):
         make_encoder(None, encoding="jinja")  # type: ignore[arg-type]
 
