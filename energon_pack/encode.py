@@ -25,7 +25,11 @@ import torch
 
 from energon_pack.checks import check_config, check_type
 from energon_pack.formats import parse_any
-from energon_pack.formats.conversation import check_placeholders
+from energon_pack.formats.conversation import (
+    check_media_order,
+    conversation_messages,
+    message_media_kinds,
+)
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import (
     Frames,
@@ -64,10 +68,19 @@ _ROLES = {
 LossOn = Literal["assistant", "all"]
 
 
-def _split_placeholders(content: str) -> list[str | None]:
-    """Text pieces of ``content`` with None where an ``<image>``/``<video>`` placeholder stands."""
-    pieces = _PLACEHOLDER.split(content)  # text, kind, text, kind, ..., text
-    return [piece if index % 2 == 0 else None for index, piece in enumerate(pieces)]
+def _pieces(content: str | list[dict[str, Any]]) -> list[str | None]:
+    """Text pieces of a message's content with None where a medium stands: ``<image>`` /
+    ``<video>`` in a string, media parts in typed content (whose text stays text)."""
+    if isinstance(content, str):
+        split = _PLACEHOLDER.split(content)  # text, kind, text, kind, ..., text
+        return [piece if index % 2 == 0 else None for index, piece in enumerate(split)]
+    pieces: list[str | None] = [""]
+    for part in content:
+        if part["type"] != "text":
+            pieces += [None, ""]
+        else:
+            pieces[-1] = f"{pieces[-1]}{part['text']}"
+    return pieces
 
 
 def _why_unencodable(text: str, error: Exception) -> str:
@@ -278,6 +291,17 @@ class SampleEncoder(ABC):
     def _text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
+        """The sample's chat messages (derived from its turns when it was built from turns
+        only), after checking that their media parts take its media one to one."""
+        if raw.messages:
+            messages = list(raw.messages)
+        else:
+            turns = [{"role": role, "content": content} for role, content in raw.turns]
+            messages = conversation_messages(raw.key, turns)
+        check_media_order(raw.key, message_media_kinds(messages), raw.media)
+        return messages
+
     def _probe(
         self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
     ) -> MediaItem:
@@ -298,8 +322,9 @@ class ConversationEncoder(SampleEncoder):
     comes first. The loss covers the content and ``<|im_end|>`` of assistant turns
     (``loss_on="assistant"``, the default) or every token (``loss_on="all"``).
 
-    Text rules: ``<image>``/``<video>`` in a turn (a system turn included) take the sample's
-    media in order, but in a system prompt given outside the turns (the sample's ``system``
+    Text rules: ``<image>``/``<video>`` in a string turn (a system turn included) and the media
+    parts of typed content take the sample's media in order (text parts stay text, a literal
+    ``<image>`` included), but in a system prompt given outside the turns (the sample's ``system``
     field, ``system_prompt``, the template's default) they are plain text: such a prompt carries
     no media. Special-token text (``<|im_end|>``) becomes the token as in ``apply_chat_template``
     with an HF tokenizer (:class:`ByteTokenizer` keeps it as text); a sample whose vision tokens
@@ -372,8 +397,8 @@ class ConversationEncoder(SampleEncoder):
         class docstring for the text rules and the checks of the finished sample.
         """
         check_media_count(raw.key, len(raw.media), self.media)
-        turns = [(self._role(raw.key, role), content) for role, content in raw.turns]
-        check_placeholders(raw.key, turns, raw.media)
+        messages = self._messages(raw)
+        roles = [self._role(raw.key, message["role"]) for message in messages]
         media = tuple(self._probe(raw.key, member, kind, data) for member, kind, data in raw.media)
         ids: list[int] = []
         mask: list[int] = []
@@ -383,8 +408,8 @@ class ConversationEncoder(SampleEncoder):
             flags = target if isinstance(target, list) else [int(target)] * len(tokens)
             mask.extend(flag | int(self.loss_on == "all") for flag in flags)
 
-        pieces = [(role, _split_placeholders(content)) for role, content in turns]
-        system = self._system(raw.system, turns)
+        pieces = [(r, _pieces(m["content"])) for r, m in zip(roles, messages, strict=True)]
+        system = self._system(raw.system, roles)
         if system is not None:  # plain text: a system prompt carries no media
             pieces.insert(0, ("system", [system]))
         pending = iter(media)  # as many as the placeholders (checked above)
@@ -414,12 +439,12 @@ class ConversationEncoder(SampleEncoder):
             media=media,
         )
 
-    def _system(self, own: str | None, turns: list[tuple[str, str]]) -> str | None:
+    def _system(self, own: str | None, roles: list[str]) -> str | None:
         """The system prompt to put first: the sample's, else (without a system turn of the
         sample's) ``system_prompt``, else the chat template's default."""
         if own is not None:
             return own
-        if turns and turns[0][0] == "system":
+        if roles and roles[0] == "system":
             return None
         return self.system_prompt if self.system_prompt is not None else self.default_system_prompt
 

@@ -44,11 +44,6 @@ from energon_pack.encode import (
     Tokenizer,
     _why_unencodable,
 )
-from energon_pack.formats.conversation import (
-    check_media_order,
-    conversation_messages,
-    message_media_kinds,
-)
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import MediaConfig, MediaError, MediaItem, check_media_count
 from energon_pack.packed import EncodedSample
@@ -187,7 +182,6 @@ class TemplateEncoder(SampleEncoder):
         """
         check_media_count(raw.key, len(raw.media), self.media)
         messages = self._messages(raw)
-        check_media_order(raw.key, message_media_kinds(messages), raw.media)
         media = tuple(self._probe(raw.key, member, kind, data) for member, kind, data in raw.media)
         ids, mask = self._render(raw.key, messages, raw.tools)
         if self.loss_on == "all":
@@ -204,11 +198,7 @@ class TemplateEncoder(SampleEncoder):
 
     def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
         """The sample's chat messages, its system prompt (or ``system_prompt``) first."""
-        if raw.messages:
-            messages = list(raw.messages)
-        else:  # a RawSample built from turns only
-            turns = [{"role": role, "content": content} for role, content in raw.turns]
-            messages = conversation_messages(raw.key, turns)
+        messages = super()._messages(raw)
         system = raw.system
         if system is None and messages[0]["role"] != "system":
             system = self.system_prompt

@@ -168,9 +168,9 @@ def test_placeholders_in_strings_are_media_literal_tags_in_typed_text_are_text(n
         {"role": "assistant", "content": "It is not an HTML tag."},
     ]
     check(name, {"messages": typed}, typed)
-    with pytest.raises(MediaError, match="placeholder") as info:  # the ChatML path cannot
-        ConversationEncoder(tokenizer(name)).encode_sample("k", {"messages": typed})
-    assert info.value.kind == "placeholder_mismatch"
+    chatml = ConversationEncoder(tokenizer(name)).encode_sample("k", {"messages": typed})
+    exact = encoder(name).encode_sample("k", {"messages": typed})
+    assert chatml.input_ids.tolist() == exact.input_ids.tolist()  # the ChatML path too
     sharegpt = {
         "conversations": [
             {"from": "human", "value": "<image>\nWhat is it?"},
