@@ -7,6 +7,7 @@ from energon_pack.binpack import (
     best_fit_decreasing,
     first_fit_decreasing,
 )
+from energon_pack.bridge_batch import VisualInputs, bridge_batch
 from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
 from energon_pack.encode import ByteTokenizer, ConversationEncoder, SampleEncoder, vision_block
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
@@ -15,6 +16,7 @@ from energon_pack.formats.native import parse_sample
 from energon_pack.formats.raw import RawSample
 from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
+from energon_pack.loss import PackedLoss, loss_normaliser, packed_loss
 from energon_pack.media import MediaConfig, MediaError, normalize_pixels
 from energon_pack.memory import BufferMemoryWarning, MonitorConfig, RSSMonitor
 from energon_pack.offline import (
@@ -35,6 +37,7 @@ from energon_pack.topology import (
     equal_token_slot_table,
     pad_seq_to_mult,
 )
+from energon_pack.trainers import check_trainer
 
 __all__ = [
     "IGNORE_INDEX",
@@ -56,6 +59,7 @@ __all__ = [
     "PackMetadata",
     "PackedBatch",
     "PackedDataset",
+    "PackedLoss",
     "PackedRow",
     "PackedSample",
     "PackerStats",
@@ -71,17 +75,22 @@ __all__ = [
     "TemplateEncoder",
     "TokenSlotRow",
     "VLMPackingCollator",
+    "VisualInputs",
     "best_fit_decreasing",
+    "bridge_batch",
     "build_packed_row",
+    "check_trainer",
     "equal_token_slot_table",
     "first_fit_decreasing",
     "hf_model_inputs",
+    "loss_normaliser",
     "make_encoder",
     "mrope_for_packed",
     "mrope_position_ids",
     "normalize_pixels",
     "pack_offline",
     "pack_samples",
+    "packed_loss",
     "packed_mrope_position_ids",
     "pad_seq_to_mult",
     "parse_any",

@@ -34,7 +34,7 @@ from energon_pack.memory import (
     summarize,
     summary_rows,
 )
-from energon_pack.offline import PackingSpec, name_os_errors, pack_offline
+from energon_pack.offline import FORMATS, PackingSpec, name_os_errors, pack_offline
 from energon_pack.packed import Decode
 from energon_pack.synthetic import DISTRIBUTIONS, lengths_for
 from energon_pack.tables import format_table
@@ -46,6 +46,7 @@ from energon_pack.tune import (
     TuneSettings,
     default_dataset,
     describe_tokenizer,
+    load_tokenizer,
     plot_results,
     projected_rss_mb,
     recommend,
@@ -173,6 +174,7 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], int] | type[str] | None], .
     ("--eval-cp", "eval_cp", _positive_int),
     ("--mtp", "mtp", _non_negative_int),
     ("--cuda-graphs", "cuda_graphs", None),
+    ("--cuda-graph-scope", "cuda_graph_scope", str),
     ("--calculate-per-token-loss", "calculate_per_token_loss", None),
     ("--average-in-collective", "average_in_collective", None),
     ("--pad-to-max-length", "pad_to_max_length", None),
@@ -237,6 +239,7 @@ def _offline_spec(args: argparse.Namespace) -> PackingSpec:
         "overlong": args.overlong,
         "seed": args.seed,
         "max_segments": args.max_segments,
+        "train_newline_after_im_end": args.train_newline_after_im_end,
     }
     topology = {"tp": args.tp, "cp": args.cp, "eval_cp": args.eval_cp}
     given = [f"--{name.replace('_', '-')}" for name, value in topology.items() if value is not None]
@@ -260,7 +263,10 @@ def _offline_spec(args: argparse.Namespace) -> PackingSpec:
 
 def _cmd_offline(args: argparse.Namespace) -> int:
     spec = _offline_spec(args)
-    result = pack_offline(args.input, args.out_dir, spec, force=args.force)
+    tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
+    result = pack_offline(
+        args.input, args.out_dir, spec, tokenizer, force=args.force, format=args.format
+    )
     meta = result.metadata
     print(
         format_table(
@@ -281,7 +287,15 @@ def _cmd_offline(args: argparse.Namespace) -> int:
         f"pad_seq_to_mult={spec.pad_seq_to_mult})"
     )
     action = "reused the up-to-date pack in" if result.reused else "wrote"
-    print(f"{action} {result.out_dir}")
+    print(f"{action} {result.out_dir}: {', '.join(path.name for path in result.files)}")
+    if result.format == "bridge":
+        data, metadata = result.files
+        print(
+            "Megatron-Bridge: PackedSequenceSpecs(packed_sequence_size="
+            f"{spec.packed_sequence_size}, packed_train_data_path='{data}', "
+            f"packed_metadata_path='{metadata}', pad_seq_to_mult={spec.pad_seq_to_mult}, "
+            f"pad_cu_seqlens={spec.pad_cu_seqlens})"
+        )
     return 0
 
 
@@ -340,6 +354,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         pixel_dtype=args.pixel_dtype,
         tokenizer=args.tokenizer,
         overlong=args.overlong,
+        dataset_config=args.dataset_config,
     )
     # Forked loader workers use the tokenizer after the main process did: no Rust thread pool.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -456,6 +471,13 @@ def build_parser() -> argparse.ArgumentParser:
             )
         elif field == "mode":
             check.add_argument(flag, dest=field, choices=MODES, help="packing mode")
+        elif field == "cuda_graph_scope":
+            check.add_argument(
+                flag,
+                dest=field,
+                metavar="SCOPE",
+                help="what the CUDA graphs capture: full (default) or modules, e.g. attn,mlp",
+            )
         else:
             check.add_argument(flag, dest=field, type=kind, metavar="N", help=f"sets {field}")
     check.set_defaults(run=_cmd_check_config)
@@ -464,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
         "offline",
         help="tokenise and pack a JSONL file of text SFT samples into a packed dataset directory",
         description="Input lines: {'input', 'output'} pairs, {'conversations'} or pre-tokenised "
-        "{'input_ids', 'loss_mask'}; tokenised with the built-in byte tokenizer. An up-to-date "
+        "{'input_ids', 'loss_mask'}; tokenised with --tokenizer (default: the built-in byte "
+        "tokenizer). --format bridge writes Megatron-Bridge's packed parquet. An up-to-date "
         "OUT_DIR is reused; a stale one is refused unless --force. Exit status 2 on bad input "
         "or settings, 3 when a file cannot be read or written.",
     )
@@ -501,6 +524,25 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_argument("--algorithm", choices=["bfd", "ffd"], default="bfd")
     offline.add_argument("--overlong", choices=["error", "skip", "truncate"], default="error")
     offline.add_argument("--seed", type=_int, default=0, help="seed of the pack order shuffle")
+    offline.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="energon_pack",
+        help="energon_pack: .npy arrays for PackedDataset (default); bridge: "
+        "training_<size>.idx.parquet and <size>_metadata.jsonl for Megatron-Bridge",
+    )
+    offline.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="transformers tokenizer directory (AutoTokenizer.from_pretrained(PATH), loaded "
+        "offline); default: the built-in byte tokenizer",
+    )
+    offline.add_argument(
+        "--train-newline-after-im-end",
+        action="store_true",
+        help="also train the newline after each trained <|im_end|> (Megatron-Bridge's chat "
+        "convention; default: the chat templates' assistant masks, which end at <|im_end|>)",
+    )
     offline.add_argument("--force", action="store_true", help="rebuild a stale OUT_DIR")
     offline.set_defaults(run=_cmd_offline)
 
@@ -550,6 +592,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["skip", "error"],
         default="skip",
         help="samples longer than --seq-length: count and skip them (default), or stop",
+    )
+    tune.add_argument(
+        "--dataset-config",
+        metavar="NAME",
+        help="the dataset's description file in .nv-meta (default: dataset.yaml), e.g. "
+        "crude.yaml to read a Megatron-Bridge ChatMLWebdataset's shards without Bridge",
     )
     tune.add_argument("--out", default="tune-out", help="directory for JSON, plots, reports")
     tune.set_defaults(run=_cmd_tune)

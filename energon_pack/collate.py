@@ -1,7 +1,8 @@
 """Collate-time packing: a picklable ``collate_fn`` that packs each micro-batch into THD rows.
 
 :class:`VLMPackingCollator` takes the items a ``torch.utils.data.DataLoader`` batches together
-(encoded samples, raw WebDataset samples, or an already padded HF batch dict) and returns a
+(encoded samples, raw WebDataset samples, chat rows as ``transformers`` / TRL trainers hand them
+over, or an already padded HF batch dict) and returns a
 :class:`CollatedBatch`: ``R`` rows of ``T`` tokens in the Megatron Core / Transformer Engine THD
 form, with the media of all rows concatenated in row-then-segment order. Every row is built by
 :func:`~energon_pack.packed.pack_samples`.
@@ -33,8 +34,11 @@ import torch
 from energon_pack.binpack import OVERLONG_FIX, fewest_bins
 from energon_pack.checks import check_choice, check_config, check_type
 from energon_pack.encode import ConversationEncoder, SampleEncoder
-from energon_pack.hf import HFTarget, batch_model_inputs
+from energon_pack.formats.chat_rows import is_chat_row
+from energon_pack.formats.trainer_rows import check_media_columns, row_key, unreadable_item
+from energon_pack.hf import HFTarget, batch_model_inputs, check_position_ids
 from energon_pack.layout import hf_varlen_kwargs, loss_mask_from_labels, packed_seq_params_kwargs
+from energon_pack.loss import LOSS_SEGMENTS, hf_loss_segments
 from energon_pack.media import MediaError, VisionInputs
 from energon_pack.packed import (
     EncodedSample,
@@ -53,7 +57,8 @@ logger = logging.getLogger("energon_pack.collate")
 OnMediaError = Literal["error", "skip"]
 Output = Literal["batch", "hf"]
 CollateItem: TypeAlias = "EncodedSample | Mapping[str, Any] | tuple[str, Mapping[str, Any]]"
-"""A micro-batch item: an encoded sample, a raw sample dict with ``__key__``, or ``(key, raw)``."""
+"""A micro-batch item: an encoded sample, a raw sample dict with ``__key__``, a chat row (a dict
+with ``messages`` or ``conversations``), or ``(key, raw)``."""
 
 _PADDED_FIELDS = frozenset({"input_ids", "attention_mask", "labels"})
 
@@ -105,6 +110,9 @@ class CollatedBatch:
     rope_deltas: torch.Tensor | None
     """``[N]`` long rope deltas of all rows' real segments, in flat order (with mRoPE): entry ``i``
     belongs to the segment that ``cu_seqlens_flat[i:i+2]`` bounds (static slots have none)."""
+    target_counts: torch.Tensor
+    """``[N]`` long: the training targets (``loss_mask`` ones) of each real segment, in flat order
+    (the per-sample counts that :mod:`energon_pack.loss` weights samples by)."""
     keys: tuple[tuple[str, ...], ...]
     """Sample keys of each row, in segment order."""
     skipped_keys: tuple[str, ...] = ()
@@ -180,7 +188,12 @@ class VLMPackingCollator:
             ``data_collator`` of transformers' ``Trainer`` or TRL's ``SFTTrainer``.
         hf_model: with ``output="hf"``, the transformers model or config the inputs are for
             (its model type and attention implementation are kept, not the model); see
-            :class:`~energon_pack.hf.HFTarget`. Default: sdpa/eager form.
+            :class:`~energon_pack.hf.HFTarget`. Default: sdpa/eager form. A model that takes
+            mRoPE positions with ``position_ids="1d"`` is a ValueError.
+        loss_segments: with ``output="hf"``, the dict also carries
+            :data:`~energon_pack.loss.LOSS_SEGMENTS` (each target token's sample) for the
+            ``"sample"`` / ``"sqrt"`` reductions of :mod:`energon_pack.loss`; it is not a model
+            input (:meth:`~energon_pack.loss.PackedLoss.attach` takes it out).
     """
 
     def __init__(
@@ -200,10 +213,18 @@ class VLMPackingCollator:
         mrope: MRopeConfig | None = None,
         output: Output = "batch",
         hf_model: Any = None,
+        loss_segments: bool = False,
     ) -> None:
         check_choice("overlong", overlong, ("error", "skip", "truncate"))
         check_choice("on_media_error", on_media_error, ("error", "skip"))
         check_choice("output", output, ("batch", "hf"))
+        if not isinstance(loss_segments, bool):
+            raise ValueError(f"loss_segments must be True or False, got {loss_segments!r}")
+        if loss_segments and output != "hf":
+            raise ValueError(
+                "loss_segments=True needs output='hf' (it adds a key to the model-input dict); "
+                "a CollatedBatch (output='batch') gives packed_loss its segments itself"
+            )
         check_config("layout", layout, RowLayout)
         check_config("mrope", mrope, MRopeConfig)
         check_type(
@@ -235,6 +256,8 @@ class VLMPackingCollator:
         self._vision_end = tokenizer.convert_tokens_to_ids("<|vision_end|>")
         self.output: Output = output
         self.hf_target = HFTarget.of(hf_model)
+        check_position_ids(self.hf_target, mrope=self.mrope is not None)
+        self.loss_segments = loss_segments
         self._warned_single = False
 
     def __call__(
@@ -242,9 +265,12 @@ class VLMPackingCollator:
     ) -> CollatedBatch | dict[str, Any]:
         """Pack one micro-batch: :meth:`collate`, as the ``output`` setting asks."""
         collated = self.collate(batch)
-        if self.output == "hf":
-            return collated.hf_model_inputs(self.hf_target)
-        return collated
+        if self.output == "batch":
+            return collated
+        inputs = collated.hf_model_inputs(self.hf_target)
+        if self.loss_segments:
+            inputs[LOSS_SEGMENTS] = hf_loss_segments(collated, self.hf_target.flash)
+        return inputs
 
     def collate(self, batch: Sequence[CollateItem] | Mapping[str, Any]) -> CollatedBatch:
         """Pack one micro-batch (a list of items, or a padded HF batch dict)."""
@@ -313,13 +339,11 @@ class VLMPackingCollator:
             key, raw = item
         elif isinstance(item, Mapping) and "__key__" in item:
             key, raw = str(item["__key__"]), item
+        elif isinstance(item, Mapping) and is_chat_row(item):
+            key, raw = row_key(item, index), item
+            check_media_columns(key, item)
         else:
-            raise ValueError(
-                f"micro-batch item #{index} is a {type(item).__name__}; the collator takes "
-                "EncodedSample, a raw WebDataset sample dict with '__key__', or a (key, "
-                "raw_sample) pair (pass a padded HF batch dict itself, not a list of them; "
-                "wrap chat rows in energon_pack.ChatDataset, which gives them keys)"
-            )
+            raise ValueError(unreadable_item(item, index))
         try:
             return self.encoder.encode_sample(key, raw)
         except MediaError as error:
@@ -467,8 +491,11 @@ def _assemble(
     physical: list[torch.Tensor] = [torch.zeros(1, dtype=torch.int32)]
     row_offsets = [0]
     real_total = 0
+    targets: list[torch.Tensor] = []
     for index, pack in enumerate(packs):
         count = len(pack.keys) or 1  # a padding row has one segment and no keys
+        on_target = pack.row.loss_mask != 0
+        targets.append(torch.bincount(pack.row.seq_idx[on_target].long(), minlength=count))
         real.append(pack.row.cu_seqlens[1 : count + 1] + real_total)
         physical.append(pack.row.cu_seqlens_padded[1 : count + 1] + index * width)
         real_total += int(pack.row.cu_seqlens[count])
@@ -496,6 +523,7 @@ def _assemble(
         rope_deltas=_cat_optional(
             [None if p.rope_deltas is None else p.rope_deltas[: len(p.keys)] for p in packs]
         ),
+        target_counts=torch.cat(targets),
         keys=tuple(pack.keys for pack in packs),
         skipped_keys=tuple(skipped),
         truncated_keys=tuple(truncated),

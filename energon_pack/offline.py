@@ -31,6 +31,13 @@ Packed directory (all arrays are ``.npy`` files, read memory-mapped):
   request. :class:`PackedDataset` checks every array's size, shape, dtype and block sample on
   open (the full CRC-32 with ``verify=True``); format 1 directories open unchecked.
 
+With ``format="bridge"`` the directory holds Megatron-Bridge's packed parquet instead of the
+arrays: ``training_<size>.idx.parquet`` (one row per pack: ``input_ids``, the label-aligned
+``loss_mask`` int8, ``seq_start_id``; each sequence padded with the tokenizer's eos so that the
+``L - 1`` tokens Bridge feeds of it are a multiple of ``pad_seq_to_mult``), Bridge's
+``<size>_metadata.jsonl`` (counted in those fed tokens) and the manifest (recording the
+parquet's size and CRC-32). Packs then hold at most ``packed_sequence_size`` fed tokens.
+
 The packing itself is out of core: pass 1 streams the input and appends each sequence's tokens
 to temporary files while only the lengths stay in memory; pass 2 packs the lengths (best or
 first fit decreasing); pass 3 copies the sequences in pack order from the memory-mapped
@@ -64,13 +71,24 @@ from energon_pack.binpack import OVERLONG_FIX, best_fit_decreasing, first_fit_de
 from energon_pack.encode import ByteTokenizer, SampleEncoder, Tokenizer
 from energon_pack.fingerprint import tokenizer_identity
 from energon_pack.layout import PackedRow, build_packed_row
-from energon_pack.row_layout import OverlongPolicy, RowLayout, fixed_width_problem, multiple_problem
+from energon_pack.row_layout import (
+    OverlongPolicy,
+    RowLayout,
+    default_pad_token_id,
+    fixed_width_problem,
+    multiple_problem,
+)
 from energon_pack.template_encoder import make_encoder
 from energon_pack.topology import pad_seq_to_mult
 
 logger = logging.getLogger("energon_pack.offline")
 
 Algorithm = Literal["bfd", "ffd"]
+OfflineFormat = Literal["energon_pack", "bridge"]
+"""What :func:`pack_offline` writes: this package's ``.npy`` arrays (read by
+:class:`PackedDataset`) or Megatron-Bridge's packed parquet (read by its
+``GPTSFTPackedParquetDataset`` through ``PackedSequenceSpecs``)."""
+FORMATS: tuple[OfflineFormat, ...] = ("energon_pack", "bridge")
 
 FORMAT_VERSION = 2
 """Manifest layout written; format 1 (no ``arrays`` entry) is still read, unchecked."""
@@ -96,6 +114,9 @@ _SAMPLE_BLOCKS = 16
 _SAMPLE_BLOCK_BYTES = 1 << 16
 """The block sample checked on every open: 16 blocks of 64 KiB spread over the file."""
 _READ_BYTES = 1 << 20
+_PARQUET_ROW_GROUP = 500
+"""Packs per parquet row group (Bridge's own writer's default)."""
+_FILE_FACTS = ("bytes", "crc32", "sample_crc32")
 _unchecked_warned: set[Path] = set()
 
 
@@ -120,6 +141,10 @@ class PackingSpec:
             follow the packer's longest-first order (no global RNG is touched).
         max_segments: most sequences per pack (packs above it are split); with
             ``pad_cu_seqlens`` also the fixed number of ``cu_seqlens`` slots.
+        train_newline_after_im_end: also train the ``\n`` that follows each trained
+            ``<|im_end|>`` (Megatron-Bridge's chat preprocessing does; the default follows the
+            chat templates' assistant masks, which end at ``<|im_end|>``). Encoded
+            conversations only; pre-tokenised masks are used as they are.
     """
 
     packed_sequence_size: int
@@ -130,6 +155,7 @@ class PackingSpec:
     overlong: OverlongPolicy = "error"
     seed: int = 0
     max_segments: int | None = None
+    train_newline_after_im_end: bool = False
 
     def __post_init__(self) -> None:
         problems = self._problems()
@@ -150,7 +176,7 @@ class PackingSpec:
             )
         if not _is_int(self.seed):
             out.append(f"seed must be an int, got {self.seed!r}")
-        for name in ("pad_cu_seqlens", "pad_to_max_length"):
+        for name in ("pad_cu_seqlens", "pad_to_max_length", "train_newline_after_im_end"):
             if not isinstance(getattr(self, name), bool):
                 out.append(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.algorithm not in ("bfd", "ffd"):
@@ -269,6 +295,17 @@ class OfflinePackResult:
     """Overlong samples cut to ``packed_sequence_size`` (``overlong="truncate"``)."""
     split_packs: int
     """Extra packs made by splitting packs above ``max_segments``."""
+    format: OfflineFormat = "energon_pack"
+    """What was written (see :data:`OfflineFormat`)."""
+
+    @property
+    def files(self) -> list[Path]:
+        """The packed data and metadata files, as a trainer is pointed at them."""
+        size = self.metadata.pack_size
+        return [
+            self.out_dir / name
+            for name in (*_data_files(self.format, size), _metadata_file(self.format, size))
+        ]
 
     def stats_json(self) -> dict[str, int]:
         """The counters, as stored in the manifest."""
@@ -282,8 +319,13 @@ def pack_offline(
     tokenizer: Tokenizer | None = None,
     *,
     force: bool = False,
+    format: OfflineFormat = "energon_pack",
 ) -> OfflinePackResult:
     """Tokenise and pack the JSONL ``input_path`` into ``out_dir`` (see the module docstring).
+
+    ``format="bridge"`` writes Megatron-Bridge's packed parquet instead of the ``.npy`` arrays
+    (see :func:`bridge_parquet_name`); packs then fill ``packed_sequence_size`` with the tokens
+    Bridge feeds, ``L - 1`` per sequence of ``L`` (the last token is only a label).
 
     ``tokenizer`` is HF-style (``encode``, ``convert_tokens_to_ids``; ``pad_token_id`` is used
     for padding when present) or None for :class:`~energon_pack.encode.ByteTokenizer`; with an
@@ -294,6 +336,8 @@ def pack_offline(
     folder, ...) raises the OSError with the path it concerns.
     """
     input_path, out_dir = Path(input_path), Path(out_dir)
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(map(repr, FORMATS))}, got {format!r}")
     if not input_path.is_file():
         raise ValueError(f"input {input_path} is not a file; pass a JSONL file of samples")
     if out_dir.exists() and not out_dir.is_dir():
@@ -306,6 +350,7 @@ def pack_offline(
         "spec": spec.to_json(),
         "tokenizer": {**tokenizer_identity(tok), **_template_identity(encoder)},
         "input_sha256": _sha256(input_path),
+        "format": format,
     }
     existing = None if force else _read_manifest(out_dir)
     if existing is not None:
@@ -313,7 +358,7 @@ def pack_offline(
         if differences:
             raise ValueError(_stale_message(out_dir, differences))
         logger.info("reusing the up-to-date pack in %s", out_dir)
-        return _result(out_dir, existing, _read_metadata(out_dir), reused=True)
+        return _result(out_dir, existing, _read_metadata(out_dir, existing), reused=True)
     if not force and out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(
             f"out dir {out_dir} is not empty and has no {MANIFEST_FILE} (an interrupted build "
@@ -324,14 +369,18 @@ def pack_offline(
     (out_dir / MANIFEST_FILE).unlink(missing_ok=True)  # incomplete until the manifest is back
     try:
         counts, metadata = _build(
-            input_path, out_dir, spec, encoder, explicit=tokenizer is not None
+            input_path, out_dir, spec, encoder, explicit=tokenizer is not None, format=format
         )
     finally:
         for name in (_TMP_IDS, _TMP_MASK):
             (out_dir / name).unlink(missing_ok=True)
     manifest["stats"] = counts
-    manifest["arrays"] = {name: _array_record(out_dir / name) for name in ARRAY_FILES}
-    _write_json(out_dir / METADATA_FILE, [dataclasses.asdict(metadata)])
+    size = spec.packed_sequence_size
+    manifest["arrays"] = {
+        name: _file_record(out_dir / name, npy=format == "energon_pack")
+        for name in _data_files(format, size)
+    }
+    _write_json(out_dir / _metadata_file(format, size), [dataclasses.asdict(metadata)])
     _write_json(out_dir / MANIFEST_FILE, {**manifest, "input_path": str(input_path.resolve())})
     return _result(out_dir, manifest, metadata, reused=False)
 
@@ -357,6 +406,14 @@ class PackedDataset(torch.utils.data.Dataset[PackedRow]):
             raise ValueError(
                 f"{self.out_dir} holds no {MANIFEST_FILE}: it is not a complete offline pack; "
                 "build it with energon-pack offline (or pack_offline)"
+            )
+        if manifest.get("format", "energon_pack") != "energon_pack":
+            size = manifest["spec"]["packed_sequence_size"]
+            raise ValueError(
+                f"{self.out_dir} holds Megatron-Bridge packs (format {manifest['format']!r}): "
+                f"train on them with Bridge's PackedSequenceSpecs(packed_train_data_path="
+                f"'{self.out_dir / bridge_parquet_name(size)}'), or rebuild with "
+                "format='energon_pack' (--format energon_pack) to read them here"
             )
         self.spec = PackingSpec.from_json(manifest["spec"])
         if spec is not None and spec != self.spec:
@@ -471,18 +528,29 @@ class PackedDataset(torch.utils.data.Dataset[PackedRow]):
                 "cu_seqlens slots); re-run energon-pack offline --force to write it, or build "
                 "with max_segments (--max-segments) to fix the slot count in the spec"
             )
-        return _read_metadata(self.out_dir).max_samples_per_bin
+        return _read_metadata(self.out_dir, {}).max_samples_per_bin
 
 
 # --------------------------------------------------------------------------------- building
 def _build(
-    input_path: Path, out_dir: Path, spec: PackingSpec, encoder: SampleEncoder, *, explicit: bool
+    input_path: Path,
+    out_dir: Path,
+    spec: PackingSpec,
+    encoder: SampleEncoder,
+    *,
+    explicit: bool,
+    format: OfflineFormat,
 ) -> tuple[dict[str, int], PackMetadata]:
     """The three passes; returns the counters and the metadata."""
     size = spec.packed_sequence_size
+    bridge = format == "bridge"
     # What fits a pack depends on the size and the multiple only (the slots come later).
     fits = RowLayout(size, spec.pad_seq_to_mult)
-    vocab_size = _vocab_size(encoder.tokenizer) if explicit else None
+    # Bridge feeds L - 1 tokens of a stored sequence of L: one more token is stored.
+    keep = fits.capacity + 1 if bridge else size
+    tokenizer = encoder.tokenizer
+    vocab_size = _vocab_size(tokenizer) if explicit else None
+    newline = _im_end_newline(tokenizer) if spec.train_newline_after_im_end else None
     lengths: list[int] = []
     lines: list[int] = []
     samples = skipped = truncated = 0
@@ -495,9 +563,14 @@ def _build(
         name_os_errors(mask_path),
         mask_path.open("wb") as mask_out,
     ):
-        for line, key, ids, mask in _samples(input_path, encoder, vocab_size):
+        for line, key, ids, mask in _samples(input_path, encoder, vocab_size, newline):
             samples += 1
-            reason = fits.overlong(key, len(ids))
+            if bridge and len(ids) < 2:
+                raise ValueError(
+                    f"sample {key} has {len(ids)} token; Megatron-Bridge trains on L - 1 tokens "
+                    "of a sequence of L, so format='bridge' needs at least 2; drop the sample"
+                )
+            reason = fits.overlong(key, len(ids) - 1 if bridge else len(ids))
             if reason is not None:
                 if spec.overlong == "error":
                     fix = f"{OVERLONG_FIX} (or 'truncate' to cut them; --overlong)"
@@ -507,7 +580,7 @@ def _build(
                     logger.warning("skipping: %s", reason)
                     continue
                 truncated += 1
-                ids, mask = ids[:size], mask[:size]
+                ids, mask = ids[:keep], mask[:keep]
             _append(ids_out, ids, mask_out, mask)
             lengths.append(len(ids))
             lines.append(line)
@@ -518,8 +591,9 @@ def _build(
         )
     if truncated:
         logger.warning("truncated %d sample(s) to packed_sequence_size=%d", truncated, size)
-    # Pass 2: pack the lengths.
-    groups, split_packs = _pack(lengths, spec)
+    # Pass 2: pack the lengths (Bridge's: the tokens it feeds, L - 1).
+    packed = [fits.bridge_span(n) for n in lengths] if bridge else lengths
+    groups, split_packs = _pack(packed, spec)
     # Pass 3: write the arrays in pack order.
     order = np.fromiter((i for group in groups for i in group), dtype=np.int64, count=len(lengths))
     src_lengths = np.asarray(lengths, dtype=np.int64)
@@ -528,14 +602,31 @@ def _build(
     seq_starts = np.concatenate(([0], np.cumsum(seq_lengths)[:-1]))
     pack_starts = np.cumsum([0, *(len(group) for group in groups)], dtype=np.int64)
     tokens = int(src_lengths.sum())
-    for tmp, name, dtype in ((_TMP_IDS, "input_ids", np.int32), (_TMP_MASK, "loss_mask", np.uint8)):
-        source = np.memmap(out_dir / tmp, dtype=dtype, mode="r", shape=(tokens,))
-        _gather(source, out_dir / f"{name}.npy", src_starts[order], seq_lengths)
-    _save(out_dir / "seq_starts.npy", seq_starts)
-    _save(out_dir / "seq_lengths.npy", seq_lengths.astype(np.int32))
-    _save(out_dir / "seq_lines.npy", np.asarray(lines, dtype=np.int64)[order])
-    _save(out_dir / "pack_starts.npy", pack_starts)
-    metadata = PackMetadata.compute(seq_lengths, pack_starts, size)
+    sources = [
+        np.memmap(out_dir / tmp, dtype=dtype, mode="r", shape=(tokens,))
+        for tmp, dtype in ((_TMP_IDS, np.int32), (_TMP_MASK, np.uint8))
+    ]
+    if bridge:
+        pad_id = bridge_pad_id(tokenizer)
+        _write_bridge(
+            out_dir / bridge_parquet_name(size),
+            fits,
+            sources,
+            groups,
+            src_starts,
+            src_lengths,
+            pad_id,
+        )
+        metadata = PackMetadata.compute(np.asarray(packed)[order], pack_starts, size)
+    else:
+        for source, name in zip(sources, ("input_ids", "loss_mask"), strict=True):
+            _gather(source, out_dir / f"{name}.npy", src_starts[order], seq_lengths)
+        _save(out_dir / "seq_starts.npy", seq_starts)
+        _save(out_dir / "seq_lengths.npy", seq_lengths.astype(np.int32))
+        _save(out_dir / "seq_lines.npy", np.asarray(lines, dtype=np.int64)[order])
+        _save(out_dir / "pack_starts.npy", pack_starts)
+        metadata = PackMetadata.compute(seq_lengths, pack_starts, size)
+    del sources
     counts = {
         "samples": samples,
         "sequences": len(lengths),
@@ -563,6 +654,69 @@ def _pack(lengths: Sequence[int], spec: PackingSpec) -> tuple[list[list[int]], i
             split += [sorted(group[i : i + limit]) for i in range(0, len(group), limit)]
     random.Random(spec.seed).shuffle(split)
     return split, len(split) - len(groups)
+
+
+def bridge_parquet_name(packed_sequence_size: int) -> str:
+    """The packed parquet file of ``format="bridge"``: Bridge's own name for a training split,
+    ``training_<packed_sequence_size>.idx.parquet``."""
+    return f"training_{packed_sequence_size}.idx.parquet"
+
+
+def bridge_pad_id(tokenizer: Tokenizer) -> int:
+    """The id that pads sequences in Bridge's packs: the tokenizer's ``eos_token_id`` (what
+    Bridge's collate pads with and strips as ``tokenizer.eos_id``), else its padding id."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        return eos
+    return default_pad_token_id(tokenizer)
+
+
+def _write_bridge(
+    path: Path,
+    layout: RowLayout,
+    sources: Sequence[npt.NDArray[Any]],
+    groups: Sequence[Sequence[int]],
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    pad_id: int,
+) -> None:
+    """Write the packs as Bridge's packed parquet (one row per pack, row groups of
+    :data:`_PARQUET_ROW_GROUP`), holding one row group in memory at a time."""
+    pa, pq = _pyarrow()
+    ids_source, mask_source = sources
+    schema = pa.schema(
+        [
+            ("input_ids", pa.list_(pa.int64())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("seq_start_id", pa.list_(pa.int64())),
+        ]
+    )
+    with name_os_errors(path), pq.ParquetWriter(str(path), schema) as writer:
+        for first in range(0, len(groups), _PARQUET_ROW_GROUP):
+            columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+            for group in groups[first : first + _PARQUET_ROW_GROUP]:
+                spans = [(int(starts[i]), int(starts[i] + lengths[i])) for i in group]
+                ids, mask, seq_starts = layout.bridge_row(
+                    [ids_source[a:b] for a, b in spans],
+                    [mask_source[a:b] for a, b in spans],
+                    pad_id,
+                )
+                columns["input_ids"].append(ids)
+                columns["loss_mask"].append(mask)
+                columns["seq_start_id"].append(seq_starts)
+            writer.write_table(pa.table(columns, schema=schema))
+
+
+def _pyarrow() -> tuple[Any, Any]:
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise ValueError(
+            "format='bridge' writes parquet with pyarrow, which is not installed; "
+            "pip install 'energon_pack[bridge]' (or pyarrow)"
+        ) from None
+    return pyarrow, pyarrow.parquet
 
 
 def _gather(
@@ -609,7 +763,10 @@ def _save(path: Path, array: npt.NDArray[Any]) -> None:
 
 # ---------------------------------------------------------------------------------- reading
 def _samples(
-    path: Path, encoder: SampleEncoder, vocab_size: int | None
+    path: Path,
+    encoder: SampleEncoder,
+    vocab_size: int | None,
+    newline: tuple[int, list[int]] | None = None,
 ) -> Iterator[tuple[int, str, npt.NDArray[np.int64], npt.NDArray[np.uint8]]]:
     """``(line number, key, input_ids, loss_mask)`` of each sample of the JSONL file."""
     with name_os_errors(path), path.open("rb") as lines:
@@ -628,6 +785,8 @@ def _samples(
                     f"sample {key}: expected a JSON object, got {type(record).__name__}"
                 )
             ids, mask = _tokens(key, record, encoder, vocab_size)
+            if newline is not None and "input_ids" not in record:
+                mask = _train_newline_after(ids, mask, *newline)
             yield number, key, ids, mask
 
 
@@ -656,6 +815,24 @@ def _tokens(
     if encoded.media:
         raise ValueError(f"sample {key}: offline packing is text-only; remove <image>/<video>")
     return encoded.input_ids.numpy(), encoded.loss_mask.numpy().astype(np.uint8)
+
+
+def _im_end_newline(tokenizer: Tokenizer) -> tuple[int, list[int]]:
+    """The id of ``<|im_end|>`` and the ids of the ``\n`` the ChatML template puts after it."""
+    return tokenizer.convert_tokens_to_ids("<|im_end|>"), list(tokenizer.encode("\n"))
+
+
+def _train_newline_after(
+    ids: npt.NDArray[np.int64], mask: npt.NDArray[np.uint8], im_end: int, newline: list[int]
+) -> npt.NDArray[np.uint8]:
+    """``mask`` with the ``newline`` tokens that follow each trained ``im_end`` trained too."""
+    out: npt.NDArray[np.uint8] = mask.copy()
+    width = len(newline)
+    for t in np.flatnonzero((ids == im_end) & (mask == 1)):
+        follow = ids[t + 1 : t + 1 + width]
+        if len(follow) == width and follow.tolist() == newline:
+            out[t + 1 : t + 1 + width] = 1
+    return out
 
 
 def _pretokenised(
@@ -742,6 +919,29 @@ def _read_manifest(out_dir: Path) -> dict[str, Any] | None:
     return dict(manifest)
 
 
+def _data_files(format: OfflineFormat, packed_sequence_size: int) -> tuple[str, ...]:
+    """The files a pack of ``format`` holds its packs in."""
+    if format == "bridge":
+        return (bridge_parquet_name(packed_sequence_size),)
+    return ARRAY_FILES
+
+
+def _metadata_file(format: OfflineFormat, packed_sequence_size: int) -> str:
+    """The packing metadata file: Bridge's ``<size>_metadata.jsonl`` (a JSON list, as Bridge
+    writes it) for ``format="bridge"``, else :data:`METADATA_FILE`."""
+    return f"{packed_sequence_size}_metadata.jsonl" if format == "bridge" else METADATA_FILE
+
+
+def _file_record(path: Path, *, npy: bool) -> dict[str, Any]:
+    """What the manifest records of a data file (``.npy`` files: also shape and dtype)."""
+    facts = _array_facts(path) if npy else {"bytes": path.stat().st_size}
+    return {
+        **facts,
+        "crc32": _crc32(path, sample=False),
+        "sample_crc32": _crc32(path, sample=True),
+    }
+
+
 def _manifest_problem(manifest: Mapping[str, Any]) -> str | None:
     """What a manifest of a readable format lacks, or None."""
     keys: list[str] = ["spec", "tokenizer", "stats"]
@@ -759,10 +959,15 @@ def _manifest_problem(manifest: Mapping[str, Any]) -> str | None:
         _is_int(value) for value in manifest["stats"].values()
     ):
         return f"its stats are not the int counters {', '.join(_STATS)}"
-    for name in ARRAY_FILES if "arrays" in keys else ():
+    format = manifest.get("format", "energon_pack")
+    if format not in FORMATS:
+        return f"its format {format!r} is none of {', '.join(FORMATS)}"
+    facts = _ARRAY_FACTS if format == "energon_pack" else _FILE_FACTS
+    size = manifest["spec"]["packed_sequence_size"]
+    for name in _data_files(format, size) if "arrays" in keys else ():
         record = manifest["arrays"].get(name)
-        if not isinstance(record, dict) or sorted(record) != sorted(_ARRAY_FACTS):
-            return f"it has no arrays.{name} record with {', '.join(_ARRAY_FACTS)}"
+        if not isinstance(record, dict) or sorted(record) != sorted(facts):
+            return f"it has no arrays.{name} record with {', '.join(facts)}"
     return None
 
 
@@ -791,15 +996,6 @@ def _array_facts(path: Path) -> dict[str, Any]:
             "file is truncated or damaged; rebuild the pack with energon-pack offline --force"
         )
     return {"bytes": size, "shape": list(shape), "dtype": dtype.str}
-
-
-def _array_record(path: Path) -> dict[str, Any]:
-    """What the manifest records of an array file."""
-    return {
-        **_array_facts(path),
-        "crc32": _crc32(path, sample=False),
-        "sample_crc32": _crc32(path, sample=True),
-    }
 
 
 def _crc32(path: Path, *, sample: bool) -> int:
@@ -833,8 +1029,11 @@ def name_os_errors(path: str | Path) -> Iterator[None]:
         raise OSError(error.errno, error.strerror, str(path)) from error
 
 
-def _read_metadata(out_dir: Path) -> PackMetadata:
-    path = out_dir / METADATA_FILE
+def _read_metadata(out_dir: Path, manifest: Mapping[str, Any]) -> PackMetadata:
+    """The packing metadata of the pack ``manifest`` describes (``{}``: an energon_pack one)."""
+    format = manifest.get("format", "energon_pack")
+    size = manifest["spec"]["packed_sequence_size"] if manifest else 0
+    path = out_dir / _metadata_file(format, size)
     try:
         data = json.loads(path.read_text())
         entry = data[0] if isinstance(data, list) else data
@@ -848,6 +1047,10 @@ def _read_metadata(out_dir: Path) -> PackMetadata:
 
 def _manifest_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     out = _spec_differences(PackingSpec.from_json(old["spec"]), PackingSpec.from_json(new["spec"]))
+    if old.get("format", "energon_pack") != new["format"]:
+        out.append(
+            f"format={old.get('format', 'energon_pack')!r} but the request has {new['format']!r}"
+        )
     for name in ("format_version", "input_sha256", "tokenizer", "energon_pack_version"):
         if old.get(name) != new[name]:
             out.append(f"{name}={old.get(name)!r} but the request has {new[name]!r}")
@@ -874,7 +1077,13 @@ def _stale_message(out_dir: Path, differences: list[str], *, reader: bool = Fals
 def _result(
     out_dir: Path, manifest: Mapping[str, Any], metadata: PackMetadata, *, reused: bool
 ) -> OfflinePackResult:
-    return OfflinePackResult(out_dir=out_dir, reused=reused, metadata=metadata, **manifest["stats"])
+    return OfflinePackResult(
+        out_dir=out_dir,
+        reused=reused,
+        metadata=metadata,
+        format=manifest.get("format", "energon_pack"),
+        **manifest["stats"],
+    )
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -1,4 +1,4 @@
-"""mRoPE (3-D) position ids for Qwen2-VL / Qwen2.5-VL, per sequence and for packed THD rows.
+"""mRoPE (3-D) position ids for the Qwen-VL models, per sequence and for packed THD rows.
 
 Qwen-VL models rotate with three position streams (temporal, height, width). Text tokens carry
 the same position on all three; the tokens of an image or video block (the pad tokens after a
@@ -6,7 +6,9 @@ the same position on all three; the tokens of an image or video block (the pad t
 starts, and text after a block continues past it. In a packed row every segment is computed
 on its own, from position 0 and with the grids of its own images, so the ids equal what
 transformers' ``get_rope_index`` gives for each sequence alone (transformers versions differ in
-one rule for videos, see :attr:`MRopeConfig.text_after_vision`).
+one rule for videos, see :attr:`MRopeConfig.text_after_vision`). Qwen3-VL, Qwen3-VL-MoE and
+Qwen3.5 write a video as one block per temporal patch, each behind its timestamp text, and
+position each block as a one-frame grid (:attr:`MRopeConfig.rule`).
 
 Gaps (alignment padding after a segment's real tokens, including the tail absorbed by the last
 segment) continue counting on all three streams from the segment's largest position + 1:
@@ -24,6 +26,8 @@ import torch
 from energon_pack.checks import check_int, check_number
 
 TextAfterVision = Literal["max", "spatial"]
+MRopeRule = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+_RULES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 _TEXT, _IMAGE, _VIDEO = 0, 1, 2
 _KIND_NAMES = {_IMAGE: "image", _VIDEO: "video"}
@@ -49,6 +53,16 @@ class MRopeConfig:
     * ``"spatial"``: block start + ``max(h, w) / merge``, the rule of transformers >= 5.3.
 
     The two agree for images, and for videos whose temporal span stays below their spatial one.
+
+    ``rule`` is the model family's position rule (a family preset's ``rope``); it says how a
+    video's placeholders map to its ``video_grid_thw`` row ``(t, h, w)``:
+
+    * ``"qwen2_vl"`` (default) and ``"qwen2_5_vl"``: one block of ``t*h*w / merge**2`` pads,
+      frames spaced as above; ``"qwen2_5_vl"`` requires ``tokens_per_second``;
+    * ``"qwen3_vl"`` (Qwen3-VL, Qwen3-VL-MoE, Qwen3.5): ``t`` blocks of ``h*w / merge**2`` pads,
+      one per temporal patch (time is carried by the timestamp text between them), each
+      positioned as a grid ``(1, h, w)``. ``tokens_per_second`` must be None and
+      ``second_per_grid_ts`` is not read.
     """
 
     vision_start_token_id: int
@@ -57,6 +71,7 @@ class MRopeConfig:
     spatial_merge_size: int = 2
     tokens_per_second: float | None = None
     text_after_vision: TextAfterVision = "max"
+    rule: MRopeRule = "qwen2_vl"
 
     def __post_init__(self) -> None:
         for name, token in (
@@ -85,6 +100,22 @@ class MRopeConfig:
             raise ValueError(
                 f"text_after_vision must be 'max' or 'spatial', got {self.text_after_vision!r}"
             )
+        if self.rule not in _RULES:
+            raise ValueError(
+                f"MRopeConfig.rule must be 'qwen2_vl', 'qwen2_5_vl' or 'qwen3_vl' (Qwen3-VL, "
+                f"Qwen3-VL-MoE, Qwen3.5), got {self.rule!r}"
+            )
+        if self.rule == "qwen2_5_vl" and self.tokens_per_second is None:
+            raise ValueError(
+                "MRopeConfig(rule='qwen2_5_vl') needs tokens_per_second (the model's "
+                "vision_config.tokens_per_second, e.g. 2)"
+            )
+        if self.rule == "qwen3_vl" and self.tokens_per_second is not None:
+            raise ValueError(
+                f"MRopeConfig(rule='qwen3_vl') takes no tokens_per_second (got "
+                f"{self.tokens_per_second}): Qwen3-VL carries time in timestamp text, not in the "
+                "temporal position; leave tokens_per_second None"
+            )
         ids = (self.vision_start_token_id, self.image_token_id, self.video_token_id)
         if len(set(ids)) != 3:
             raise ValueError(
@@ -99,6 +130,7 @@ class MRopeConfig:
         tokens_per_second: float | None = None,
         spatial_merge_size: int = 2,
         text_after_vision: TextAfterVision = "max",
+        rule: MRopeRule = "qwen2_vl",
     ) -> MRopeConfig:
         """The config with the ids of ``<|vision_start|>``, ``<|image_pad|>``, ``<|video_pad|>``."""
         return cls(
@@ -108,6 +140,7 @@ class MRopeConfig:
             spatial_merge_size=spatial_merge_size,
             tokens_per_second=tokens_per_second,
             text_after_vision=text_after_vision,
+            rule=rule,
         )
 
 
@@ -118,10 +151,17 @@ def mrope_setting(
     position_ids: PositionIds, mrope: MRopeConfig | None, tokenizer: _SpecialTokens
 ) -> MRopeConfig | None:
     """The mRoPE config a packer uses for its ``position_ids`` option (None for ``"1d"``):
-    ``mrope`` if given, else Qwen2-VL behaviour with the tokenizer's special-token ids."""
+    ``mrope`` if given, else Qwen2-VL behaviour with the tokenizer's special-token ids. An
+    ``mrope`` given with ``"1d"`` is a ValueError (it would be ignored)."""
     if position_ids not in ("1d", "mrope"):
         raise ValueError(f"position_ids must be '1d' or 'mrope', got {position_ids!r}")
     if position_ids == "1d":
+        if mrope is not None:
+            raise ValueError(
+                f"mrope=MRopeConfig(rule={mrope.rule!r}, ...) is set but position_ids='1d' "
+                "computes no mRoPE ids, so batches would carry 1-D positions only; pass "
+                "position_ids='mrope' (or leave mrope unset for a text model)"
+            )
         return None
     return mrope or MRopeConfig.from_tokenizer(tokenizer)
 
@@ -160,14 +200,15 @@ def packed_mrope_position_ids(
     Segment ``i`` holds row tokens ``[cu_seqlens_padded[i], cu_seqlens_padded[i] + length_i)``
     with ``length_i = cu_seqlens[i+1] - cu_seqlens[i]``; the rest of its physical span is gap.
     Each segment restarts at 0. The row's grids (and ``second_per_grid_ts``, one per video,
-    1.0 s each when None as in transformers) are in segment order and go to the vision blocks
-    in token order. Empty static slots (repeated last boundary) get delta 0. Gap positions are
-    described in the module docstring.
+    1.0 s each when None as in transformers; not read under rule ``"qwen3_vl"``) are in segment
+    order and go to the vision blocks in token order (under ``"qwen3_vl"`` a video grid goes to
+    its ``t`` blocks, one frame each). Empty static slots (repeated last boundary) get delta 0.
+    Gap positions are described in the module docstring.
 
     All tensors are CPU tensors (this runs in the data loader). Raises ValueError if the
     boundaries do not describe the row, a pad-token run does not follow
     ``<|vision_start|>``, the block count differs from the grid count, or a block's pad count is
-    not ``t*h*w / spatial_merge_size**2``.
+    not ``t*h*w / spatial_merge_size**2`` (``h*w / ...`` per video block under ``"qwen3_vl"``).
     """
     ids = _as_long_1d(row_input_ids, "row_input_ids")
     total = ids.numel()
@@ -336,8 +377,11 @@ def _block_grids(
     for code, given in ((_IMAGE, image_grid_thw), (_VIDEO, video_grid_thw)):
         name = _KIND_NAMES[code]
         table = _grid_table(given, name, config)
+        per_frame = code == _VIDEO and config.rule == "qwen3_vl"
+        if per_frame:
+            table = _frames(table)
         mine = block_kind == code
-        _check_block_count(block_seg[mine], n_seg, table.shape[0], name)
+        _check_block_count(block_seg[mine], n_seg, table.shape[0], name, per_frame=per_frame)
         grids[mine] = table
         if code == _VIDEO and config.tokens_per_second is not None:
             interval[mine] = _video_seconds(second_per_grid_ts, table.shape[0], dtype) * (
@@ -367,18 +411,41 @@ def _grid_table(given: torch.Tensor | None, name: str, config: MRopeConfig) -> t
     return table
 
 
-def _check_block_count(block_seg: torch.Tensor, n_seg: int, grid_count: int, name: str) -> None:
+def _frames(table: torch.Tensor) -> torch.Tensor:
+    """Each video grid ``(t, h, w)`` as ``t`` one-frame grids ``(1, h, w)`` (Qwen3-VL rule)."""
+    frames = torch.repeat_interleave(table, table[:, 0], dim=0)
+    frames[:, 0] = 1
+    return frames
+
+
+def _check_block_count(
+    block_seg: torch.Tensor, n_seg: int, grid_count: int, name: str, *, per_frame: bool
+) -> None:
     block_count = block_seg.numel()
     if block_count == grid_count:
         return
     per_segment = torch.bincount(block_seg, minlength=n_seg)
     reached = torch.cumsum(per_segment, 0)
     segment = int((reached > grid_count).nonzero()[0, 0]) if block_count > grid_count else n_seg - 1
+    if per_frame:
+        grids = (
+            f"video_grid_thw holds {grid_count} temporal patches (its t summed; "
+            "MRopeConfig(rule='qwen3_vl') reads one block per temporal patch)"
+        )
+        hint = "; ids with one block per video need MRopeConfig(rule='qwen2_vl')"
+    else:
+        grids = f"{name}_grid_thw has {grid_count} rows"
+        hint = ""
+        if name == "video":
+            hint = (
+                "; ids with one block per temporal patch (Qwen3-VL) need "
+                "MRopeConfig(rule='qwen3_vl')"
+            )
     raise ValueError(
         f"segment {segment}: the tokens up to this segment hold {int(reached[segment])} {name} "
-        f"blocks but {name}_grid_thw has {grid_count} rows (blocks per segment: "
-        f"{per_segment.tolist()}); pass one grid per <|vision_start|> + <|{name}_pad|> block, "
-        "in segment order, with the media of exactly the row's samples"
+        f"blocks but {grids} (blocks per segment: {per_segment.tolist()}); pass one grid per "
+        f"<|vision_start|> + <|{name}_pad|> block, in segment order, with the media of exactly "
+        f"the row's samples{hint}"
     )
 
 

@@ -5,15 +5,19 @@
 fingerprint take. The rules that other settings objects share (the offline
 :class:`~energon_pack.offline.PackingSpec`, the topology check
 :class:`~energon_pack.topology.PackingConfig`) are the functions below, written once.
-No torch: the topology check and the CLI use this without loading it.
+No torch: the topology check and the CLI use this without loading it. :meth:`RowLayout.bridge_row`
+lays a row out in Megatron-Bridge's packed parquet form (the offline ``format="bridge"``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
 
 from energon_pack.binpack import aligned_length, overlong_message
 
@@ -98,6 +102,38 @@ class RowLayout:
     def static_segments(self) -> int | None:
         """The fixed number of segment slots (``max_segments`` with ``pad_cu_seqlens``)."""
         return self.max_segments if self.pad_cu_seqlens else None
+
+    def bridge_span(self, length: int) -> int:
+        """The tokens Megatron-Bridge feeds of a stored sequence of ``length`` tokens: the
+        last one is only a label, so ``length - 1``, rounded up to ``pad_to_multiple_of``."""
+        return self.aligned(length - 1)
+
+    def bridge_row(
+        self,
+        input_ids: Sequence[npt.NDArray[np.integer[Any]]],
+        loss_masks: Sequence[npt.NDArray[np.integer[Any]]],
+        pad_id: int,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int8], list[int]]:
+        """One packed row of Megatron-Bridge's packed parquet: ``input_ids``, the
+        label-aligned ``loss_mask`` and ``seq_start_id``.
+
+        ``loss_masks`` are aligned with ``input_ids`` (1 = the token is a target). Each
+        sequence is padded with ``pad_id`` (Bridge pads and strips its tokenizer's eos) until
+        :meth:`bridge_span` tokens precede its last one, and its mask is rolled by one as
+        Bridge's ``fill_packing_strategy`` does: entry ``t`` weights the label ``t + 1``.
+        """
+        ids_out: list[npt.NDArray[np.int64]] = []
+        masks_out: list[npt.NDArray[np.int8]] = []
+        starts: list[int] = []
+        offset = 0
+        for ids, mask in zip(input_ids, loss_masks, strict=True):
+            pad = self.bridge_span(len(ids)) + 1 - len(ids)
+            ids_out.append(np.concatenate([ids, np.full(pad, pad_id)]).astype(np.int64))
+            rolled = np.concatenate([mask[1:], np.zeros(pad + 1)]).astype(np.int8)
+            masks_out.append(rolled)
+            starts.append(offset)
+            offset += len(ids) + pad
+        return np.concatenate(ids_out), np.concatenate(masks_out), starts
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a saved state depends on: the fields that differ from the defaults

@@ -19,6 +19,10 @@ from energon_pack.row_layout import fixed_width_problem, multiple_problem
 Mode = Literal["online", "collate", "offline", "none"]
 MODES: tuple[Mode, ...] = ("online", "collate", "offline", "none")
 
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+"""Per-layer CUDA graph modules (Megatron Core's ``cuda_graph_modules`` names); ``full`` (the
+whole layer or the full iteration) is the other ``cuda_graph_scope``."""
+
 # Legacy one-boolean-per-mode settings accepted next to ``mode``; contradictions are violations.
 LEGACY_MODE_FLAGS: dict[str, Mode] = {
     "online_packing": "online",
@@ -96,7 +100,10 @@ class PackingConfig:
     (collate-time packing, MBS > 1), ``offline`` (pre-packed SFT data) or ``none``. The legacy
     booleans ``online_packing`` / ``collate_packing`` / ``offline_packing`` may select a mode
     too; selecting more than one mode is a violation. ``mtp`` is a bool or the number of MTP
-    layers (0 = off). Construction checks types; :meth:`validate` checks the rules.
+    layers (0 = off). ``cuda_graph_scope`` is what ``cuda_graphs`` capture: ``"full"`` (whole
+    layers or the full iteration) or a comma-separated list of :data:`CUDA_GRAPH_MODULES`; only
+    graphs that capture attention read ``cu_seqlens``. Construction checks types;
+    :meth:`validate` checks the rules.
     """
 
     seq_length: int
@@ -111,6 +118,7 @@ class PackingConfig:
     eval_cp: int | None = None
     mtp: bool | int = False
     cuda_graphs: bool = False
+    cuda_graph_scope: str = "full"
     calculate_per_token_loss: bool = False
     average_in_collective: bool = False
     pad_to_max_length: bool = False
@@ -142,6 +150,8 @@ class PackingConfig:
             return f"mtp must be a bool or a number of MTP layers >= 0, got {value!r}"
         if name == "mode" and value not in MODES:
             return f"mode must be one of {', '.join(MODES)}, got {value!r}"
+        if name == "cuda_graph_scope":
+            return _scope_problem(value)
         return None
 
     @classmethod
@@ -187,6 +197,11 @@ class PackingConfig:
                 modes.append(mode)
         return modes
 
+    def graph_captures_attention(self) -> bool:
+        """Whether the CUDA graphs (if on) capture attention, the only part reading cu_seqlens."""
+        modules = self.cuda_graph_scope.split(",")
+        return self.cuda_graph_scope == "full" or "attn" in modules
+
     def pad_seq_to_mult(self) -> int:
         """:func:`pad_seq_to_mult` for this topology."""
         return pad_seq_to_mult(self.tp, self.cp, self.sp, self.eval_cp)
@@ -227,10 +242,18 @@ class PackingConfig:
                     f"packing_buffer_size={self.packing_buffer_size}: online packing needs a "
                     "candidate buffer > 0; set packing_buffer_size (e.g. 16)"
                 )
-            if self.mtp:
+            if not self.calculate_per_token_loss:
                 out.append(
-                    f"mtp={self.mtp!r}: online packing does not support multi-token prediction; "
-                    "disable mtp or use collate/offline packing"
+                    "calculate_per_token_loss=False: online packing gives each row a different "
+                    "number of target tokens, so the loss must be normalised per token (as "
+                    "Megatron-Bridge requires for Energon native packing); set "
+                    "calculate_per_token_loss=True"
+                )
+            if self.average_in_collective:
+                out.append(
+                    "average_in_collective=True: with online packing the per-token loss is "
+                    "summed, not averaged, across data-parallel ranks (as Megatron-Bridge "
+                    "requires for Energon native packing); set average_in_collective=False"
                 )
             if self.cuda_graphs:
                 out.append(
@@ -290,13 +313,7 @@ class PackingConfig:
                     "average_in_collective=False"
                 )
         problems = (
-            multiple_problem(
-                "seq_length",
-                self.seq_length,
-                "pad_seq_to_mult",
-                self.pad_seq_to_mult(),
-                because=f"tp={self.tp}, cp={self.cp}, sp={self.sp}, eval_cp={self.eval_cp}",
-            ),
+            self._seq_length_mult_problem(modes),
             self.kernel_multiple
             and multiple_problem(
                 "seq_length", self.seq_length, "kernel_multiple", self.kernel_multiple
@@ -304,10 +321,53 @@ class PackingConfig:
             fixed_width_problem(self.pad_cu_seqlens, self.pad_to_max_length),
         )
         out += [problem for problem in problems if problem]
-        if self.cuda_graphs and modes and "online" not in modes and not self.pad_cu_seqlens:
+        out += self._cuda_graph_problems(modes)
+        return out
+
+    def _seq_length_mult_problem(self, modes: list[Mode]) -> str | None:
+        """seq_length against the padding multiple. Offline rows without pad_to_max_length are
+        only as wide as their aligned segments (at most seq_length rounded down to the
+        multiple), so there, as in Megatron-Bridge, seq_length itself may be any length."""
+        mult = self.pad_seq_to_mult()
+        because = f"tp={self.tp}, cp={self.cp}, sp={self.sp}, eval_cp={self.eval_cp}"
+        if modes == ["offline"]:
+            if not self.pad_to_max_length:
+                return None
+            because += (
+                "; pad_to_max_length=True makes every row seq_length wide and the parallel "
+                "split needs the row width to be a multiple (Megatron-Bridge 0.6.2 does not "
+                "check this for offline packs, the split fails at run time)"
+            )
+        return multiple_problem(
+            "seq_length", self.seq_length, "pad_seq_to_mult", mult, because=because
+        )
+
+    def _cuda_graph_problems(self, modes: list[Mode]) -> list[str]:
+        """CUDA graphs with collate or offline packs (online is refused above): every graph
+        needs a static token width; graphs that capture attention also need static
+        cu_seqlens shapes. MLP-only graphs do not read cu_seqlens."""
+        packed = [mode for mode in modes if mode in ("collate", "offline")]
+        if not self.cuda_graphs or not packed:
+            return []
+        scope = f"cuda_graph_scope={self.cuda_graph_scope!r}"
+        stricter = (
+            " (Megatron-Bridge 0.6.2 checks this for offline packs only; a collate batch's "
+            "shapes change with its samples just the same)"
+            if packed == ["collate"]
+            else ""
+        )
+        out = []
+        if not self.pad_to_max_length:
             out.append(
-                "cuda_graphs=True with packed sequences needs static metadata shapes; set "
-                "pad_cu_seqlens=True (and pad_to_max_length=True)"
+                f"cuda_graphs=True with {packed[0]} packing: a graph replays one token width, "
+                f"so rows must be fixed-width{stricter}; set pad_to_max_length=True"
+            )
+        if self.graph_captures_attention() and not self.pad_cu_seqlens:
+            out.append(
+                f"cuda_graphs=True with {scope} captures attention, which reads cu_seqlens: "
+                f"their shapes must be static{stricter}; set pad_cu_seqlens=True (and "
+                "pad_to_max_length=True), or capture only modules without attention "
+                "(e.g. cuda_graph_scope='mlp')"
             )
         return out
 
@@ -317,6 +377,16 @@ class PackingConfig:
         if problems:
             listing = "\n".join(f"  - {p}" for p in problems)
             raise ValueError(f"{len(problems)} packing config violation(s):\n{listing}")
+
+
+def _scope_problem(value: object) -> str | None:
+    modules = value.split(",") if isinstance(value, str) else []
+    if value == "full" or (modules and all(m in CUDA_GRAPH_MODULES for m in modules)):
+        return None
+    return (
+        f"cuda_graph_scope must be 'full' or a comma-separated list of "
+        f"{', '.join(CUDA_GRAPH_MODULES)}, got {value!r}"
+    )
 
 
 _POSITIVE_INTS = frozenset(

@@ -43,6 +43,8 @@ class TuneSettings:
     """A transformers tokenizer directory, or a name in the local cache (None: ByteTokenizer)."""
     overlong: Overlong = "skip"
     """Samples longer than ``seq_length``: count and skip them, or stop with an error."""
+    dataset_config: str | None = None
+    """The dataset's description file in ``.nv-meta`` (None: Energon's ``dataset.yaml``)."""
 
 
 @dataclass(frozen=True)
@@ -195,8 +197,12 @@ def run_once(
         monitor=MonitorConfig(report_dir=str(report_dir), every_samples=4, every_seconds=0.25),
     )
     one_epoch = settings.max_samples is None
+    described = (
+        {} if settings.dataset_config is None else {"dataset_config": settings.dataset_config}
+    )
     dataset = get_train_dataset(
         settings.dataset,
+        **described,
         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=settings.num_workers),
         batch_size=1,
         packing_buffer_size=buffer_size,

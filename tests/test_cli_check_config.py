@@ -12,7 +12,7 @@ from energon_pack.cli import main
 VALID = [
     "check-config",
     "--seq-length", "8192", "--tp", "4", "--cp", "2", "--sp", "--mbs", "1", "--gbs", "8",
-    "--dp", "8", "--mode", "online", "--packing-buffer-size", "16",
+    "--dp", "8", "--mode", "online", "--packing-buffer-size", "16", "--calculate-per-token-loss",
 ]  # fmt: skip
 
 
@@ -27,14 +27,29 @@ def test_valid_config_prints_derived_values(capsys: pytest.CaptureFixture[str]) 
 
 def test_violations_are_all_printed_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [*VALID, "--seq-length", "8190", "--mbs", "2", "--gbs", "16", "--pp", "2", "--mtp", "1"]
+    argv += ["--no-calculate-per-token-loss"]
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "5 violation(s):" in out
     assert "1. micro_batch_size=2: online packing" in out
-    assert "mtp=1: online packing does not support multi-token prediction" in out
+    assert "mtp" not in out  # MTP rolls its targets inside each packed segment
+    assert "calculate_per_token_loss=False: online packing gives each row" in out
     assert "pp=2: online packing does not support pipeline parallelism" in out
     assert "seq_length=8190: context parallelism cp=2" in out
     assert "seq_length=8190 is not a multiple of pad_seq_to_mult=8" in out
+
+
+def test_cuda_graph_scope_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    offline = ["check-config", "--seq-length", "4096", "--mode", "offline", "--cuda-graphs"]
+    offline += ["--pad-to-max-length"]
+    assert main(offline) == 1
+    assert "captures attention, which reads cu_seqlens" in capsys.readouterr().out
+    assert main([*offline, "--cuda-graph-scope", "mlp"]) == 0
+    assert "OK: no violations" in capsys.readouterr().out
+    assert main([*offline, "--cuda-graph-scope", "attn,mlp"]) == 1
+    assert "cuda_graph_scope='attn,mlp' captures attention" in capsys.readouterr().out
+    assert main([*offline, "--cuda-graph-scope", "everything"]) == 2
+    assert "cuda_graph_scope must be 'full' or" in capsys.readouterr().err
 
 
 def test_yaml_file_with_flag_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -93,3 +93,43 @@ def test_overlong_flag(source: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert re.search(
         r"40 samples -> 40 sequences .*0 skipped, \d+ truncated", capsys.readouterr().out
     )
+
+
+def test_bridge_format_and_tokenizer_flags(
+    source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import hf_qwen
+    import pyarrow.parquet as pq
+
+    tokenizer_dir = tmp_path / "qwen-tokenizer"
+    hf_qwen.qwen_tokenizer().save_pretrained(tokenizer_dir)
+    out_dir = tmp_path / "bridge"
+    argv = ["offline", str(source), str(out_dir), "--size", "512", "--tp", "2", "--sp"]
+    argv += ["--format", "bridge", "--tokenizer", str(tokenizer_dir)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    parquet, metadata = out_dir / "training_512.idx.parquet", out_dir / "512_metadata.jsonl"
+    assert f"wrote {out_dir}: training_512.idx.parquet, 512_metadata.jsonl" in out
+    assert (
+        f"PackedSequenceSpecs(packed_sequence_size=512, packed_train_data_path='{parquet}', "
+        f"packed_metadata_path='{metadata}', pad_seq_to_mult=2, pad_cu_seqlens=False)" in out
+    )
+    manifest = json.loads((out_dir / "manifest.json").read_text())
+    assert manifest["format"] == "bridge"
+    assert manifest["tokenizer"]["name_or_path"] == str(tokenizer_dir)
+    ids = [t for row in pq.read_table(parquet).column("input_ids").to_pylist() for t in row]
+    assert max(ids) > 262  # the tokenizer's ids, not the byte tokenizer's 0-262
+    # the newline convention is a flag too, and part of the spec
+    assert main([*argv, "--train-newline-after-im-end"]) == 2
+    assert "train_newline_after_im_end=False but the spec asks True" in capsys.readouterr().err
+
+
+def test_unloadable_tokenizer_exits_2(
+    source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["offline", str(source), str(tmp_path / "out"), "--size", "512"]
+    assert main([*argv, "--tokenizer", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer '{tmp_path / 'missing'}' cannot be loaded offline" in err
+    assert "save_pretrained" in err
+    assert not (tmp_path / "out").exists()

@@ -183,6 +183,6 @@ def test_unresolved_paths_and_mismatches_are_media_errors() -> None:
     assert media_kind("x.png") == "image"
 
 
-def test_collator_names_chat_dataset_for_rows_without_keys() -> None:
-    with pytest.raises(ValueError, match="ChatDataset"):
-        _collator()([_row(image_bytes(8, 8))])
+def test_collator_takes_rows_without_chat_dataset() -> None:
+    batch = _collator()([_row(image_bytes(8, 8)), {**_row(image_bytes(8, 8)), "id": None}])
+    assert batch.keys == (("r1", "row[1]"),)

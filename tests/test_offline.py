@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import pickle
@@ -565,3 +566,163 @@ def test_malformed_manifest_names_the_file_and_the_key(
     ):
         with pytest.raises(ValueError, match=rf"^{path} .*{re.escape(message)}"):
             call()
+
+
+# ------------------------------------------------- Megatron-Bridge's packed parquet (issue 25)
+def bridge_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a Bridge packed parquet, checking its schema on the way."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    assert table.schema.names == ["input_ids", "loss_mask", "seq_start_id"]
+    assert pa.types.is_integer(table.schema.field("input_ids").type.value_type)
+    assert table.schema.field("loss_mask").type.value_type == pa.int8()
+    assert pa.types.is_integer(table.schema.field("seq_start_id").type.value_type)
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
+
+
+def bridge_sequences(row: dict[str, Any]) -> list[tuple[list[int], list[int]]]:
+    """Each stored sequence of a row: (input_ids, label-aligned loss_mask)."""
+    bounds = [*row["seq_start_id"], len(row["input_ids"])]
+    return [(row["input_ids"][a:b], row["loss_mask"][a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+@pytest.mark.parametrize(("mult", "hf"), [(1, False), (4, False), (8, True)])
+def test_bridge_parquet_holds_every_sequence_rolled_and_aligned(
+    tmp_path: Path, mult: int, hf: bool
+) -> None:
+    records = text_records(60)
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    tokenizer = hf_qwen.qwen_tokenizer() if hf else None
+    spec = PackingSpec(512, pad_seq_to_mult=mult)
+    result = pack_offline(source, tmp_path / "out", spec, tokenizer, format="bridge")
+    assert [p.name for p in result.files] == ["training_512.idx.parquet", "512_metadata.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        ["training_512.idx.parquet", "512_metadata.jsonl", "manifest.json"]
+    )
+    # Bridge pads with (and strips) its tokenizer's eos: <|im_end|> here, not the pad token.
+    pad = tokenizer.eos_token_id if tokenizer is not None else ByteTokenizer().pad_token_id
+    assert offline.bridge_pad_id(tokenizer or ByteTokenizer()) == pad
+    reference = {}
+    for record in records:
+        if tokenizer is None:
+            ids, mask = expected_tokens(record)
+        else:
+            turns = record.get("conversations") or [
+                {"from": "human", "value": record["input"]},
+                {"from": "gpt", "value": record["output"]},
+            ]
+            encoded = ConversationEncoder(tokenizer).encode_sample(
+                "k", {"json": {"conversations": turns}}
+            )
+            ids, mask = encoded.input_ids.tolist(), encoded.loss_mask.long().tolist()
+        reference[tuple(ids)] = mask
+    found = []
+    rows = bridge_rows(result.files[0])
+    assert len(rows) == result.packs
+    for row in rows:
+        fed = 0
+        for ids, rolled in bridge_sequences(row):
+            real = next(n for n in range(len(ids), 0, -1) if tuple(ids[:n]) in reference)
+            mask = reference[tuple(ids[:real])]
+            assert (len(ids) - 1) % mult == 0  # the span Bridge feeds meets the multiple
+            assert len(ids) - real < mult or (mult == 1 and len(ids) == real)
+            assert ids[real:] == [pad] * (len(ids) - real)
+            assert rolled == [*mask[1:], *[0] * (len(ids) - real + 1)]  # label-aligned
+            fed += len(ids) - 1
+            found.append(tuple(ids[:real]))
+        assert fed <= 512  # the pack holds what Bridge feeds, L - 1 per sequence
+    assert sorted(found) == sorted(reference)
+
+
+def test_bridge_metadata_counts_the_fed_tokens(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(80))
+    spec = PackingSpec(256, pad_seq_to_mult=4, pad_to_max_length=True, pad_cu_seqlens=True)
+    result = pack_offline(source, tmp_path / "out", spec, format="bridge")
+    rows = bridge_rows(result.files[0])
+    spans = [[len(ids) - 1 for ids, _ in bridge_sequences(row)] for row in rows]
+    listed = json.loads(result.files[1].read_text())
+    assert listed == [
+        {
+            "dataset_max_seqlen": max(max(s) for s in spans),
+            "max_samples_per_bin": max(len(s) for s in spans),
+            "packing_factor": round(sum(len(s) for s in spans) / len(spans), 2),
+            "packing_efficiency": round(100 * sum(map(sum, spans)) / (len(spans) * 256), 2),
+            "pack_size": 256,
+            "min_packed_seqlen": min(map(sum, spans)),
+        }
+    ]
+    # Bridge's static max_seqlen, max(dataset_max_seqlen, size - min_packed_seqlen), covers
+    # every span it lays out (the real segments and the row tail).
+    meta = result.metadata
+    static_max = max(meta.dataset_max_seqlen, 256 - meta.min_packed_seqlen)
+    assert all(max(*s, 256 - sum(s)) <= static_max for s in spans)
+    # this package's own format counts the L real tokens of each sequence instead
+    ours = pack_offline(source, tmp_path / "ours", spec).metadata
+    assert meta.dataset_max_seqlen == aligned_length(ours.dataset_max_seqlen - 1, 4)
+
+
+def test_bridge_format_fits_fed_tokens_and_truncates_to_them(tmp_path: Path) -> None:
+    # 257 tokens: Bridge feeds 256, so it fits a 256 pack in Bridge's format only.
+    source = write_jsonl(tmp_path / "in.jsonl", pretokenised(2, 257, 7))
+    assert pack_offline(source, tmp_path / "b", PackingSpec(256), format="bridge").packs == 2
+    with pytest.raises(ValueError, match="has 257 tokens"):
+        pack_offline(source, tmp_path / "ours", PackingSpec(256))
+    longer = write_jsonl(tmp_path / "long.jsonl", pretokenised(1, 300, 7))
+    spec = PackingSpec(256, pad_seq_to_mult=8, overlong="truncate")
+    result = pack_offline(longer, tmp_path / "cut", spec, format="bridge")
+    assert result.truncated == 1
+    (row,) = bridge_rows(result.files[0])
+    assert row["input_ids"] == [7] * 257  # 256 fed tokens and the last label, no padding
+
+
+def test_bridge_format_reuse_refusals_and_reader(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", text_records(10))
+    out = tmp_path / "out"
+    first = pack_offline(source, out, PackingSpec(256), format="bridge")
+    assert first.format == "bridge"
+    assert not first.reused
+    again = pack_offline(source, out, PackingSpec(256), format="bridge")
+    assert again.reused
+    assert again.metadata == first.metadata
+    with pytest.raises(ValueError, match="format='bridge' but the request has 'energon_pack'"):
+        pack_offline(source, out, PackingSpec(256))
+    with pytest.raises(ValueError, match=r"Megatron-Bridge packs .* PackedSequenceSpecs\("):
+        PackedDataset(out)
+    with pytest.raises(ValueError, match="format must be one of 'energon_pack', 'bridge'"):
+        pack_offline(source, tmp_path / "x", PackingSpec(256), format="npy")  # type: ignore[arg-type]
+    one = write_jsonl(tmp_path / "one.jsonl", [{"input_ids": [5], "loss_mask": [1]}])
+    with pytest.raises(ValueError, match=r"sample one\.jsonl:1 has 1 token; .* at least 2"):
+        pack_offline(one, tmp_path / "one", PackingSpec(256), format="bridge")
+    # the manifest records the parquet file as it records the arrays
+    record = manifest_of(out)["arrays"]["training_256.idx.parquet"]
+    data = first.files[0].read_bytes()
+    assert (record["bytes"], record["crc32"]) == (len(data), zlib.crc32(data))
+
+
+def test_train_newline_after_im_end(tmp_path: Path) -> None:
+    records = text_records(12)
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    plain = PackedDataset(pack_offline(source, tmp_path / "plain", PackingSpec(512)).out_dir)
+    spec = PackingSpec(512, train_newline_after_im_end=True)
+    newline = PackedDataset(pack_offline(source, tmp_path / "nl", spec).out_dir)
+    im_end = ByteTokenizer().convert_tokens_to_ids("<|im_end|>")
+    before, after = packed_by_line(plain), packed_by_line(newline)
+    assert sorted(before) == sorted(after)
+    changed = 0
+    for line, (ids, mask) in before.items():
+        new_ids, new_mask = after[line]
+        assert new_ids == ids
+        for t, (old, new) in enumerate(zip(mask, new_mask, strict=True)):
+            trained_end = t > 0 and ids[t - 1] == im_end and mask[t - 1] == 1
+            if trained_end and ids[t] == ord("\n"):
+                assert (old, new) == (0, 1)
+                changed += 1
+            else:
+                assert old == new
+    # one per assistant turn: 2 in conversations (every third record), 1 in pairs
+    assert changed == sum(2 if "conversations" in r else 1 for r in records)
+    with pytest.raises(ValueError, match="train_newline_after_im_end=False but the spec asks True"):
+        PackedDataset(plain.out_dir, spec)

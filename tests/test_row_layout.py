@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -20,6 +22,7 @@ from energon_pack import (
     VLMPackingCollator,
     build_packed_row,
 )
+from energon_pack.binpack import aligned_length
 from energon_pack.packed import SkippedSample, pack_dropping_failures
 
 layouts = st.builds(
@@ -167,3 +170,41 @@ def test_the_pack_step_drops_each_failing_sample_once(bad: list[bool]) -> None:
     else:
         assert result is None
     assert len(calls) == len(dropped) + (1 if good else 0)
+
+
+# ------------------------------------------------- Megatron-Bridge's packed parquet rows
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 50), st.booleans()), min_size=2, max_size=40),
+        min_size=1,
+        max_size=6,
+    ),
+    st.sampled_from([1, 2, 4, 8]),
+    st.integers(60, 99),
+)
+def test_bridge_row_pads_spans_and_rolls_the_mask(
+    sequences: list[list[tuple[int, bool]]], mult: int, pad_id: int
+) -> None:
+    layout = RowLayout(4096, mult)
+    ids = [np.array([t for t, _ in seq]) for seq in sequences]
+    masks = [np.array([int(m) for _, m in seq]) for seq in sequences]
+    row_ids, row_mask, starts = layout.bridge_row(ids, masks, pad_id)
+    assert row_ids.dtype == np.int64
+    assert row_mask.dtype == np.int8
+    assert len(row_ids) == len(row_mask)
+    bounds = [*starts, len(row_ids)]
+    assert starts[0] == 0
+    assert len(starts) == len(sequences)
+    for (a, b), seq_ids, seq_mask in zip(itertools.pairwise(bounds), ids, masks, strict=True):
+        stored = row_ids[a:b]
+        # Bridge feeds b - a - 1 tokens: that span meets the multiple, with the least padding
+        assert (
+            b - a - 1 == layout.bridge_span(len(seq_ids)) == aligned_length(len(seq_ids) - 1, mult)
+        )
+        assert stored[: len(seq_ids)].tolist() == seq_ids.tolist()
+        assert (stored[len(seq_ids) :] == pad_id).all()
+        # entry t weights the label t + 1 (Bridge's fill_packing_strategy roll); padding: 0
+        rolled = row_mask[a:b].tolist()
+        assert rolled[: len(seq_ids) - 1] == seq_mask[1:].tolist()
+        assert rolled[len(seq_ids) - 1 :] == [0] * (b - a - len(seq_ids) + 1)

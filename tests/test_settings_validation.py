@@ -85,6 +85,7 @@ SETTINGS: list[tuple[str, str, list[Any]]] = [
     ("MRopeConfig", "spatial_merge_size", POSITIVE_INT),
     ("MRopeConfig", "tokens_per_second", NUMBER_OR_NONE),
     ("MRopeConfig", "text_after_vision", ["min", None]),
+    ("MRopeConfig", "rule", ["qwen4_vl", None, 3]),
     ("ConversationEncoder", "system_prompt", [5, b"prompt", ["a"]]),
     ("ConversationEncoder", "loss_on", ["assistants", None]),
     ("ConversationEncoder", "template_system", ["yes", 1, None]),

@@ -54,6 +54,7 @@ def valid(**overrides: Any) -> PackingConfig:
         "global_batch_size": 8,
         "data_parallel_size": 8,
         "packing_buffer_size": 16,
+        "calculate_per_token_loss": True,
     }
     settings.update(overrides)
     return PackingConfig(**settings)
@@ -72,8 +73,17 @@ def test_valid_configs_have_no_violations() -> None:
     [
         ({"micro_batch_size": 2, "global_batch_size": 16}, r"micro_batch_size=2: online .*=1"),
         ({"packing_buffer_size": 0}, r"packing_buffer_size=0: online packing needs .* > 0"),
-        ({"mtp": True}, r"mtp=True: online packing does not support multi-token prediction"),
-        ({"mtp": 2}, r"mtp=2: online packing"),
+        # Megatron Core 0.19 rolls MTP targets inside each packed segment: MTP is allowed.
+        ({"mtp": True}, None),
+        ({"mtp": 2}, None),
+        (
+            {"calculate_per_token_loss": False},
+            r"calculate_per_token_loss=False: online packing .* set calculate_per_token_loss=True",
+        ),
+        (
+            {"average_in_collective": True},
+            r"average_in_collective=True: with online packing .* set average_in_collective=False",
+        ),
         ({"cuda_graphs": True}, r"cuda_graphs=True: online packing .* disable cuda_graphs"),
         ({"pp": 2}, r"pp=2: online packing does not support pipeline parallelism; set pp=1"),
         ({"mode": "collate"}, r"micro_batch_size=1: collate-time packing .* > 1"),
@@ -132,8 +142,69 @@ def test_valid_configs_have_no_violations() -> None:
         ),
         (
             {"mode": "offline", "cuda_graphs": True, "pad_to_max_length": True},
-            r"cuda_graphs=True with packed sequences needs .* set pad_cu_seqlens=True",
+            r"cuda_graphs=True with cuda_graph_scope='full' captures attention, which reads "
+            r"cu_seqlens: .* set pad_cu_seqlens=True",
         ),
+        (
+            {"mode": "offline", "cuda_graphs": True, "cuda_graph_scope": "mlp,attn"},
+            r"cuda_graph_scope='mlp,attn' captures attention",
+        ),
+        (
+            {"mode": "offline", "cuda_graphs": True, "cuda_graph_scope": "mlp"},
+            r"cuda_graphs=True with offline packing: a graph replays one token width, so rows "
+            r"must be fixed-width; set pad_to_max_length=True",
+        ),
+        # MLP-only graphs read no cu_seqlens (Megatron-Bridge 0.6.2 agrees).
+        (
+            {
+                "mode": "offline",
+                "cuda_graphs": True,
+                "cuda_graph_scope": "mlp,moe",
+                "pad_to_max_length": True,
+            },
+            None,
+        ),
+        (
+            {
+                "mode": "collate",
+                "micro_batch_size": 2,
+                "global_batch_size": 16,
+                "cuda_graphs": True,
+                "cuda_graph_scope": "mlp",
+                "pad_to_max_length": True,
+            },
+            None,
+        ),
+        (
+            {
+                "mode": "collate",
+                "micro_batch_size": 2,
+                "global_batch_size": 16,
+                "cuda_graphs": True,
+                "pad_to_max_length": True,
+                "pad_cu_seqlens": True,
+            },
+            None,
+        ),
+        (
+            {
+                "mode": "collate",
+                "micro_batch_size": 2,
+                "global_batch_size": 16,
+                "cuda_graphs": True,
+                "pad_to_max_length": True,
+            },
+            r"captures attention, .* must be static \(Megatron-Bridge 0.6.2 checks this for "
+            r"offline packs only; .*\); set pad_cu_seqlens=True",
+        ),
+        # Offline rows without pad_to_max_length are only as wide as their aligned segments.
+        ({"mode": "offline", "seq_length": 4098, "tp": 4, "sp": True}, None),
+        (
+            {"mode": "offline", "seq_length": 4098, "tp": 4, "sp": True, "pad_to_max_length": True},
+            r"seq_length=4098 is not a multiple of pad_seq_to_mult=4 \(tp=4, .*; "
+            r"pad_to_max_length=True makes every row seq_length wide",
+        ),
+        ({"seq_length": 4098, "tp": 4, "sp": True}, r"seq_length=4098 is not a multiple of"),
     ],
 )
 def test_each_rule(overrides: dict[str, Any], pattern: str | None) -> None:
@@ -196,8 +267,8 @@ def test_validate_collects_every_violation() -> None:
         kernel_multiple=64,
     )
     problems = config.validate()
-    assert len(problems) == 11
-    with pytest.raises(ValueError, match=r"11 packing config violation\(s\):\n  - micro_batch"):
+    assert len(problems) == 10
+    with pytest.raises(ValueError, match=r"10 packing config violation\(s\):\n  - micro_batch"):
         config.raise_if_invalid()
 
 
@@ -235,6 +306,11 @@ def test_derived_values() -> None:
         ({"mtp": -1}, "mtp must be a bool or a number of MTP layers >= 0, got -1"),
         ({"packing_buffer_size": -2}, r"packing_buffer_size must be an int >= 0 \(0 = no buffer\)"),
         ({"eval_cp": 0}, "eval_cp must be a positive int or null, got 0"),
+        (
+            {"cuda_graph_scope": "attention"},
+            r"cuda_graph_scope must be 'full' or a comma-separated list of attn, mlp, .* got "
+            r"'attention'",
+        ),
     ],
 )
 def test_wrong_types_are_rejected(overrides: dict[str, Any], pattern: str) -> None:

@@ -228,3 +228,16 @@ def test_ctrl_c_exits_130_and_marks_the_interrupted_run(dataset: Path, tmp_path:
     assert row.endswith(" interrupted")
     assert "no run completed" in stdout
     assert "no measured buffer fits" not in stdout
+
+
+def test_tune_reads_a_bridge_dataset_through_another_description(tmp_path: Path) -> None:
+    """``--dataset-config crude.yaml``: a ChatMLWebdataset's shards, tuned without Bridge."""
+    mantis = ROOT / "fixtures" / "bridge_layouts" / "mantis"
+    args = ["tune", str(mantis), "--dataset-config", "crude.yaml", "--buffer-sizes", "4"]
+    assert main([*args, "--num-workers", "0", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "tune.json").read_text())
+    assert report["settings"]["dataset_config"] == "crude.yaml"
+    (result,) = report["results"]
+    assert result["samples"] == 12
+    assert result["skipped"] == {}
+    assert result["unaccounted"] == 0

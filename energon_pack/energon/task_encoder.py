@@ -7,6 +7,8 @@ Data flow per worker::
       --CarryOverPackingDataset (OnlineBinPacker picks packs; nothing dropped)-->
       --pack_selected_samples--> PackedBatch (one THD row, micro-batch 1): the chosen
         samples' media are decoded now, straight into the row's pixel tensors
+      --encode_batch--> the PackedBatch, or with output="bridge" the dict Megatron-Bridge's
+        vlm_step reads (a subclass may override encode_batch, as with any Energon encoder)
 """
 
 from __future__ import annotations
@@ -15,21 +17,29 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy.random  # noqa: F401  (see below)
 import torch
 from megatron.energon import Cooker, DefaultTaskEncoder, basic_sample_keys, edataclass, stateless
 from megatron.energon.flavors.base_dataset import Sample, SavableDataset
+from megatron.energon.metadataset.loader_interface import LoadedDataset
+from megatron.energon.task_encoder.base import get_failure_tolerance, get_stateless
 from megatron.energon.worker import WorkerConfig
+from megatron.energon.wrappers import MapDataset
 
 from energon_pack.binpack import OnlineBinPacker, Overlong
+from energon_pack.bridge_batch import bridge_batch
 from energon_pack.checks import check_choice, check_config, check_int, check_number
 from energon_pack.collate import PackingWarning
 from energon_pack.encode import LossOn, Tokenizer
 from energon_pack.energon.carry_over import CarryOverPackingDataset, PackingStats, RejectedSample
 from energon_pack.fingerprint import tokenizer_identity
-from energon_pack.formats.energon_types import MediaKeepingDecoder, typed_sample_row
+from energon_pack.formats.energon_types import (
+    MediaKeepingDecoder,
+    keep_media_compressed,
+    typed_sample_row,
+)
 from energon_pack.hf import batch_model_inputs
 from energon_pack.layout import PackedRow
 from energon_pack.media import MediaConfig, MediaError
@@ -46,6 +56,10 @@ from energon_pack.template_encoder import Encoding, make_encoder
 
 STARTING_BUFFER_SIZE = 16
 """The ``packing_buffer_size`` suggested to start with when none is given."""
+
+Output = Literal["batch", "bridge"]
+"""What the loader yields: a :class:`PackedBatch`, or the dict Megatron-Bridge's VLM step reads
+(:meth:`PackedBatch.to_bridge_batch`)."""
 
 # How media are decoded, not what they decode to: free to change between save and restore.
 _DECODE_RUNTIME_FIELDS = frozenset({"decode_isolation", "decode_timeout_s"})
@@ -112,17 +126,33 @@ class PackedBatch(Sample):
             seq_idx=self.seq_idx[0],
         )
 
-    def hf_model_inputs(self, model: Any = None) -> dict[str, Any]:
-        """Keyword arguments for ``model(**batch.hf_model_inputs(model))`` of a transformers
-        model; see :meth:`energon_pack.collate.CollatedBatch.hf_model_inputs`."""
-        media = {
+    def media(self) -> dict[str, torch.Tensor | None]:
+        """The row's media tensors by name (None where the row has none)."""
+        return {
             "pixel_values": self.pixel_values,
             "image_grid_thw": self.image_grid_thw,
             "pixel_values_videos": self.pixel_values_videos,
             "video_grid_thw": self.video_grid_thw,
             "second_per_grid_ts": self.second_per_grid_ts,
         }
-        return batch_model_inputs(self, self.cu_seqlens_padded, media, model)
+
+    def hf_model_inputs(self, model: Any = None) -> dict[str, Any]:
+        """Keyword arguments for ``model(**batch.hf_model_inputs(model))`` of a transformers
+        model; see :meth:`energon_pack.collate.CollatedBatch.hf_model_inputs`."""
+        return batch_model_inputs(self, self.cu_seqlens_padded, self.media(), model)
+
+    def to_bridge_batch(self, media: MediaConfig | None = None) -> dict[str, Any]:
+        """The dict Megatron-Bridge's ``vlm_step.get_batch`` reads (see
+        :func:`~energon_pack.bridge_batch.bridge_batch`), with ``__key__``, ``__keys__``,
+        ``__restore_key__`` and ``packing_stats`` alongside. uint8 pixels are normalised with
+        ``media`` (the encoder's ``MediaConfig``), or refused without it."""
+        metadata = {
+            "__key__": self.__key__,
+            "__keys__": self.__keys__,
+            "__restore_key__": self.__restore_key__,
+            "packing_stats": self.packing_stats,
+        }
+        return bridge_batch(self.row(), self.media(), config=media, metadata=metadata)
 
 
 @stateless
@@ -175,11 +205,17 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         mrope: the mRoPE settings (default: from the tokenizer, Qwen2-VL behaviour; pass
             ``MRopeConfig.from_tokenizer(tokenizer, tokens_per_second=2)`` for Qwen2.5-VL).
         system_prompt, loss_on: see :class:`~energon_pack.encode.ConversationEncoder`.
+        output: ``"batch"`` (default) yields :class:`PackedBatch`; ``"bridge"`` yields the dict
+            Megatron-Bridge's ``vlm_step`` reads (:meth:`PackedBatch.to_bridge_batch`). It needs
+            float32 pixels, since Bridge's step does not normalise uint8 ones.
         encoding: which encoder tokenises (:func:`~energon_pack.make_encoder`): ``"auto"``
             (default) renders through the tokenizer's chat template when it has one
             (:class:`~energon_pack.TemplateEncoder`), else the ChatML encoder; ``"template"``
             or ``"chatml"`` choose one. The choice and the template's digest are in the
             settings fingerprint.
+
+    Overriding ``encode_batch`` in a subclass works as with any Energon task encoder: it gets
+    each :class:`PackedBatch` (``super().encode_batch(batch)`` gives the ``output`` form).
     """
 
     cookers = (Cooker(cook_conversation),)
@@ -203,10 +239,12 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         mrope: MRopeConfig | None = None,
         system_prompt: str | None = None,
         loss_on: LossOn = "assistant",
+        output: Output = "batch",
         encoding: Encoding = "auto",
     ) -> None:
         super().__init__()
         check_choice("decode", decode, ("lazy", "eager"))
+        check_choice("output", output, ("batch", "bridge"))
         check_choice("overlong", overlong, ("error", "skip"))
         check_config("media", media, MediaConfig)
         check_config("monitor", monitor, MonitorConfig)
@@ -228,6 +266,14 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             fix="pass e.g. max_consecutive_skips=100, or 0 to never stop",
         )
         self.media = media or MediaConfig()
+        if output == "bridge" and self.media.pixel_dtype == "uint8":
+            raise ValueError(
+                "output='bridge' with MediaConfig(pixel_dtype='uint8'): Megatron-Bridge's "
+                "vlm_step passes pixel_values to the model unchanged, so they must be "
+                "normalised float32; use pixel_dtype='float32', or output='batch' and "
+                "batch.to_bridge_batch(media=config) in your own step"
+            )
+        self.output: Output = output
         # JSON/text parsed; media stay compressed, decoded late
         self.decoder = MediaKeepingDecoder(self.media.max_json_bytes)
         self.encoder = make_encoder(
@@ -291,8 +337,9 @@ class PackingTaskEncoder(DefaultTaskEncoder):
     def preencode_sample(self, sample: Sample) -> PreparedSample | RejectedSample:
         """Tokenise and probe the media (header only); bad samples become RejectedSample.
 
-        Takes cooked WebDataset samples (native or Megatron-Bridge layout) and Energon's
-        ``VQASample`` / ``CaptioningSample`` (see :mod:`energon_pack.formats.energon_types`).
+        Takes cooked WebDataset samples (native or Megatron-Bridge layouts), Bridge's
+        ``ChatMLSample`` and Energon's ``VQASample`` / ``CaptioningSample`` (see
+        :mod:`energon_pack.formats.energon_types`).
         """
         try:
             row = (
@@ -303,8 +350,8 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             if row is None:
                 raise ValueError(
                     f"sample {sample.__key__!r} is a {type(sample).__name__}; PackingTaskEncoder "
-                    "reads CrudeWebdataset samples (native or Megatron-Bridge layout), "
-                    "VQAWebdataset and CaptioningWebdataset"
+                    "reads CrudeWebdataset samples (native or Megatron-Bridge layouts), "
+                    "Megatron-Bridge's ChatMLWebdataset, VQAWebdataset and CaptioningWebdataset"
                 )
             encoded = self.encoder.encode_sample(sample.__key__, row)
             if self.decode == "eager":
@@ -347,6 +394,23 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             **packed.vision.tensors(),
         )
 
+    @stateless(failure_tolerance=1)  # a failure here is a bug, not bad data: stop at once
+    def encode_batch(self, batch: PackedBatch) -> PackedBatch | dict[str, Any]:
+        """The loader's output form of a pack: ``batch`` itself, or with ``output="bridge"``
+        the dict Megatron-Bridge's ``vlm_step`` reads."""
+        return batch.to_bridge_batch(self.media) if self.output == "bridge" else batch
+
+    def build_train_datasets(self, *, datasets: list[LoadedDataset], **kwargs: Any) -> Any:
+        """Energon's, after :func:`~energon_pack.formats.energon_types.keep_media_compressed`
+        (Bridge ``ChatMLWebdataset`` datasets keep their media compressed)."""
+        keep_media_compressed(datasets, self.media.max_json_bytes)
+        return super().build_train_datasets(datasets=datasets, **kwargs)
+
+    def build_val_datasets(self, *, datasets: list[LoadedDataset], **kwargs: Any) -> Any:
+        """Energon's, after :func:`~energon_pack.formats.energon_types.keep_media_compressed`."""
+        keep_media_compressed(datasets, self.media.max_json_bytes)
+        return super().build_val_datasets(datasets=datasets, **kwargs)
+
     def build_batch(
         self,
         dataset: SavableDataset[PreparedSample],
@@ -373,7 +437,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
                 PackingWarning,
                 stacklevel=2,
             )
-        return CarryOverPackingDataset(
+        packed = CarryOverPackingDataset(
             dataset,
             make_packer=self._make_packer(packing_buffer_size or 1),
             length=_length,
@@ -385,4 +449,15 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             monitor=self.monitor,
             settings=self.packing_settings(packing_buffer_size),
             worker_config=worker_config,
+        )
+        if self.output == "batch" and type(self).encode_batch is PackingTaskEncoder.encode_batch:
+            return packed
+        return MapDataset(
+            packed,
+            self.encode_batch,
+            worker_config=worker_config,
+            stateless_map_fn=get_stateless(self.encode_batch),
+            failure_tolerance=get_failure_tolerance(
+                self.encode_batch, self.__default_failure_tolerance__
+            ),
         )

@@ -1,8 +1,8 @@
 """Sample formats, each read into the same :class:`~energon_pack.formats.raw.RawSample`.
 
 * :mod:`~energon_pack.formats.native`: the native WebDataset layout (``json`` + media members);
-* :mod:`~energon_pack.formats.bridge`: Megatron-Bridge's Qwen-VL WebDataset layout
-  (``json`` + pickled ``jpgs`` / ``videos``);
+* :mod:`~energon_pack.formats.bridge`: Megatron-Bridge's WebDataset layouts (``json`` or
+  ``conversation.json`` + pickled ``jpgs`` / ``videos`` lists or single media members);
 * :mod:`~energon_pack.formats.chat_rows`: TRL / transformers chat rows (``messages`` +
   ``images`` / ``videos``) and LLaVA JSON records, with :class:`ChatDataset` for a DataLoader.
 
@@ -26,7 +26,8 @@ __all__ = ["ChatDataset", "parse_any"]
 
 def parse_any(key: str, sample: Mapping[str, Any], config: MediaConfig | None = None) -> RawSample:
     """Parse a sample of any supported layout: a chat row (a ``messages`` / ``conversations``
-    field, no ``json`` member), Bridge's (``jpgs`` / ``videos`` members), else the native one
+    field, no ``json`` member), one of Bridge's
+    (:func:`~energon_pack.formats.bridge.is_bridge_sample`), else the native one
     (:func:`~energon_pack.formats.native.parse_sample`). JSON is bounded by ``config``'s
     ``max_json_bytes`` / ``max_json_depth``; every failure is a ``MediaError``."""
     with media_errors(key, "json", "bad_sample"):

@@ -1,18 +1,25 @@
-"""Megatron-Bridge's Qwen-VL WebDataset layout (its ``convert_to_qwenvl_wds.py`` output).
+"""Megatron-Bridge's WebDataset sample layouts, read as its converters write them.
 
-One sample has three members:
+A sample holds its conversation in ``json`` (or ``conversation.json``): a JSON list of turns
+(ShareGPT ``from``/``value`` or ``role``/``content``, content a string or typed parts such as
+``{"type": "image"}``), or an object with ``conversations`` or ``messages`` (and optionally
+``system`` and ``tools``, the function list). Its media are any of:
 
-* ``json``: the conversation, a JSON list of turns (ShareGPT ``from``/``value`` or
-  ``role``/``content``), or an object with ``conversations`` or ``messages`` (and optionally
-  ``system`` and ``tools``);
-* ``jpgs``: a pickled list of images, each an ``[H, W, 3]`` array (already resized);
-* ``videos``: a pickled list of videos, each a list of frames (``[H, W, 3]`` or ``[3, H, W]``)
-  or one ``[T, H, W, 3]`` / ``[T, 3, H, W]`` array.
+* ``jpgs``: a pickled list of images, each the bytes of an image file (the ChatML layouts, e.g.
+  the Mantis converter ``prepare_mantis_energon.py``) or an ``[H, W, 3]`` array (the legacy
+  Qwen-VL converter ``convert_to_qwenvl_wds.py``);
+* ``videos`` / ``mp4s``: a pickled list of videos, each the bytes of a video file, a list of
+  frames (``[H, W, 3]`` or ``[3, H, W]`` arrays) or one ``[T, H, W, 3]`` / ``[T, 3, H, W]`` array;
+* single members without an index: ``jpg``, ``png``, ``image.png``, ``video.mp4``, ... (the
+  LLaVA-style ``jpg`` + ``json`` samples and the Energon tutorial's ``image.png`` +
+  ``conversation.json``);
+* none (a text-only sample: a ``json`` list and no media member).
 
 Pickles are read with :func:`~energon_pack.formats.safe_pickle.load_arrays`, which never runs
-code from the data. The ``<image>`` / ``<video>`` placeholders take the images and videos in
-order. Pixels become :class:`~energon_pack.media.Frames` (raw uint8 bytes): probing reads their
-shapes, and they are patchified only once a sample's pack is chosen.
+code from the data. The ``<image>`` / ``<video>`` placeholders (or media parts) take the images
+and videos in order: list items first, then single members by name. Image and video files stay
+compressed bytes (probed from their headers, decoded once their pack is chosen); arrays become
+:class:`~energon_pack.media.Frames` (raw uint8 bytes) whose shapes are the probe.
 """
 
 from __future__ import annotations
@@ -33,25 +40,47 @@ from energon_pack.formats.raw import RawSample
 from energon_pack.formats.safe_pickle import load_arrays
 from energon_pack.media.config import MediaConfig
 from energon_pack.media.errors import MediaError
-from energon_pack.media.probe import Frames
+from energon_pack.media.probe import Frames, media_kind
 
-__all__ = ["BRIDGE_MEMBERS", "is_bridge_sample", "parse_bridge_sample", "rgb_frames"]
+__all__ = [
+    "BRIDGE_MEMBERS",
+    "CONVERSATION_MEMBERS",
+    "is_bridge_sample",
+    "parse_bridge_sample",
+    "rgb_frames",
+]
 
-BRIDGE_MEMBERS: frozenset[str] = frozenset({"jpgs", "videos"})
-"""Members that mark a sample as Bridge's layout."""
+Kind = Literal["image", "video"]
+
+BRIDGE_MEMBERS: dict[str, Kind] = {"jpgs": "image", "videos": "video", "mp4s": "video"}
+"""Pickled media-list members and the kind of media each holds."""
+
+CONVERSATION_MEMBERS: tuple[str, ...] = ("json", "conversation.json")
+"""Members that hold the conversation, in the order they are looked for."""
 
 
 def is_bridge_sample(sample: Mapping[str, Any]) -> bool:
-    """Whether ``sample`` has Bridge's ``jpgs`` / ``videos`` members (its converter always
-    writes both, empty lists included)."""
-    return bool(BRIDGE_MEMBERS & sample.keys())
+    """Whether ``sample`` is in one of Bridge's layouts: a pickled media list, a
+    ``conversation.json`` member, a media member without an index (``jpg``, ``image.png``), or
+    a ``json`` that is a list of turns."""
+    if BRIDGE_MEMBERS.keys() & sample.keys() or "conversation.json" in sample:
+        return True
+    if any(_single_media(name) is not None for name in sample):
+        return True
+    raw = sample.get("json")
+    if isinstance(raw, (bytes, bytearray, str)):
+        head = raw[:64].lstrip()
+        return head[:1] in (b"[", "[")
+    return isinstance(raw, list)
 
 
 def parse_bridge_sample(
     key: str, sample: Mapping[str, Any], config: MediaConfig | None = None
 ) -> RawSample:
-    """Parse one Bridge Qwen-VL sample (see the module docstring) into a :class:`RawSample`."""
-    meta = load_json(key, sample.get("json"), config)
+    """Parse one sample of a Bridge layout (see the module docstring) into a
+    :class:`RawSample`."""
+    member = next((m for m in CONVERSATION_MEMBERS if m in sample), "json")
+    meta = load_json(key, sample.get(member), config, member)
     system: Any = None
     tools = None
     if isinstance(meta, dict):
@@ -61,37 +90,70 @@ def parse_bridge_sample(
     else:
         turns_value = meta
     if system is not None and not isinstance(system, str):
-        raise MediaError(key, "json", "bad_sample", "'system' must be a string")
-    turns = tuple(conversation_turns(key, turns_value))
-    messages = tuple(conversation_messages(key, turns_value))
-    images = [
-        rgb_frames(a, key, f"jpgs[{i}]", "image") for i, a in enumerate(_list(sample, key, "jpgs"))
-    ]
-    videos = [
-        rgb_frames(v, key, f"videos[{i}]", "video")
-        for i, v in enumerate(_list(sample, key, "videos"))
-    ]
+        raise MediaError(key, member, "bad_sample", "'system' must be a string")
+    turns = tuple(conversation_turns(key, turns_value, member))
+    messages = tuple(conversation_messages(key, turns_value, member))
+    found: dict[Kind, list[tuple[str, bytes | Frames]]] = {"image": [], "video": []}
+    for name, list_kind in BRIDGE_MEMBERS.items():
+        for index, item in enumerate(_list(sample, key, name)):
+            where = f"{name}[{index}]"
+            found[list_kind].append((where, _payload(item, key, where, list_kind)))
+    for name in sorted(sample):
+        kind_of = _single_media(name)
+        if kind_of is not None:
+            found[kind_of].append((name, _file(sample[name], key, name)))
     kinds = message_media_kinds(messages)
-    if kinds.count("image") != len(images) or kinds.count("video") != len(videos):
+    if kinds.count("image") != len(found["image"]) or kinds.count("video") != len(found["video"]):
         raise MediaError(
             key,
-            "json",
+            member,
             "placeholder_mismatch",
             f"{kinds.count('image')} <image> and {kinds.count('video')} <video> placeholders but "
-            f"{len(images)} images in 'jpgs' and {len(videos)} videos in 'videos'; make them match",
+            f"{len(found['image'])} images {[n for n, _ in found['image']]} and "
+            f"{len(found['video'])} videos {[n for n, _ in found['video']]}; make them match",
         )
-    pending = {"image": iter(enumerate(images)), "video": iter(enumerate(videos))}
-    media: list[tuple[str, Literal["image", "video"], Frames]] = []
-    for kind in kinds:
-        index, frames = next(pending[kind])
-        name = f"jpgs[{index}]" if kind == "image" else f"videos[{index}]"
-        media.append((name, "image" if kind == "image" else "video", frames))
+    pending = {kind: iter(items) for kind, items in found.items()}
+    media: list[tuple[str, Kind, bytes | Frames]] = []
+    for placeholder in kinds:
+        kind: Kind = "image" if placeholder == "image" else "video"
+        name, payload = next(pending[kind])
+        media.append((name, kind, payload))
     return RawSample(key, turns, system, tuple(media), messages, tools)
+
+
+def _single_media(name: str) -> Kind | None:
+    """The kind of a media member without an index (``jpg``, ``image.png``), else None."""
+    if name.partition(".")[0].isdigit():
+        return None
+    return media_kind(name)
 
 
 def _list(sample: Mapping[str, Any], key: str, member: str) -> list[Any]:
     data = sample.get(member)
-    return [] if data is None or len(data) == 0 else load_arrays(data, key, member)
+    if data is None or len(data) == 0:
+        return []
+    return load_arrays(data, key, member, allow_bytes=True)
+
+
+def _file(data: Any, key: str, member: str) -> bytes:
+    if not isinstance(data, (bytes, bytearray)):
+        raise MediaError(key, member, "bad_sample", f"member is {type(data).__name__}, not bytes")
+    return bytes(data)
+
+
+def _payload(item: Any, key: str, member: str, kind: Kind) -> bytes | Frames:
+    """A list item: a file's bytes stay compressed; arrays become :class:`Frames`."""
+    if isinstance(item, bytes):
+        return item
+    if kind == "video" and isinstance(item, list) and any(isinstance(f, bytes) for f in item):
+        raise MediaError(
+            key,
+            member,
+            "unsupported",
+            "a video stored as a list of encoded frames is not read; store each video as a "
+            "video file (a video.mp4 member, or its bytes in the list) or as [H, W, 3] arrays",
+        )
+    return rgb_frames(item, key, member, kind)
 
 
 def rgb_frames(value: Any, key: str, member: str, kind: Literal["image", "video"]) -> Frames:

@@ -14,6 +14,13 @@ samples from the members with its ``field_map`` and hands them to the task encod
 ``SimilarityInterleavedWebdataset`` has no question/answer structure (images matched to text
 by similarity, nothing to train on as a reply), so its samples are refused by name.
 
+Megatron-Bridge's ``ChatMLWebdataset`` (its ``ChatMLSample``: ``conversation``, ``imgs``,
+``videos`` mapped from members by ``field_map``) installs its own decoder, which decodes every
+image into a tensor as the sample is read. :func:`keep_media_compressed` gives such datasets a
+:class:`MediaKeepingDecoder` that keeps each media member as a :class:`NamedMember` instead, and
+:func:`typed_sample_row` turns the sample back into its members, read by
+:mod:`~energon_pack.formats.bridge` like the same shard prepared as ``CrudeWebdataset``.
+
 :class:`MediaKeepingDecoder` decodes only ``json`` / ``txt``-like members (which ``field_map``
 needs); images, videos and pickles stay bytes, so media are probed and decoded lazily as usual
 and nothing is unpickled by webdataset.
@@ -23,6 +30,8 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,10 +41,18 @@ from megatron.energon import CaptioningSample, SampleDecoder, VQASample
 from energon_pack.media.config import MediaConfig
 from energon_pack.media.errors import MediaError
 
-__all__ = ["MediaKeepingDecoder", "typed_sample_row"]
+__all__ = ["MediaKeepingDecoder", "NamedMember", "keep_media_compressed", "typed_sample_row"]
 
 _TEXT = frozenset({"txt", "text", "caption", "question", "answer"})
 _JSON = frozenset({"json", "jsn"})
+
+
+@dataclass(frozen=True)
+class NamedMember:
+    """A WebDataset member kept compressed, with its name (``jpgs``, ``image.png``, ...)."""
+
+    name: str
+    data: bytes
 
 
 def _decode_text_and_json(max_json_bytes: int, key: str, data: bytes) -> Any:
@@ -53,23 +70,59 @@ def _decode_text_and_json(max_json_bytes: int, key: str, data: bytes) -> Any:
     return None  # webdataset: not handled, the member stays bytes
 
 
+def _keep_named(max_json_bytes: int, key: str, data: bytes) -> Any:
+    """As :func:`_decode_text_and_json`, other members as :class:`NamedMember` (webdataset
+    passes the member name with a leading dot)."""
+    decoded = _decode_text_and_json(max_json_bytes, key, data)
+    return NamedMember(key.removeprefix("."), data) if decoded is None else decoded
+
+
 class MediaKeepingDecoder(SampleDecoder):  # type: ignore[misc]
-    """Energon sample decoder that parses JSON and text members and leaves all others raw.
+    """Energon sample decoder that parses JSON and text members and leaves all others raw
+    (as :class:`NamedMember` with ``keep_names``, for samples whose ``field_map`` renames them).
 
     A JSON member over ``max_json_bytes`` is not parsed (``PackingTaskEncoder`` passes its
     ``MediaConfig.max_json_bytes``)."""
 
-    def __init__(self, max_json_bytes: int = MediaConfig.max_json_bytes) -> None:
-        self._config = {"energon_pack": "json+text only", "max_json_bytes": max_json_bytes}
-        handler = functools.partial(_decode_text_and_json, max_json_bytes)
+    def __init__(
+        self, max_json_bytes: int = MediaConfig.max_json_bytes, *, keep_names: bool = False
+    ) -> None:
+        self._config = {
+            "energon_pack": "json+text only",
+            "max_json_bytes": max_json_bytes,
+            "keep_names": keep_names,
+        }
+        handler = functools.partial(
+            _keep_named if keep_names else _decode_text_and_json, max_json_bytes
+        )
         self._decoder = webdataset.autodecode.Decoder([handler], pre=[], post=[])
+
+
+def is_chatml_type(sample_type: object) -> bool:
+    """Whether ``sample_type`` is Megatron-Bridge's ``ChatMLSample`` (or a subclass), told by
+    class name so that Bridge need not be importable."""
+    mro = getattr(sample_type, "__mro__", ())
+    return any(cls.__name__ == "ChatMLSample" for cls in mro)
+
+
+def keep_media_compressed(datasets: Sequence[Any], max_json_bytes: int) -> None:
+    """Give every loaded dataset (Energon's ``LoadedDataset``) that yields Bridge's
+    ``ChatMLSample`` a :class:`MediaKeepingDecoder` in place of its own, so that its images
+    stay compressed until a pack is chosen."""
+    for loaded in datasets:
+        factory = loaded.dataset
+        sample_type = getattr(factory, "__sample_type__", None)
+        if hasattr(factory, "_decoder") and is_chatml_type(sample_type):
+            factory._decoder = MediaKeepingDecoder(max_json_bytes, keep_names=True)
 
 
 def typed_sample_row(sample: Any) -> dict[str, Any] | None:
     """The chat row of an Energon ``VQASample`` / ``CaptioningSample`` (see the module table),
-    or None for other samples. Raises :class:`~energon_pack.media.MediaError` for a sample
-    type that has no conversation form."""
+    the members of a Bridge ``ChatMLSample``, or None for other samples. Raises
+    :class:`~energon_pack.media.MediaError` for a sample type that has no conversation form."""
     key = str(getattr(sample, "__key__", "?"))
+    if is_chatml_type(type(sample)):
+        return _chatml_members(key, sample)
     if isinstance(sample, VQASample):
         turns = [
             {"from": "human", "value": f"<image>\n{sample.context}"},
@@ -88,6 +141,39 @@ def typed_sample_row(sample: Any) -> dict[str, Any] | None:
             "conversations (e.g. the native sample format) first",
         )
     return None
+
+
+def _chatml_members(key: str, sample: Any) -> dict[str, Any]:
+    """A ``ChatMLSample`` as the members it was mapped from: ``json`` (the conversation) and
+    each media field under its member's own name."""
+    for field in ("audio", "tools"):
+        if getattr(sample, field, None) is not None:
+            raise MediaError(
+                key,
+                field,
+                "unsupported",
+                f"ChatMLSample.{field} is not read by PackingTaskEncoder (images, videos and "
+                f"text only); map no {field} member in the dataset's field_map",
+            )
+    conversation = sample.conversation
+    if isinstance(conversation, NamedMember):  # a member the decoder does not parse
+        conversation = conversation.data
+    members: dict[str, Any] = {"json": conversation}
+    for field in ("imgs", "videos"):
+        value = getattr(sample, field, None)
+        if value is None:
+            continue
+        if not isinstance(value, NamedMember):
+            raise MediaError(
+                key,
+                field,
+                "unsupported",
+                f"ChatMLSample.{field} arrived decoded ({type(value).__name__}); build the "
+                "dataset with get_train_dataset / get_val_dataset(task_encoder="
+                "PackingTaskEncoder(...)) so that its media stay compressed",
+            )
+        members[value.name] = value.data
+    return members
 
 
 def _answer(key: str, answers: Any, weights: Any) -> str:

@@ -1,10 +1,11 @@
-"""Unpickling of pixel arrays from datasets without running code from them.
+"""Unpickling of media lists from datasets without running code from them.
 
-Some datasets (Megatron-Bridge's Qwen-VL WebDataset layout) store images and video frames as
-pickled lists of numpy arrays. A pickle can name any importable callable, so :func:`load_arrays`
-uses an unpickler that resolves only the few numpy names an array's pickle needs; anything else
-(``os.system``, ``builtins.eval``, a class of the dataset's) is refused before it is looked up.
-The result must then be a (nested) list of arrays of an allowed dtype.
+Megatron-Bridge's WebDataset layouts store media as pickled lists: numpy arrays (its Qwen-VL
+converter) or the bytes of image files (its ChatML layouts, e.g. the Mantis converter). A pickle
+can name any importable callable, so :func:`load_arrays` uses an unpickler that resolves only
+the few numpy names an array's pickle needs; anything else (``os.system``, ``builtins.eval``, a
+class of the dataset's) is refused before it is looked up. The result must then be a (nested)
+list of arrays of an allowed dtype, or of bytes where the caller allows them.
 """
 
 from __future__ import annotations
@@ -62,8 +63,11 @@ def _latin1(text: Any, encoding: Any) -> bytes:
     return text.encode("latin1")
 
 
-def load_arrays(data: bytes, key: str = "?", member: str = "?") -> list[Any]:
-    """The list pickled in ``data``: arrays of :data:`ALLOWED_DTYPES`, or lists of such arrays.
+def load_arrays(
+    data: bytes, key: str = "?", member: str = "?", *, allow_bytes: bool = False
+) -> list[Any]:
+    """The list pickled in ``data``: arrays of :data:`ALLOWED_DTYPES`, or lists of such arrays;
+    with ``allow_bytes``, ``bytes`` items (encoded files) too, at either level.
 
     Raises :class:`~energon_pack.media.MediaError` for a pickle that names anything but numpy's
     array constructors (without running it), a malformed pickle, or another structure.
@@ -80,19 +84,22 @@ def load_arrays(data: bytes, key: str = "?", member: str = "?") -> list[Any]:
         raise MediaError(
             key, member, "bad_sample", f"pickle holds a {type(value).__name__}, not a list"
         )
-    _check(value, key, member, depth=2)
+    _check(value, key, member, 2, allow_bytes)
     return value
 
 
-def _check(value: list[Any], key: str, member: str, depth: int) -> None:
+def _check(value: list[Any], key: str, member: str, depth: int, allow_bytes: bool) -> None:
     for item in value:
         if isinstance(item, list) and depth > 1:
-            _check(item, key, member, depth - 1)
+            _check(item, key, member, depth - 1, allow_bytes)
+        elif allow_bytes and isinstance(item, bytes):
+            continue
         elif not isinstance(item, np.ndarray) or item.dtype.name not in ALLOWED_DTYPES:
             kind = item.dtype.name if isinstance(item, np.ndarray) else type(item).__name__
+            also = " or bytes" if allow_bytes else ""
             raise MediaError(
                 key,
                 member,
                 "bad_sample",
-                f"pickle holds {kind}; expected lists of arrays of {sorted(ALLOWED_DTYPES)}",
+                f"pickle holds {kind}; expected lists of arrays of {sorted(ALLOWED_DTYPES)}{also}",
             )

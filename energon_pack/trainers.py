@@ -1,0 +1,60 @@
+"""Checks that a ``transformers.Trainer`` / TRL ``SFTTrainer`` feeds the collator what it packs.
+
+Each setting below silently trains on other data or another loss when it is wrong, so
+:func:`check_trainer` names every one that is:
+
+* ``remove_unused_columns=False``: else the trainer drops the chat rows' columns;
+* for ``SFTTrainer``, ``dataset_kwargs={"skip_prepare_dataset": True}``: else TRL tokenises text
+  rows with its own template before the collator sees them;
+* a token count for the loss: with gradient accumulation (or several ranks) the per-token loss
+  of a step needs the trainer's ``num_items_in_batch``, which it counts only for models that
+  take loss kwargs or with a ``compute_loss_func``. Qwen2.5-VL and Qwen3-VL declare
+  ``accepts_loss_kwargs = False``: pass ``compute_loss_func=PackedLoss()``, else the step's loss
+  is the mean of its micro-batches' means;
+* a collator built with ``output="hf"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from energon_pack.collate import VLMPackingCollator
+
+__all__ = ["check_trainer"]
+
+
+def check_trainer(trainer: Any) -> None:
+    """Raise ValueError naming each setting of ``trainer`` (a built ``transformers.Trainer`` or
+    TRL ``SFTTrainer``) that breaks packed training with the collator, and its fix."""
+    args = trainer.args
+    problems = []
+    if args.remove_unused_columns:
+        problems.append(
+            "remove_unused_columns=True removes the chat rows' columns (messages, images, "
+            "videos, id) before the collator: pass remove_unused_columns=False"
+        )
+    if hasattr(args, "dataset_kwargs") and not (args.dataset_kwargs or {}).get(
+        "skip_prepare_dataset"
+    ):
+        problems.append(
+            "SFTTrainer tokenises text rows with its own chat template unless told not to: pass "
+            "SFTConfig(dataset_kwargs={'skip_prepare_dataset': True})"
+        )
+    ranks = getattr(trainer.accelerator, "num_processes", 1)
+    counts_tokens = trainer.model_accepts_loss_kwargs or trainer.compute_loss_func is not None
+    if (args.gradient_accumulation_steps > 1 or ranks > 1) and not counts_tokens:
+        model_type = getattr(getattr(trainer.model, "config", None), "model_type", "this model")
+        problems.append(
+            f"{model_type} declares accepts_loss_kwargs=False, so the trainer does not count "
+            "num_items_in_batch and a step's loss is the mean of its micro-batches' means, not "
+            "the per-token loss: pass compute_loss_func=energon_pack.PackedLoss()"
+        )
+    collator = trainer.data_collator
+    if isinstance(collator, VLMPackingCollator) and collator.output != "hf":
+        problems.append(
+            "the collator gives CollatedBatch objects, which a trainer cannot pass to the "
+            "model: build it with VLMPackingCollator(..., output='hf', hf_model=model)"
+        )
+    if problems:
+        listing = "".join(f"\n- {problem}" for problem in problems)
+        raise ValueError(f"{type(trainer).__name__} is not set up for packed rows:{listing}")
