@@ -480,3 +480,32 @@ def test_tune_counts_with_the_template_encoder_of_a_saved_tokenizer(tmp_path: Pa
     assert isinstance(task.encoder, TemplateEncoder)
     real_qwen_tokenizer().save_pretrained(tmp_path / "plain")
     assert describe_tokenizer(str(tmp_path / "plain"))["encoding"] == "chatml"
+
+
+def test_offline_cli_with_a_tokenizer_directory_uses_its_chat_template(tmp_path: Path) -> None:
+    """``energon-pack offline --tokenizer DIR`` packs the template's ids and mask."""
+    from energon_pack.cli import main
+
+    tokenizer("QWEN2_5_INSTRUCT").save_pretrained(tmp_path / "tok")
+    sample = cases(6, seed=9)
+    source = tmp_path / "sft.jsonl"
+    lines = [json.dumps({"conversations": c.messages, "tools": c.tools}) for c in sample]
+    source.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "packed"
+    args = [
+        "offline",
+        str(source),
+        str(out),
+        "--size",
+        "8192",
+        "--tokenizer",
+        str(tmp_path / "tok"),
+    ]
+    assert main(args) == 0
+    rows = PackedDataset(out)
+    got = sorted(s["input_ids"].tolist() for i in range(len(rows)) for s in unpack(rows[i]))
+    processor = processor_for(tokenizer("QWEN2_5_INSTRUCT"), SMALL_MEDIA)
+    want = [reference(processor, "QWEN2_5_INSTRUCT", c.messages, c.tools, [])[0] for c in sample]
+    assert got == sorted(want)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tokenizer"]["encoding"] == "template"
