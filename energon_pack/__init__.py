@@ -9,7 +9,7 @@ from energon_pack.binpack import (
 )
 from energon_pack.bridge_batch import VisualInputs, bridge_batch
 from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
-from energon_pack.encode import ByteTokenizer, ConversationEncoder
+from energon_pack.encode import ByteTokenizer, ConversationEncoder, SampleEncoder, vision_block
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
 from energon_pack.formats import ChatDataset, parse_any
 from energon_pack.formats.native import parse_sample
@@ -29,6 +29,7 @@ from energon_pack.offline import (
 from energon_pack.packed import EncodedSample, PackedSample, mrope_for_packed, pack_samples
 from energon_pack.rope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
 from energon_pack.row_layout import RowLayout
+from energon_pack.template_encoder import TemplateEncoder, make_encoder
 from energon_pack.topology import (
     DerivedValues,
     PackingConfig,
@@ -70,6 +71,8 @@ __all__ = [
     "RSSMonitor",
     "RawSample",
     "RowLayout",
+    "SampleEncoder",
+    "TemplateEncoder",
     "TokenSlotRow",
     "VLMPackingCollator",
     "VisualInputs",
@@ -81,6 +84,7 @@ __all__ = [
     "first_fit_decreasing",
     "hf_model_inputs",
     "loss_normaliser",
+    "make_encoder",
     "mrope_for_packed",
     "mrope_position_ids",
     "normalize_pixels",
@@ -92,5 +96,6 @@ __all__ = [
     "parse_any",
     "parse_sample",
     "unpack",
+    "vision_block",
 ]
 __version__ = "0.1.0"

@@ -32,8 +32,8 @@ from typing import Any, Literal, TypeAlias
 import torch
 
 from energon_pack.binpack import OVERLONG_FIX, fewest_bins
-from energon_pack.checks import check_choice, check_config
-from energon_pack.encode import ConversationEncoder
+from energon_pack.checks import check_choice, check_config, check_type
+from energon_pack.encode import ConversationEncoder, SampleEncoder
 from energon_pack.formats.chat_rows import is_chat_row
 from energon_pack.formats.trainer_rows import check_media_columns, row_key, unreadable_item
 from energon_pack.hf import HFTarget, batch_model_inputs, check_position_ids
@@ -173,7 +173,8 @@ class VLMPackingCollator:
         layout: the row layout as one object, instead of the settings above.
         encoder: encodes raw samples and gives the media preprocessing used to decode; it must be
             the encoder (tokenizer) that produced any :class:`EncodedSample` given directly.
-            Default: ``ConversationEncoder()``.
+            Default: ``ConversationEncoder()``; for an HF tokenizer with a chat template pass
+            ``make_encoder(tokenizer)`` (:class:`~energon_pack.TemplateEncoder`).
         overlong: a sample longer than ``seq_length`` (after alignment): ``"error"`` raises,
             ``"skip"`` skips it, ``"truncate"`` cuts text tokens after its last vision block
             (all media kept); if the cut would enter a vision block the sample is skipped.
@@ -205,7 +206,7 @@ class VLMPackingCollator:
         max_segments: int | None = None,
         pad_token_id: int | None = None,
         layout: RowLayout | None = None,
-        encoder: ConversationEncoder | None = None,
+        encoder: SampleEncoder | None = None,
         overlong: OverlongPolicy = "error",
         on_media_error: OnMediaError = "error",
         position_ids: PositionIds = "1d",
@@ -226,7 +227,13 @@ class VLMPackingCollator:
             )
         check_config("layout", layout, RowLayout)
         check_config("mrope", mrope, MRopeConfig)
-        check_config("encoder", encoder, ConversationEncoder)
+        check_type(
+            "encoder",
+            encoder,
+            SampleEncoder,
+            "an encoder",
+            fix="pass encoder=make_encoder(tokenizer) or ConversationEncoder(...)",
+        )
         self.encoder = encoder if encoder is not None else ConversationEncoder()
         tokenizer = self.encoder.tokenizer
         if layout is None:

@@ -1,24 +1,35 @@
-"""Conversation encoding: ChatML (Qwen) token ids, loss mask and lazily decoded media.
+"""Conversation encoding: token ids, loss mask and lazily decoded media.
 
-:class:`ConversationEncoder` turns a conversation and its media members into an
-:class:`EncodedSample`: token ids with every ``<image>``/``<video>`` placeholder expanded to
-``<|vision_start|>`` + N pad tokens + ``<|vision_end|>``, N taken from the media *probe* (header
+:class:`SampleEncoder` is what every encoder shares (settings, media probing, the vision-token
+check); :class:`ConversationEncoder` is the hand-written ChatML (Qwen) encoder, and
+:class:`~energon_pack.template_encoder.TemplateEncoder` the one driven by a tokenizer's chat
+template. Each turns a conversation and its media members into an :class:`EncodedSample`: token
+ids with every medium expanded by one hook, :func:`vision_block` by default
+(``<|vision_start|>`` + N pad tokens + ``<|vision_end|>``, N taken from the media *probe*, header
 only). The media stay compressed bytes until :meth:`EncodedSample.materialize` decodes and
 patchifies them, which the packers call only for samples they selected.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
 
 from energon_pack.checks import check_config, check_type
 from energon_pack.formats import parse_any
-from energon_pack.formats.conversation import check_placeholders
+from energon_pack.formats.conversation import (
+    check_media_order,
+    conversation_messages,
+    message_media_kinds,
+)
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import (
     Frames,
@@ -57,10 +68,19 @@ _ROLES = {
 LossOn = Literal["assistant", "all"]
 
 
-def _split_placeholders(content: str) -> list[str | None]:
-    """Text pieces of ``content`` with None where an ``<image>``/``<video>`` placeholder stands."""
-    pieces = _PLACEHOLDER.split(content)  # text, kind, text, kind, ..., text
-    return [piece if index % 2 == 0 else None for index, piece in enumerate(pieces)]
+def _pieces(content: str | list[dict[str, Any]]) -> list[str | None]:
+    """Text pieces of a message's content with None where a medium stands: ``<image>`` /
+    ``<video>`` in a string, media parts in typed content (whose text stays text)."""
+    if isinstance(content, str):
+        split = _PLACEHOLDER.split(content)  # text, kind, text, kind, ..., text
+        return [piece if index % 2 == 0 else None for index, piece in enumerate(split)]
+    pieces: list[str | None] = [""]
+    for part in content:
+        if part["type"] != "text":
+            pieces += [None, ""]
+        else:
+            pieces[-1] = f"{pieces[-1]}{part['text']}"
+    return pieces
 
 
 def _why_unencodable(text: str, error: Exception) -> str:
@@ -145,33 +165,55 @@ def template_system_prompt(tokenizer: object) -> str | None:
     return text[len(head) : text.index("<|im_end|>")]
 
 
-class ConversationEncoder:
-    """Encodes conversations with the ChatML template used by Qwen2-VL.
+@dataclass(frozen=True)
+class VisionIds:
+    """The ids of a tokenizer's vision tokens."""
 
-    Each turn becomes ``<|im_start|>{role}\\n{content}<|im_end|>\\n``; an optional system prompt
-    comes first. The loss covers the content and ``<|im_end|>`` of assistant turns
-    (``loss_on="assistant"``, the default) or every token (``loss_on="all"``).
+    start: int
+    end: int
+    image_pad: int
+    video_pad: int
 
-    Text rules: ``<image>``/``<video>`` in a turn (a system turn included) take the sample's
-    media in order, but in a system prompt given outside the turns (the sample's ``system``
-    field, ``system_prompt``, the template's default) they are plain text: such a prompt carries
-    no media. Special-token text (``<|im_end|>``) becomes the token as in ``apply_chat_template``
-    with an HF tokenizer (:class:`ByteTokenizer` keeps it as text); a sample whose vision tokens
-    do not match its media (e.g. ``<|image_pad|>`` in its text) is a ``placeholder_mismatch``
-    :class:`~energon_pack.media.MediaError`, and text the tokenizer cannot encode (a lone
-    surrogate) a ``bad_sample``.
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> VisionIds:
+        """The ids ``tokenizer`` gives ``<|vision_start|>``, ``<|vision_end|>`` and the pads."""
+        ids = tokenizer.convert_tokens_to_ids
+        return cls(
+            ids("<|vision_start|>"),
+            ids("<|vision_end|>"),
+            ids("<|image_pad|>"),
+            ids("<|video_pad|>"),
+        )
+
+    def pad(self, kind: Literal["image", "video"]) -> int:
+        """The pad id of a medium of ``kind``."""
+        return self.image_pad if kind == "image" else self.video_pad
+
+
+MediaBlock = Callable[[MediaItem], list[int]]
+"""The hook that expands one medium into its ids (the ``<|vision_start|><|X_pad|><|vision_end|>``
+block a template renders is replaced by them)."""
+
+
+def vision_block(item: MediaItem, ids: VisionIds) -> list[int]:
+    """Qwen2-VL / Qwen2.5-VL processors' expansion of one medium: ``<|vision_start|>``, one pad
+    per merged patch (``item.tokens`` = ``t*h*w / merge_size**2`` of the probed grid),
+    ``<|vision_end|>``."""
+    return [ids.start, *[ids.pad(item.kind)] * item.tokens, ids.end]
+
+
+class SampleEncoder(ABC):
+    """What every encoder has: a tokenizer, media settings, the loss rule, media probing, and
+    :meth:`encode_sample` for any input layout. Subclasses implement :meth:`encode`.
 
     Args:
-        tokenizer: an HF-style tokenizer (``encode(text, add_special_tokens=False)`` and
-            ``convert_tokens_to_ids``) or None for the built-in :class:`ByteTokenizer`. Text
-            between special tokens is encoded as one string, as ``apply_chat_template`` does.
+        tokenizer: an HF-style tokenizer, or None for :class:`ByteTokenizer`.
         media: preprocessing settings and limits for images and videos.
         system_prompt: used when a sample has no system prompt (or first system turn) of its own;
             plain text (placeholders in it are not media).
-        template_system: without either, use the system prompt that the tokenizer's chat
-            template adds by default (Qwen's ``"You are a helpful assistant."``), as
-            ``apply_chat_template`` does; see :func:`template_system_prompt`.
         loss_on: ``"assistant"`` or ``"all"``.
+        media_block: the hook that expands one medium into its ids (default
+            :func:`vision_block`); picklable when the encoder goes to loader workers.
     """
 
     def __init__(
@@ -181,108 +223,56 @@ class ConversationEncoder:
         media: MediaConfig | None = None,
         system_prompt: str | None = None,
         loss_on: LossOn = "assistant",
-        template_system: bool = True,
+        media_block: MediaBlock | None = None,
     ) -> None:
         if loss_on not in ("assistant", "all"):
             raise ValueError(f"loss_on must be 'assistant' or 'all', got {loss_on!r}")
         check_config("media", media, MediaConfig)
         check_type("system_prompt", system_prompt, str, "a str", fix="pass the prompt's text")
-        if not isinstance(template_system, bool):
+        if media_block is not None and not callable(media_block):
             raise ValueError(
-                f"template_system must be True or False, got {template_system!r}; False uses no "
-                "system prompt where the sample and system_prompt give none"
+                f"media_block must be a function of a MediaItem giving its ids, got "
+                f"{type(media_block).__name__}; pass e.g. None for vision_block"
             )
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.media = media or MediaConfig()
         self.system_prompt = system_prompt
-        self.default_system_prompt = (
-            template_system_prompt(self.tokenizer) if template_system else None
-        )
         self.loss_on: LossOn = loss_on
-        ids = {token: self.tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
-        self._im_start = ids["<|im_start|>"]
-        self._im_end = ids["<|im_end|>"]
-        self._vision_start = ids["<|vision_start|>"]
-        self._vision_end = ids["<|vision_end|>"]
-        self._pad = {"image": ids["<|image_pad|>"], "video": ids["<|video_pad|>"]}
-        self._newline = self._text("\n")
-        self._headers = {role: self._text(f"{role}\n") for role in set(_ROLES.values())}
-        if system_prompt is not None:
-            try:
-                self._text(system_prompt)
-            except Exception as error:  # any tokenizer's failure, as for a sample's text
-                raise ValueError(
-                    f"system_prompt={system_prompt!r} cannot be tokenised: "
-                    f"{_why_unencodable(system_prompt, error)}; fix the setting"
-                ) from error
+        self.vision_ids = VisionIds.of(self.tokenizer)
+        self.media_block: MediaBlock = (
+            media_block
+            if media_block is not None
+            else functools.partial(vision_block, ids=self.vision_ids)
+        )
 
     def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
         """Encode a raw sample of any layout :func:`~energon_pack.formats.parse_any` reads
         (native, Megatron-Bridge Qwen-VL, chat rows); see the README."""
         return self.encode(parse_any(key, sample, self.media))
 
+    @abstractmethod
     def encode(self, raw: RawSample) -> EncodedSample:
-        """Encode a parsed sample, probing (not decoding) its media.
+        """Encode a parsed sample, probing (not decoding) its media."""
 
-        Text between special tokens is tokenised as one string, as ``apply_chat_template``
-        does, so a token may span a turn's header (``"assistant\\n"``) and its content; such a
-        token is a target when it holds content (transformers' assistant-mask rule). See the
-        class docstring for the text rules and the checks of the finished sample.
-        """
-        check_media_count(raw.key, len(raw.media), self.media)
-        turns = [(self._role(raw.key, role), content) for role, content in raw.turns]
-        check_placeholders(raw.key, turns, raw.media)
-        media = tuple(self._probe(raw.key, member, kind, data) for member, kind, data in raw.media)
-        ids: list[int] = []
-        mask: list[int] = []
-
-        def add(tokens: list[int], target: bool | list[int]) -> None:
-            ids.extend(tokens)
-            flags = target if isinstance(target, list) else [int(target)] * len(tokens)
-            mask.extend(flag | int(self.loss_on == "all") for flag in flags)
-
-        pieces = [(role, _split_placeholders(content)) for role, content in turns]
-        system = self._system(raw.system, turns)
-        if system is not None:  # plain text: a system prompt carries no media
-            pieces.insert(0, ("system", [system]))
-        pending = iter(media)  # as many as the placeholders (checked above)
-        for role, turn in pieces:
-            target = role == "assistant"
-            add([self._im_start], False)
-            first = True
-            for piece in turn:
-                if piece is None:  # the header went with the text piece before it
-                    item = next(pending)
-                    add([self._vision_start, *[self._pad[item.kind]] * item.tokens], False)
-                    add([self._vision_end], False)
-                elif first:
-                    add(*self._text_after(raw.key, role, piece, target))
-                    first = False
-                elif piece:
-                    add(self._content(raw.key, role, piece), target)
-            add([self._im_end], target)
-            add(self._newline, False)
-        input_ids = torch.tensor(ids, dtype=torch.long)
-        self._check_vision_tokens(raw.key, input_ids, media)
-        return EncodedSample(
-            key=raw.key,
-            input_ids=input_ids,
-            loss_mask=torch.tensor(mask, dtype=torch.long),
-            media=media,
-        )
+    @abstractmethod
+    def settings(self) -> dict[str, Any]:
+        """The encoder's settings for a settings fingerprint (JSON-able values)."""
 
     def _check_vision_tokens(
-        self, key: str, input_ids: torch.Tensor, media: Sequence[MediaItem]
+        self, key: str, input_ids: torch.Tensor, media: Sequence[MediaItem], blocks: list[int]
     ) -> None:
         """The finished sample's vision tokens are its media's: ``t*h*w / merge_size**2`` pads
-        per medium, one ``<|vision_start|>`` and ``<|vision_end|>`` each; else a
-        ``placeholder_mismatch`` (e.g. special-token text that the tokenizer made a token)."""
+        per medium's grid, and as many ``<|vision_start|>`` / ``<|vision_end|>`` as the
+        media's ``blocks`` (the ids :attr:`media_block` gave them: one each by default); else
+        a ``placeholder_mismatch`` (e.g. special-token text that the tokenizer made a token)."""
         merge = self.media.merge_size**2
+        vision = self.vision_ids
+        in_blocks = Counter(blocks)
         expected = [
-            ("<|vision_start|>", self._vision_start, len(media)),
-            ("<|vision_end|>", self._vision_end, len(media)),
+            ("<|vision_start|>", vision.start, in_blocks[vision.start]),
+            ("<|vision_end|>", vision.end, in_blocks[vision.end]),
         ]
-        for kind, pad in self._pad.items():
+        for kind, pad in (("image", vision.image_pad), ("video", vision.video_pad)):
             grids = [m.grid_thw for m in media if m.kind == kind]
             expected.append((f"<|{kind}_pad|>", pad, sum(t * h * w // merge for t, h, w in grids)))
         for token, token_id, count in expected:
@@ -298,12 +288,163 @@ class ConversationEncoder:
                     "the token itself: remove it from the text",
                 )
 
-    def _system(self, own: str | None, turns: list[tuple[str, str]]) -> str | None:
+    def _text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
+        """The sample's chat messages (derived from its turns when it was built from turns
+        only), after checking that their media parts take its media one to one."""
+        if raw.messages:
+            messages = list(raw.messages)
+        else:
+            turns = [{"role": role, "content": content} for role, content in raw.turns]
+            messages = conversation_messages(raw.key, turns)
+        check_media_order(raw.key, message_media_kinds(messages), raw.media)
+        return messages
+
+    def _probe(
+        self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
+    ) -> MediaItem:
+        if isinstance(data, Frames):
+            grid, tokens, seconds = probe_frames(data, kind, self.media, key=key, member=member)
+            return MediaItem(member, kind, data, grid, tokens, seconds)
+        if kind == "image":
+            probe = probe_image(data, self.media, key=key, member=member)
+            return MediaItem(member, kind, data, probe.grid_thw, probe.tokens)
+        video = probe_video(data, self.media, key=key, member=member)
+        return MediaItem(member, kind, data, video.grid_thw, video.tokens, video.second_per_grid_t)
+
+
+class ConversationEncoder(SampleEncoder):
+    """Encodes conversations with the ChatML template used by Qwen2-VL.
+
+    Each turn becomes ``<|im_start|>{role}\\n{content}<|im_end|>\\n``; an optional system prompt
+    comes first. The loss covers the content and ``<|im_end|>`` of assistant turns
+    (``loss_on="assistant"``, the default) or every token (``loss_on="all"``).
+
+    Text rules: ``<image>``/``<video>`` in a string turn (a system turn included) and the media
+    parts of typed content take the sample's media in order (text parts stay text, a literal
+    ``<image>`` included), but in a system prompt given outside the turns (the sample's ``system``
+    field, ``system_prompt``, the template's default) they are plain text: such a prompt carries
+    no media. Special-token text (``<|im_end|>``) becomes the token as in ``apply_chat_template``
+    with an HF tokenizer (:class:`ByteTokenizer` keeps it as text); a sample whose vision tokens
+    do not match its media (e.g. ``<|image_pad|>`` in its text) is a ``placeholder_mismatch``
+    :class:`~energon_pack.media.MediaError`, and text the tokenizer cannot encode (a lone
+    surrogate) a ``bad_sample``.
+
+    Args:
+        tokenizer: an HF-style tokenizer (``encode(text, add_special_tokens=False)`` and
+            ``convert_tokens_to_ids``) or None for the built-in :class:`ByteTokenizer`. Text
+            between special tokens is encoded as one string, as ``apply_chat_template`` does.
+        media, system_prompt, loss_on, media_block: see :class:`SampleEncoder`.
+        template_system: without a system prompt of the sample's or ``system_prompt``, use the
+            one that the tokenizer's chat template adds by default (Qwen's ``"You are a helpful
+            assistant."``), as ``apply_chat_template`` does; see :func:`template_system_prompt`.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None = None,
+        *,
+        media: MediaConfig | None = None,
+        system_prompt: str | None = None,
+        loss_on: LossOn = "assistant",
+        template_system: bool = True,
+        media_block: MediaBlock | None = None,
+    ) -> None:
+        super().__init__(
+            tokenizer,
+            media=media,
+            system_prompt=system_prompt,
+            loss_on=loss_on,
+            media_block=media_block,
+        )
+        if not isinstance(template_system, bool):
+            raise ValueError(
+                f"template_system must be True or False, got {template_system!r}; False uses no "
+                "system prompt where the sample and system_prompt give none"
+            )
+        self.default_system_prompt = (
+            template_system_prompt(self.tokenizer) if template_system else None
+        )
+        self._im_start = self.tokenizer.convert_tokens_to_ids("<|im_start|>")
+        self._im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self._newline = self._text("\n")
+        self._headers = {role: self._text(f"{role}\n") for role in set(_ROLES.values())}
+        if system_prompt is not None:
+            try:
+                self._text(system_prompt)
+            except Exception as error:  # any tokenizer's failure, as for a sample's text
+                raise ValueError(
+                    f"system_prompt={system_prompt!r} cannot be tokenised: "
+                    f"{_why_unencodable(system_prompt, error)}; fix the setting"
+                ) from error
+
+    def settings(self) -> dict[str, Any]:
+        """The system prompts and the loss rule (the ChatML path adds no other setting)."""
+        return {
+            "system_prompt": self.system_prompt,
+            "default_system_prompt": self.default_system_prompt,
+            "loss_on": self.loss_on,
+        }
+
+    def encode(self, raw: RawSample) -> EncodedSample:
+        """Encode a parsed sample, probing (not decoding) its media.
+
+        Text between special tokens is tokenised as one string, as ``apply_chat_template``
+        does, so a token may span a turn's header (``"assistant\\n"``) and its content; such a
+        token is a target when it holds content (transformers' assistant-mask rule). See the
+        class docstring for the text rules and the checks of the finished sample.
+        """
+        check_media_count(raw.key, len(raw.media), self.media)
+        messages = self._messages(raw)
+        roles = [self._role(raw.key, message["role"]) for message in messages]
+        media = tuple(self._probe(raw.key, member, kind, data) for member, kind, data in raw.media)
+        ids: list[int] = []
+        mask: list[int] = []
+
+        def add(tokens: list[int], target: bool | list[int]) -> None:
+            ids.extend(tokens)
+            flags = target if isinstance(target, list) else [int(target)] * len(tokens)
+            mask.extend(flag | int(self.loss_on == "all") for flag in flags)
+
+        pieces = [(r, _pieces(m["content"])) for r, m in zip(roles, messages, strict=True)]
+        system = self._system(raw.system, roles)
+        if system is not None:  # plain text: a system prompt carries no media
+            pieces.insert(0, ("system", [system]))
+        pending = iter(media)  # as many as the placeholders (checked above)
+        blocks: list[int] = []
+        for role, turn in pieces:
+            target = role == "assistant"
+            add([self._im_start], False)
+            first = True
+            for piece in turn:
+                if piece is None:  # the header went with the text piece before it
+                    block = self.media_block(next(pending))
+                    blocks.extend(block)
+                    add(block, False)
+                elif first:
+                    add(*self._text_after(raw.key, role, piece, target))
+                    first = False
+                elif piece:
+                    add(self._content(raw.key, role, piece), target)
+            add([self._im_end], target)
+            add(self._newline, False)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        self._check_vision_tokens(raw.key, input_ids, media, blocks)
+        return EncodedSample(
+            key=raw.key,
+            input_ids=input_ids,
+            loss_mask=torch.tensor(mask, dtype=torch.long),
+            media=media,
+        )
+
+    def _system(self, own: str | None, roles: list[str]) -> str | None:
         """The system prompt to put first: the sample's, else (without a system turn of the
         sample's) ``system_prompt``, else the chat template's default."""
         if own is not None:
             return own
-        if turns and turns[0][0] == "system":
+        if roles and roles[0] == "system":
             return None
         return self.system_prompt if self.system_prompt is not None else self.default_system_prompt
 
@@ -318,9 +459,6 @@ class ConversationEncoder:
         while shared < min(len(head), len(tokens)) and head[shared] == tokens[shared]:
             shared += 1
         return tokens, [0] * shared + [int(target)] * (len(tokens) - shared)
-
-    def _text(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _content(self, key: str, role: str, text: str) -> list[int]:
         """Tokens of a sample's text; text the tokenizer cannot encode is a ``bad_sample``."""
@@ -347,15 +485,3 @@ class ConversationEncoder:
                 "bad_sample",
                 f"unknown conversation role {role!r}; use one of {sorted(_ROLES)}",
             ) from None
-
-    def _probe(
-        self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
-    ) -> MediaItem:
-        if isinstance(data, Frames):
-            grid, tokens, seconds = probe_frames(data, kind, self.media, key=key, member=member)
-            return MediaItem(member, kind, data, grid, tokens, seconds)
-        if kind == "image":
-            probe = probe_image(data, self.media, key=key, member=member)
-            return MediaItem(member, kind, data, probe.grid_thw, probe.tokens)
-        video = probe_video(data, self.media, key=key, member=member)
-        return MediaItem(member, kind, data, video.grid_thw, video.tokens, video.second_per_grid_t)

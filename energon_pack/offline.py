@@ -6,9 +6,10 @@
 Input, one JSON object per line (blank lines are ignored; formats may be mixed):
 
 * ``{"input": str, "output": str}`` (optional ``"system"``): a prompt/answer pair, encoded as a
-  user turn and an assistant turn with the ChatML template of
-  :class:`~energon_pack.encode.ConversationEncoder`; the loss covers the answer only;
-* ``{"conversations": [...]}`` (optional ``"system"``): a text conversation, same encoder;
+  user turn and an assistant turn by :func:`~energon_pack.make_encoder`'s encoder for the
+  tokenizer (its chat template when it has one, else ChatML); the loss covers the answer only;
+* ``{"conversations": [...]}`` (optional ``"system"``, ``"tools"``): a text conversation, same
+  encoder;
 * ``{"input_ids": [...], "loss_mask": [...]}``: pre-tokenised, used as is.
 
 Samples are named ``<file name>:<line number>`` in errors and logs.
@@ -67,7 +68,7 @@ import torch
 import torch.utils.data
 
 from energon_pack.binpack import OVERLONG_FIX, best_fit_decreasing, first_fit_decreasing
-from energon_pack.encode import ByteTokenizer, ConversationEncoder, Tokenizer
+from energon_pack.encode import ByteTokenizer, SampleEncoder, Tokenizer
 from energon_pack.fingerprint import tokenizer_identity
 from energon_pack.layout import PackedRow, build_packed_row
 from energon_pack.row_layout import (
@@ -77,6 +78,7 @@ from energon_pack.row_layout import (
     fixed_width_problem,
     multiple_problem,
 )
+from energon_pack.template_encoder import make_encoder
 from energon_pack.topology import pad_seq_to_mult
 
 logger = logging.getLogger("energon_pack.offline")
@@ -341,11 +343,12 @@ def pack_offline(
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(out_dir))
     tok: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
+    encoder = make_encoder(tok)
     manifest = {
         "format_version": FORMAT_VERSION,
         "energon_pack_version": importlib.metadata.version("energon_pack"),
         "spec": spec.to_json(),
-        "tokenizer": tokenizer_identity(tok),
+        "tokenizer": {**tokenizer_identity(tok), **_template_identity(encoder)},
         "input_sha256": _sha256(input_path),
         "format": format,
     }
@@ -366,7 +369,7 @@ def pack_offline(
     (out_dir / MANIFEST_FILE).unlink(missing_ok=True)  # incomplete until the manifest is back
     try:
         counts, metadata = _build(
-            input_path, out_dir, spec, tok, explicit=tokenizer is not None, format=format
+            input_path, out_dir, spec, encoder, explicit=tokenizer is not None, format=format
         )
     finally:
         for name in (_TMP_IDS, _TMP_MASK):
@@ -533,7 +536,7 @@ def _build(
     input_path: Path,
     out_dir: Path,
     spec: PackingSpec,
-    tokenizer: Tokenizer,
+    encoder: SampleEncoder,
     *,
     explicit: bool,
     format: OfflineFormat,
@@ -545,8 +548,8 @@ def _build(
     fits = RowLayout(size, spec.pad_seq_to_mult)
     # Bridge feeds L - 1 tokens of a stored sequence of L: one more token is stored.
     keep = fits.capacity + 1 if bridge else size
+    tokenizer = encoder.tokenizer
     vocab_size = _vocab_size(tokenizer) if explicit else None
-    encoder = ConversationEncoder(tokenizer)
     newline = _im_end_newline(tokenizer) if spec.train_newline_after_im_end else None
     lengths: list[int] = []
     lines: list[int] = []
@@ -761,7 +764,7 @@ def _save(path: Path, array: npt.NDArray[Any]) -> None:
 # ---------------------------------------------------------------------------------- reading
 def _samples(
     path: Path,
-    encoder: ConversationEncoder,
+    encoder: SampleEncoder,
     vocab_size: int | None,
     newline: tuple[int, list[int]] | None = None,
 ) -> Iterator[tuple[int, str, npt.NDArray[np.int64], npt.NDArray[np.uint8]]]:
@@ -788,7 +791,7 @@ def _samples(
 
 
 def _tokens(
-    key: str, record: dict[str, Any], encoder: ConversationEncoder, vocab_size: int | None
+    key: str, record: dict[str, Any], encoder: SampleEncoder, vocab_size: int | None
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
     if "input_ids" in record:
         return _pretokenised(key, record, vocab_size)
@@ -873,6 +876,14 @@ def _pretokenised(
 
 
 # --------------------------------------------------------------------------------- manifest
+def _template_identity(encoder: SampleEncoder) -> dict[str, Any]:
+    """The chat template's part of the tokenizer's identity: the encoding and the template's
+    digest for the template encoder, nothing for ChatML (so earlier packs stay up to date)."""
+    settings = encoder.settings()
+    keys = ("encoding", "chat_template_sha256", "template_kwargs")
+    return {key: settings[key] for key in keys if key in settings}
+
+
 def _vocab_size(tokenizer: Tokenizer) -> int | None:
     size = getattr(tokenizer, "vocab_size", None)
     return size if _is_int(size) else None

@@ -24,6 +24,7 @@ from energon_pack.encode import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
 from energon_pack.media import MediaConfig, PixelDtype
 from energon_pack.memory import MB, MonitorConfig, load_report, summarize
 from energon_pack.packed import Decode
+from energon_pack.template_encoder import chat_template_of, template_sha256
 
 
 @dataclass(frozen=True)
@@ -115,11 +116,21 @@ def load_tokenizer(name: str) -> Tokenizer:
 
 
 def describe_tokenizer(name: str | None) -> dict[str, object]:
-    """Which tokenizer counts the tokens: ``name``, ``class`` and ``vocab_size``."""
+    """Which tokenizer counts the tokens: ``name``, ``class``, ``vocab_size`` and the
+    ``encoding`` the task encoder picks for it (``"template"`` with its chat template's
+    ``chat_template_sha256``, else ``"chatml"``; see :func:`~energon_pack.make_encoder`)."""
     if name is None:
-        return {"name": "byte", "class": "ByteTokenizer", "vocab_size": ByteTokenizer().vocab_size}
+        size = ByteTokenizer().vocab_size
+        return {"name": "byte", "class": "ByteTokenizer", "vocab_size": size, "encoding": "chatml"}
     tokenizer: Any = load_tokenizer(name)
-    return {"name": name, "class": type(tokenizer).__name__, "vocab_size": len(tokenizer)}
+    template = chat_template_of(tokenizer)
+    encoding: dict[str, object] = (
+        {"encoding": "chatml"}
+        if template is None
+        else {"encoding": "template", "chat_template_sha256": template_sha256(template)}
+    )
+    size = len(tokenizer)
+    return {"name": name, "class": type(tokenizer).__name__, "vocab_size": size, **encoding}
 
 
 def tokenizer_label(name: str | None) -> str:

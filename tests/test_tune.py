@@ -95,7 +95,12 @@ def test_tune_counts_skipped_samples_by_kind(
     assert main(tune(dataset, tmp_path)) == 0
     report = json.loads((tmp_path / "tune.json").read_text())
     assert report["settings"]["overlong"] == "skip"
-    assert report["tokenizer"] == {"name": "byte", "class": "ByteTokenizer", "vocab_size": 263}
+    assert report["tokenizer"] == {
+        "name": "byte",
+        "class": "ByteTokenizer",
+        "vocab_size": 263,
+        "encoding": "chatml",
+    }
     assert report["interrupted"] is False
     expected_skips = {"bad_sample": 2, "empty": 1, "overlong": 6}
     assert [r["buffer_size"] for r in report["results"]] == [8, 32]

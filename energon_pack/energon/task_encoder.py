@@ -32,7 +32,7 @@ from energon_pack.binpack import OnlineBinPacker, Overlong
 from energon_pack.bridge_batch import bridge_batch
 from energon_pack.checks import check_choice, check_config, check_int, check_number
 from energon_pack.collate import PackingWarning
-from energon_pack.encode import ConversationEncoder, LossOn, Tokenizer
+from energon_pack.encode import LossOn, Tokenizer
 from energon_pack.energon.carry_over import CarryOverPackingDataset, PackingStats, RejectedSample
 from energon_pack.fingerprint import tokenizer_identity
 from energon_pack.formats.energon_types import (
@@ -47,6 +47,7 @@ from energon_pack.memory import MonitorConfig
 from energon_pack.packed import Decode, EncodedSample, pack_samples, padding_pack
 from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
 from energon_pack.row_layout import RowLayout, default_pad_token_id
+from energon_pack.template_encoder import Encoding, make_encoder
 
 # numpy.random is imported above, in the main process: torch's DataLoader worker seeds numpy's
 # RNG first thing, and a first import of numpy.random in a freshly forked worker can fail under
@@ -207,6 +208,11 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         output: ``"batch"`` (default) yields :class:`PackedBatch`; ``"bridge"`` yields the dict
             Megatron-Bridge's ``vlm_step`` reads (:meth:`PackedBatch.to_bridge_batch`). It needs
             float32 pixels, since Bridge's step does not normalise uint8 ones.
+        encoding: which encoder tokenises (:func:`~energon_pack.make_encoder`): ``"auto"``
+            (default) renders through the tokenizer's chat template when it has one
+            (:class:`~energon_pack.TemplateEncoder`), else the ChatML encoder; ``"template"``
+            or ``"chatml"`` choose one. The choice and the template's digest are in the
+            settings fingerprint.
 
     Overriding ``encode_batch`` in a subclass works as with any Energon task encoder: it gets
     each :class:`PackedBatch` (``super().encode_batch(batch)`` gives the ``output`` form).
@@ -234,6 +240,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         system_prompt: str | None = None,
         loss_on: LossOn = "assistant",
         output: Output = "batch",
+        encoding: Encoding = "auto",
     ) -> None:
         super().__init__()
         check_choice("decode", decode, ("lazy", "eager"))
@@ -269,8 +276,12 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         self.output: Output = output
         # JSON/text parsed; media stay compressed, decoded late
         self.decoder = MediaKeepingDecoder(self.media.max_json_bytes)
-        self.encoder = ConversationEncoder(
-            tokenizer, media=self.media, system_prompt=system_prompt, loss_on=loss_on
+        self.encoder = make_encoder(
+            tokenizer,
+            encoding=encoding,
+            media=self.media,
+            system_prompt=system_prompt,
+            loss_on=loss_on,
         )
         self.layout = RowLayout(
             seq_length,
@@ -317,9 +328,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
                 if f.name not in _DECODE_RUNTIME_FIELDS
             },
             "tokenizer": tokenizer_identity(self.encoder.tokenizer),
-            "system_prompt": self.encoder.system_prompt,
-            "default_system_prompt": self.encoder.default_system_prompt,
-            "loss_on": self.encoder.loss_on,
+            **self.encoder.settings(),
             "position_ids": "1d" if self.mrope is None else "mrope",
             "mrope": self.mrope,
         }

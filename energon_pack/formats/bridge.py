@@ -3,7 +3,7 @@
 A sample holds its conversation in ``json`` (or ``conversation.json``): a JSON list of turns
 (ShareGPT ``from``/``value`` or ``role``/``content``, content a string or typed parts such as
 ``{"type": "image"}``), or an object with ``conversations`` or ``messages`` (and optionally
-``system``). Its media are any of:
+``system`` and ``tools``, the function list). Its media are any of:
 
 * ``jpgs``: a pickled list of images, each the bytes of an image file (the ChatML layouts, e.g.
   the Mantis converter ``prepare_mantis_energon.py``) or an ``[H, W, 3]`` array (the legacy
@@ -29,7 +29,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from energon_pack.formats.conversation import conversation_turns, placeholder_kinds
+from energon_pack.formats.conversation import (
+    conversation_messages,
+    conversation_tools,
+    conversation_turns,
+    message_media_kinds,
+)
 from energon_pack.formats.native import load_json
 from energon_pack.formats.raw import RawSample
 from energon_pack.formats.safe_pickle import load_arrays
@@ -77,14 +82,17 @@ def parse_bridge_sample(
     member = next((m for m in CONVERSATION_MEMBERS if m in sample), "json")
     meta = load_json(key, sample.get(member), config, member)
     system: Any = None
+    tools = None
     if isinstance(meta, dict):
         system = meta.get("system")
+        tools = conversation_tools(key, meta.get("tools"))
         turns_value = meta.get("conversations", meta.get("messages"))
     else:
         turns_value = meta
     if system is not None and not isinstance(system, str):
         raise MediaError(key, member, "bad_sample", "'system' must be a string")
     turns = tuple(conversation_turns(key, turns_value, member))
+    messages = tuple(conversation_messages(key, turns_value, member))
     found: dict[Kind, list[tuple[str, bytes | Frames]]] = {"image": [], "video": []}
     for name, list_kind in BRIDGE_MEMBERS.items():
         for index, item in enumerate(_list(sample, key, name)):
@@ -94,7 +102,7 @@ def parse_bridge_sample(
         kind_of = _single_media(name)
         if kind_of is not None:
             found[kind_of].append((name, _file(sample[name], key, name)))
-    kinds = placeholder_kinds(turns)
+    kinds = message_media_kinds(messages)
     if kinds.count("image") != len(found["image"]) or kinds.count("video") != len(found["video"]):
         raise MediaError(
             key,
@@ -110,7 +118,7 @@ def parse_bridge_sample(
         kind: Kind = "image" if placeholder == "image" else "video"
         name, payload = next(pending[kind])
         media.append((name, kind, payload))
-    return RawSample(key, turns, system, tuple(media))
+    return RawSample(key, turns, system, tuple(media), messages, tools)
 
 
 def _single_media(name: str) -> Kind | None:

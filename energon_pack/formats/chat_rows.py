@@ -3,7 +3,8 @@
 A row is a mapping with the conversation under ``messages`` (role/content; content a string
 or a list of ``{"type": "text" | "image" | "video"}`` parts) or ``conversations`` (ShareGPT
 ``from``/``value`` with ``<image>`` / ``<video>`` placeholders), and its media in placeholder
-order under ``images`` / ``videos`` (or LLaVA's ``image`` / ``video``: one item or a list).
+order under ``images`` / ``videos`` (or LLaVA's ``image`` / ``video``: one item or a list), and
+optionally its function list under ``tools`` (for a chat template's ``tools=``).
 
 A media item is a ``PIL.Image`` (images), a list of frames (videos: PIL images or
 ``[H, W, 3]`` arrays), the bytes of a file, a ``{"bytes": ..., "path": ...}`` dict (a
@@ -25,7 +26,12 @@ import torch
 from PIL import Image
 
 from energon_pack.formats.bridge import rgb_frames
-from energon_pack.formats.conversation import conversation_turns, placeholder_kinds
+from energon_pack.formats.conversation import (
+    conversation_messages,
+    conversation_tools,
+    conversation_turns,
+    message_media_kinds,
+)
 from energon_pack.formats.raw import RawSample
 from energon_pack.media.errors import MediaError
 from energon_pack.media.probe import Frames, image_frames
@@ -48,11 +54,12 @@ def parse_chat_row(key: str, row: Mapping[str, Any]) -> RawSample:
     """Parse a chat row (see the module docstring); media paths must be resolved already."""
     field = "messages" if "messages" in row else "conversations"
     turns = tuple(conversation_turns(key, row[field], field))
+    messages = tuple(conversation_messages(key, row[field], field))
     system = row.get("system")
     if system is not None and not isinstance(system, str):
         raise MediaError(key, "system", "bad_sample", "'system' must be a string")
     items = {each: _items(row, each) for each in _FIELDS}
-    kinds = placeholder_kinds(turns)
+    kinds = message_media_kinds(messages)
     for each, (name, _) in _FIELDS.items():
         if kinds.count(each) != len(items[each]):
             raise MediaError(
@@ -69,7 +76,8 @@ def parse_chat_row(key: str, row: Mapping[str, Any]) -> RawSample:
         index, item = next(pending[kind])
         member = f"{_FIELDS[kind][0]}[{index}]"
         media.append((member, kind, _payload(item, kind, key, member)))
-    return RawSample(key, turns, system, tuple(media))
+    tools = conversation_tools(key, row.get("tools"))
+    return RawSample(key, turns, system, tuple(media), messages, tools)
 
 
 def _items(row: Mapping[str, Any], kind: MediaKind) -> list[Any]:

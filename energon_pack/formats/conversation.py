@@ -4,20 +4,48 @@ Accepted turn forms: ShareGPT ``{"from", "value"}`` and role/content ``{"role", 
 where content is a string or a list of parts (``{"type": "text", "text"}``, ``{"type":
 "image"}``, ``{"type": "video"}``: transformers / TRL / OpenAI style). Parts become the
 native form: text joined without separators, ``<image>`` / ``<video>`` for media parts.
+
+:func:`conversation_messages` gives the same turns as chat messages for a chat template
+(transformers' form): roles ``human``/``gpt`` become ``user``/``assistant``; a string with
+``<image>``/``<video>`` placeholders becomes typed parts (each placeholder a media part); typed
+content keeps its parts, and only its ``{"type": "image" | "video"}`` parts are media (a literal
+``<image>`` in a text part is text). ``tool_calls``, ``reasoning_content``, ``name`` and
+``tool_call_id`` are passed through. :func:`message_media_kinds` lists the media in order.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from energon_pack.media.errors import MediaError
 
-__all__ = ["check_placeholders", "conversation_turns", "placeholder_kinds", "turn_text"]
+__all__ = [
+    "MESSAGE_ROLES",
+    "check_media_order",
+    "check_placeholders",
+    "conversation_messages",
+    "conversation_tools",
+    "conversation_turns",
+    "message_media_kinds",
+    "placeholder_kinds",
+    "turn_text",
+]
 
 _PLACEHOLDER = re.compile(r"<(image|video)>")
 _MEDIA_PARTS = {"image": "<image>", "image_url": "<image>", "video": "<video>"}
+MESSAGE_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "tool": "tool",
+}
+"""Turn roles a chat message may have, and the chat-template role each becomes."""
+_PASSED_THROUGH = ("tool_calls", "reasoning_content", "name", "tool_call_id")
 
 
 def conversation_turns(key: str, turns: Any, member: str = "json") -> list[tuple[str, str]]:
@@ -77,14 +105,119 @@ def check_placeholders(
 ) -> None:
     """The turns' ``<image>``/``<video>`` placeholders take the ``(member, kind, payload)``
     media one to one, in order; else a ``placeholder_mismatch`` naming both."""
-    placeholders = placeholder_kinds(turns)
+    check_media_order(key, placeholder_kinds(turns), media)
+
+
+def check_media_order(
+    key: str,
+    placeholders: Sequence[str],
+    media: Sequence[tuple[str, Literal["image", "video"], object]],
+) -> None:
+    """The ``placeholders`` (``"image"`` / ``"video"`` in order) take the ``(member, kind,
+    payload)`` media one to one; else a ``placeholder_mismatch`` naming both."""
     kinds = [kind for _, kind, _ in media]
-    if placeholders != kinds:
+    if list(placeholders) != kinds:
         raise MediaError(
             key,
             "json",
             "placeholder_mismatch",
-            f"{len(placeholders)} placeholders {placeholders} but {len(media)} media members "
-            f"{[name for name, _, _ in media]} of kinds {kinds}; make the <image>/<video> "
-            "placeholders match the media members in order",
+            f"{len(placeholders)} placeholders {list(placeholders)} but {len(media)} media "
+            f"members {[name for name, _, _ in media]} of kinds {kinds}; make the "
+            "<image>/<video> placeholders match the media members in order",
         )
+
+
+def conversation_messages(key: str, turns: Any, member: str = "json") -> list[dict[str, Any]]:
+    """Every turn of a non-empty list as a chat message; see the module docstring."""
+    if not isinstance(turns, list) or not turns:
+        raise MediaError(key, member, "bad_sample", "the conversation must be a non-empty list")
+    return [_message(key, index, turn, member) for index, turn in enumerate(turns)]
+
+
+def _message(key: str, index: int, turn: Any, member: str) -> dict[str, Any]:
+    if not isinstance(turn, dict):
+        raise MediaError(key, member, "bad_sample", f"turn {index} must be an object")
+    role = turn.get("from", turn.get("role"))
+    if role not in MESSAGE_ROLES:
+        raise MediaError(
+            key,
+            member,
+            "bad_sample",
+            f"turn {index} has the unknown conversation role {role!r}; use one of "
+            f"{sorted(MESSAGE_ROLES)}",
+        )
+    content = turn.get("value", turn.get("content"))
+    if content is None and turn.get("tool_calls"):
+        content = ""  # OpenAI's form of an assistant turn that only calls tools
+    message: dict[str, Any] = {
+        "role": MESSAGE_ROLES[role],
+        "content": _content(key, index, content, member),
+    }
+    for name in _PASSED_THROUGH:
+        if turn.get(name) is not None:
+            message[name] = turn[name]
+    return message
+
+
+def _content(key: str, index: int, content: Any, member: str) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        if not _PLACEHOLDER.search(content):
+            return content
+        pieces = _PLACEHOLDER.split(content)  # text, kind, text, kind, ..., text
+        return [
+            {"type": piece} if number % 2 else {"type": "text", "text": piece}
+            for number, piece in enumerate(pieces)
+            if number % 2 or piece
+        ]
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind in _MEDIA_PARTS:
+                parts.append({"type": "video" if kind == "video" else "image"})
+            else:
+                _part_text(key, index, part, member)  # raises the error naming the part
+        return parts
+    raise MediaError(
+        key,
+        member,
+        "bad_sample",
+        f"turn {index} needs 'value' (ShareGPT) or 'content' (a string or a list of parts)",
+    )
+
+
+def message_media_kinds(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """``"image"`` / ``"video"`` for each media part of the messages, in order."""
+    return [
+        part["type"]
+        for message in messages
+        if isinstance(message["content"], list)
+        for part in message["content"]
+        if part["type"] != "text"
+    ]
+
+
+def conversation_tools(
+    key: str, value: Any, member: str = "tools"
+) -> tuple[dict[str, Any], ...] | None:
+    """A row's function list (``tools``: a list of JSON schemas, or that list as a JSON string)
+    as the chat template's ``tools=``; None when the row has none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise MediaError(
+                key, member, "bad_sample", f"'tools' is not valid JSON: {error}"
+            ) from None
+    if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
+        raise MediaError(
+            key,
+            member,
+            "bad_sample",
+            "'tools' must be a list of function schemas (objects), as transformers' tools=",
+        )
+    return tuple(value) if value else None

@@ -1,11 +1,11 @@
 """The on-disk sample format: a WebDataset sample with a ``json`` member and media members.
 
 ``json`` holds ``{"conversations": [...], "system": optional str, "media": optional list of
-member names in placeholder order}``. Turns are ShareGPT/LLaVA style (``{"from": "human",
-"value": "<image>\\n..."}``) or role/content style (``{"role": "user", "content": ...}``).
-Media members are named ``<index>.<jpg|jpeg|png|webp|mp4>``; without a ``media`` list they are
-taken in index order. The ``<image>``/``<video>`` placeholders of all turns, in order, must
-match the media members one to one.
+member names in placeholder order, "tools": optional function list}``. Turns are ShareGPT/LLaVA
+style (``{"from": "human", "value": "<image>\\n..."}``) or role/content style (``{"role":
+"user", "content": ...}``). Media members are named ``<index>.<jpg|jpeg|png|webp|mp4>``; without
+a ``media`` list they are taken in index order. The ``<image>``/``<video>`` placeholders of all
+turns, in order, must match the media members one to one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from energon_pack.formats.conversation import check_placeholders
+from energon_pack.formats.conversation import (
+    check_media_order,
+    conversation_messages,
+    conversation_tools,
+    message_media_kinds,
+)
 from energon_pack.formats.raw import RawSample
 from energon_pack.media.config import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, MediaConfig
 from energon_pack.media.errors import MediaError, media_errors
@@ -58,8 +63,10 @@ def _parse(key: str, sample: Mapping[str, Any], config: MediaConfig) -> RawSampl
         if not isinstance(data, (bytes, bytearray)):
             raise MediaError(key, name, "bad_sample", f"member is {type(data).__name__}, not bytes")
         media.append((name, kind, bytes(data)))
-    check_placeholders(key, turns, media)
-    return RawSample(key, turns, system, tuple(media))
+    messages = tuple(conversation_messages(key, meta["conversations"]))
+    check_media_order(key, message_media_kinds(messages), media)
+    tools = conversation_tools(key, meta.get("tools"))
+    return RawSample(key, turns, system, tuple(media), messages, tools)
 
 
 def load_json(key: str, raw: Any, config: MediaConfig | None = None, member: str = "json") -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from energon_pack.media.probe import Frames
 
@@ -14,9 +14,13 @@ __all__ = ["RawSample"]
 class RawSample:
     """A parsed sample: turns as ``(role, content)``, media as ``(member, kind, payload)`` in
     placeholder order; the payload is a compressed file's bytes or decoded
-    :class:`~energon_pack.media.Frames`."""
+    :class:`~energon_pack.media.Frames`. ``messages`` are the turns as chat messages for a chat
+    template (see :func:`~energon_pack.formats.conversation.conversation_messages`; empty when a
+    sample was built from ``turns`` only) and ``tools`` its function list."""
 
     key: str
     turns: tuple[tuple[str, str], ...]
     system: str | None
     media: tuple[tuple[str, Literal["image", "video"], bytes | Frames], ...]
+    messages: tuple[dict[str, Any], ...] = ()
+    tools: tuple[dict[str, Any], ...] | None = None

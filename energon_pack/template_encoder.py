@@ -1,0 +1,405 @@
+"""Encoding through a tokenizer's own chat template: ids equal ``apply_chat_template``'s.
+
+:class:`TemplateEncoder` renders each conversation with ``tokenizer.apply_chat_template``
+(``tools=`` from the sample, tool and ``tool_calls`` messages and ``reasoning_content`` passed
+through), tokenises the text once, and takes the loss mask from the assistant spans:
+
+* a template with ``{% generation %}`` markers: transformers' own assistant mask
+  (``return_assistant_tokens_mask``);
+* a template without markers (the released Qwen templates): the ChatML rule. Each assistant
+  message is rendered as ``<|im_start|>assistant\\n`` + what the assistant writes +
+  ``<|im_end|>``; the span is everything after that header through ``<|im_end|>``, i.e. what the
+  model produces after the generation prompt (``<|im_start|>assistant\\n``), think block and
+  tool calls included. Tokens overlapping a span are targets (transformers' rule for generation
+  spans). The rule is checked on a probe conversation when the encoder is made, so a template it
+  does not fit is refused by name, not masked wrongly.
+
+Media are expanded after rendering, as the model's processor expands them: each
+``<|vision_start|><|image_pad|><|vision_end|>`` (or ``<|video_pad|>``) block the template
+renders is replaced by the ids of the encoder's media-block hook
+(:func:`~energon_pack.encode.vision_block` by default). Media tokens are never targets.
+
+:func:`make_encoder` chooses the encoder explicitly: the template encoder for an HF tokenizer
+with a chat template, the hand-written ChatML :class:`~energon_pack.encode.ConversationEncoder`
+for the built-in byte tokenizer, a tokenizer without a template, or ``encoding="chatml"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from energon_pack.checks import check_choice
+from energon_pack.encode import (
+    ConversationEncoder,
+    LossOn,
+    MediaBlock,
+    SampleEncoder,
+    Tokenizer,
+    _why_unencodable,
+)
+from energon_pack.formats.raw import RawSample
+from energon_pack.media import MediaConfig, MediaError, MediaItem, check_media_count
+from energon_pack.packed import EncodedSample
+
+__all__ = ["Encoding", "TemplateEncoder", "chat_template_of", "make_encoder", "template_sha256"]
+
+logger = logging.getLogger("energon_pack.template_encoder")
+
+Encoding = Literal["auto", "template", "chatml"]
+"""Which encoder :func:`make_encoder` builds: ``"template"`` (:class:`TemplateEncoder`),
+``"chatml"`` (:class:`~energon_pack.encode.ConversationEncoder`) or ``"auto"`` (the template
+encoder when the tokenizer has a chat template, else ChatML)."""
+
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_HEADER = "<|im_start|>assistant\n"
+_END = "<|im_end|>"
+_PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
+
+
+def template_sha256(template: str) -> str:
+    """The SHA-256 of a chat template's UTF-8 text (what the settings fingerprint records)."""
+    return hashlib.sha256(template.encode("utf-8")).hexdigest()
+
+
+def chat_template_of(tokenizer: object) -> str | None:
+    """The chat template of an HF tokenizer (a string), or None when it has none."""
+    if not callable(getattr(tokenizer, "apply_chat_template", None)):
+        return None
+    template = getattr(tokenizer, "chat_template", None)
+    return template if isinstance(template, str) and template else None
+
+
+class TemplateEncoder(SampleEncoder):
+    """Encodes conversations through the tokenizer's chat template (see the module docstring).
+
+    Takes every input form :class:`~energon_pack.encode.ConversationEncoder` takes, with the
+    same ``encode_sample(key, sample)``: ShareGPT strings keep their ``<image>`` / ``<video>``
+    placeholders, typed content only its ``{"type": "image" | "video"}`` parts (a literal
+    ``<image>`` in a text part is text); a row's ``tools`` are the template's ``tools=``. The
+    sample's ``system`` field, else ``system_prompt`` (when the conversation has no system turn
+    first), becomes a first system message; without either the template decides (Qwen's
+    templates add their default prompt).
+
+    Args:
+        tokenizer: a fast HF tokenizer with a chat template (``tokenizer.chat_template``).
+        media, system_prompt, loss_on, media_block: see :class:`~energon_pack.encode.SampleEncoder`.
+        chat_template: render with this template instead of the tokenizer's.
+        template_kwargs: extra template variables, JSON-able (e.g. ``{"enable_thinking":
+            False}``); they are in the settings fingerprint.
+
+    Raises:
+        ValueError: the tokenizer has no chat template or no fast backend, or the template has
+            no generation markers and does not fit the ChatML rule (the message names the
+            template and the fix).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        media: MediaConfig | None = None,
+        system_prompt: str | None = None,
+        loss_on: LossOn = "assistant",
+        media_block: MediaBlock | None = None,
+        chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        named = getattr(tokenizer, "chat_template", None)
+        if chat_template is None and isinstance(named, Mapping):
+            raise ValueError(
+                f"{type(tokenizer).__name__} has several named chat templates {sorted(named)}; "
+                "pass the one to train with as chat_template= (e.g. "
+                "tokenizer.chat_template['default'])"
+            )
+        template = chat_template if chat_template is not None else chat_template_of(tokenizer)
+        if not isinstance(template, str) or not template:
+            raise ValueError(
+                f"TemplateEncoder needs a tokenizer with a chat template; "
+                f"{type(tokenizer).__name__} has none (chat_template={template!r:.80}); set "
+                "tokenizer.chat_template, pass chat_template=, or use the ChatML encoder "
+                "(encoding='chatml')"
+            )
+        if template_kwargs is not None and not isinstance(template_kwargs, Mapping):
+            raise ValueError(
+                f"template_kwargs must be a mapping of template variables, got "
+                f"{type(template_kwargs).__name__}; pass e.g. {{'enable_thinking': False}}"
+            )
+        super().__init__(
+            tokenizer,
+            media=media,
+            system_prompt=system_prompt,
+            loss_on=loss_on,
+            media_block=media_block,
+        )
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ValueError(
+                f"TemplateEncoder needs a fast tokenizer (token offsets); "
+                f"{type(tokenizer).__name__} has no backend_tokenizer: load it with "
+                "AutoTokenizer.from_pretrained(..., use_fast=True)"
+            )
+        self._backend = backend
+        self._render_tokenizer: Any = tokenizer
+        self.chat_template = template
+        self.template_sha256 = template_sha256(template)
+        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
+        self.masking: Literal["markers", "chatml"] = (
+            "markers" if _GENERATION.search(template) else "chatml"
+        )
+        self._check_masking()
+
+    @property
+    def template_name(self) -> str:
+        """The template as errors name it: the tokenizer's name and the template's digest."""
+        name = getattr(self.tokenizer, "name_or_path", None) or type(self.tokenizer).__name__
+        return f"the chat template of {name!r} (sha256 {self.template_sha256[:12]})"
+
+    def settings(self) -> dict[str, Any]:
+        """The system prompt, loss rule, encoding, template digest and template variables."""
+        return {
+            "system_prompt": self.system_prompt,
+            "loss_on": self.loss_on,
+            "encoding": "template",
+            "chat_template_sha256": self.template_sha256,
+            "template_kwargs": self.template_kwargs,
+        }
+
+    def encode(self, raw: RawSample) -> EncodedSample:
+        """Encode a parsed sample, probing (not decoding) its media; see the class docstring.
+
+        Raises :class:`~energon_pack.media.MediaError`: ``placeholder_mismatch`` when the
+        rendered media blocks are not the sample's media (a text-only template drops them,
+        or vision-token text is in the conversation), ``bad_sample`` when the template cannot
+        render the conversation, its text cannot be tokenised, or its assistant turns are not
+        found.
+        """
+        check_media_count(raw.key, len(raw.media), self.media)
+        messages = self._messages(raw)
+        media = tuple(self._probe(raw.key, member, kind, data) for member, kind, data in raw.media)
+        ids, mask = self._render(raw.key, messages, raw.tools)
+        if self.loss_on == "all":
+            mask = [1] * len(ids)
+        ids, mask, blocks = self._expand(raw.key, ids, mask, media)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        self._check_vision_tokens(raw.key, input_ids, media, blocks)
+        return EncodedSample(
+            key=raw.key,
+            input_ids=input_ids,
+            loss_mask=torch.tensor(mask, dtype=torch.long),
+            media=media,
+        )
+
+    def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
+        """The sample's chat messages, its system prompt (or ``system_prompt``) first."""
+        messages = super()._messages(raw)
+        system = raw.system
+        if system is None and messages[0]["role"] != "system":
+            system = self.system_prompt
+        if system is not None:  # plain text: a system prompt carries no media
+            messages.insert(0, {"role": "system", "content": system})
+        return messages
+
+    def _render(
+        self,
+        key: str,
+        messages: list[dict[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+    ) -> tuple[list[int], list[int]]:
+        """Ids and assistant mask of the rendered conversation (before media expansion)."""
+        assistants = sum(message["role"] == "assistant" for message in messages)
+        try:
+            if self.masking == "markers":
+                out = self._render_tokenizer.apply_chat_template(
+                    messages,
+                    tools=None if tools is None else list(tools),
+                    chat_template=self.chat_template,
+                    tokenize=True,
+                    return_dict=True,
+                    return_assistant_tokens_mask=True,
+                    **self.template_kwargs,
+                )
+                return list(out["input_ids"]), list(out["assistant_masks"])
+            text = self._render_tokenizer.apply_chat_template(
+                messages,
+                tools=None if tools is None else list(tools),
+                chat_template=self.chat_template,
+                tokenize=False,
+                **self.template_kwargs,
+            )
+        except MemoryError:
+            raise
+        except Exception as error:  # jinja errors, raise_exception(...) in templates, ...
+            raise MediaError(
+                key,
+                "json",
+                "bad_sample",
+                f"{self.template_name} cannot render or tokenise the conversation: "
+                f"{_why_unencodable(_text_of(messages), error)}; fix the sample or the template",
+            ) from error
+        spans = chatml_spans(text)
+        if len(spans) != assistants:
+            raise MediaError(
+                key,
+                "json",
+                "bad_sample",
+                f"{self.template_name} rendered {len(spans)} assistant turns "
+                f"({_HEADER!r} ... {_END!r}) for {assistants} assistant messages, so the loss "
+                "mask cannot be placed; remove ChatML control-token text (<|im_start|>, "
+                "<|im_end|>) from the conversation",
+            )
+        try:
+            encoding = self._backend.encode(text, add_special_tokens=False)
+        except MemoryError:
+            raise
+        except Exception as error:  # a lone surrogate, ...
+            raise MediaError(
+                key,
+                "json",
+                "bad_sample",
+                f"the rendered conversation cannot be tokenised: "
+                f"{_why_unencodable(text, error)}; fix or drop the sample",
+            ) from error
+        return list(encoding.ids), _span_mask(encoding.offsets, spans)
+
+    def _expand(
+        self, key: str, ids: list[int], mask: list[int], media: Sequence[MediaItem]
+    ) -> tuple[list[int], list[int], list[int]]:
+        """Each rendered ``<|vision_start|><|X_pad|><|vision_end|>`` replaced by the media
+        block of the next medium (placeholder order); also gives the blocks' ids."""
+        vision = self.vision_ids
+        pads = {vision.image_pad: "image", vision.video_pad: "video"}
+        where = [i for i, token in enumerate(ids) if token in pads]
+        rendered = [pads[ids[i]] for i in where]
+        if rendered != [item.kind for item in media] or any(
+            i == 0 or ids[i - 1] != vision.start or i + 1 == len(ids) or ids[i + 1] != vision.end
+            for i in where
+        ):
+            raise MediaError(
+                key,
+                "json",
+                "placeholder_mismatch",
+                f"{self.template_name} rendered the media blocks {rendered} but the sample has "
+                f"the media {[item.kind for item in media]}; a text-only template renders no "
+                "media (use the model's VL template), and vision-token text such as "
+                "<|image_pad|> in the conversation must be removed",
+            )
+        if not where:
+            return ids, mask, []
+        out_ids: list[int] = []
+        out_mask: list[int] = []
+        blocks: list[int] = []
+        media_flag = int(self.loss_on == "all")
+        last = 0
+        for i, item in zip(where, media, strict=True):
+            block = self.media_block(item)
+            out_ids += ids[last : i - 1]
+            out_mask += mask[last : i - 1]
+            out_ids += block
+            out_mask += [media_flag] * len(block)
+            blocks += block
+            last = i + 2
+        out_ids += ids[last:]
+        out_mask += mask[last:]
+        return out_ids, out_mask, blocks
+
+    def _check_masking(self) -> None:
+        """The masking rule finds the assistant's reply of a probe conversation."""
+        fix = (
+            "wrap what the assistant writes in {% generation %}...{% endgeneration %} "
+            "(transformers' assistant-mask markers) in tokenizer.chat_template, or use the "
+            "ChatML encoder (encoding='chatml')"
+        )
+        try:
+            ids, mask = self._render("probe", [dict(m) for m in _PROBE], None)
+        except MediaError as error:
+            raise ValueError(
+                f"{self.template_name} has no generation markers and does not render "
+                f"assistant turns as ChatML ({_HEADER!r} ... {_END!r}), so the loss mask "
+                f"cannot be found ({error.cause}); {fix}"
+            ) from None
+        masked = [token for token, flag in zip(ids, mask, strict=True) if flag]
+        if str(_PROBE[1]["content"]) not in self._backend.decode(masked):
+            raise ValueError(
+                f"{self.template_name}: its assistant mask ({self.masking}) does not cover the "
+                f"assistant's reply {_PROBE[1]['content']!r} of a probe conversation; {fix}"
+            )
+
+
+def chatml_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the assistant turns of a rendered ChatML conversation: from after
+    each ``<|im_start|>assistant\\n`` through its ``<|im_end|>``; a turn without an end
+    counts as no span (so the count check refuses it)."""
+    spans = []
+    start = text.find(_HEADER)
+    while start >= 0:
+        begin = start + len(_HEADER)
+        end = text.find(_END, begin)
+        if end < 0:
+            break
+        spans.append((begin, end + len(_END)))
+        start = text.find(_HEADER, end)
+    return spans
+
+
+def _span_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[int]:
+    """1 for each token whose character offsets overlap a span (transformers' rule)."""
+    if not offsets:
+        return []
+    bounds = np.asarray(offsets, dtype=np.int64)
+    mask = np.zeros(len(bounds), dtype=bool)
+    for begin, end in spans:
+        mask |= (bounds[:, 1] > begin) & (bounds[:, 0] < end)
+    flags: list[int] = mask.astype(np.int64).tolist()
+    return flags
+
+
+def _text_of(value: Any) -> str:
+    """Every string in ``value`` (messages, their parts), joined."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return "".join(_text_of(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return "".join(_text_of(item) for item in value)
+    return ""
+
+
+def make_encoder(
+    tokenizer: Tokenizer | None = None,
+    *,
+    encoding: Encoding = "auto",
+    media: MediaConfig | None = None,
+    system_prompt: str | None = None,
+    loss_on: LossOn = "assistant",
+    media_block: MediaBlock | None = None,
+) -> SampleEncoder:
+    """The encoder for ``tokenizer``: see :data:`Encoding`. ``"auto"`` takes the template
+    encoder for an HF tokenizer with a chat template and the ChatML encoder otherwise (the byte
+    tokenizer, a tokenizer without a template: each turn ``<|im_start|>{role}\\n{content}
+    <|im_end|>\\n``, loss on the assistant content and its ``<|im_end|>``)."""
+    check_choice("encoding", encoding, ("auto", "template", "chatml"))
+    options: dict[str, Any] = {
+        "media": media,
+        "system_prompt": system_prompt,
+        "loss_on": loss_on,
+        "media_block": media_block,
+    }
+    has_template = bool(getattr(tokenizer, "chat_template", None)) and callable(
+        getattr(tokenizer, "apply_chat_template", None)
+    )
+    if encoding == "template" or (encoding == "auto" and has_template):
+        if tokenizer is None:
+            raise ValueError(
+                "encoding='template' needs an HF tokenizer with a chat template; the built-in "
+                "ByteTokenizer has none: pass tokenizer=, or encoding='chatml'"
+            )
+        return TemplateEncoder(tokenizer, **options)
+    logger.debug("ChatML encoder: %s", "chosen" if encoding == "chatml" else "no chat template")
+    return ConversationEncoder(tokenizer, **options)
