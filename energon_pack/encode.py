@@ -25,10 +25,13 @@ from energon_pack.media import (
     MediaConfig,
     MediaError,
     MediaItem,
+    VisionTokenIds,
     check_media_count,
     probe_frames,
     probe_image,
     probe_video,
+    vision_blocks,
+    vision_tokens,
 )
 from energon_pack.packed import EncodedSample
 
@@ -205,6 +208,9 @@ class ConversationEncoder:
         self._vision_start = ids["<|vision_start|>"]
         self._vision_end = ids["<|vision_end|>"]
         self._pad = {"image": ids["<|image_pad|>"], "video": ids["<|video_pad|>"]}
+        self._vision_ids = VisionTokenIds(
+            self._vision_start, self._vision_end, self._pad["image"], self._pad["video"]
+        )
         self._newline = self._text("\n")
         self._headers = {role: self._text(f"{role}\n") for role in set(_ROLES.values())}
         if system_prompt is not None:
@@ -253,8 +259,7 @@ class ConversationEncoder:
             for piece in turn:
                 if piece is None:  # the header went with the text piece before it
                     item = next(pending)
-                    add([self._vision_start, *[self._pad[item.kind]] * item.tokens], False)
-                    add([self._vision_end], False)
+                    add(vision_tokens(item, self._vision_ids, self._text, self.media), False)
                 elif first:
                     add(*self._text_after(raw.key, role, piece, target))
                     first = False
@@ -278,9 +283,10 @@ class ConversationEncoder:
         per medium, one ``<|vision_start|>`` and ``<|vision_end|>`` each; else a
         ``placeholder_mismatch`` (e.g. special-token text that the tokenizer made a token)."""
         merge = self.media.merge_size**2
+        blocks = sum(vision_blocks(m, self.media) for m in media)
         expected = [
-            ("<|vision_start|>", self._vision_start, len(media)),
-            ("<|vision_end|>", self._vision_end, len(media)),
+            ("<|vision_start|>", self._vision_start, blocks),
+            ("<|vision_end|>", self._vision_end, blocks),
         ]
         for kind, pad in self._pad.items():
             grids = [m.grid_thw for m in media if m.kind == kind]
@@ -294,7 +300,7 @@ class ConversationEncoder:
                     "placeholder_mismatch",
                     f"the sample has {found} {token} tokens but its {len(media)} media give "
                     f"{count} (pads: t*h*w / {merge} per grid; one vision start and end per "
-                    f"medium); this tokenizer reads special-token text such as {token!r} as "
+                    f"block); this tokenizer reads special-token text such as {token!r} as "
                     "the token itself: remove it from the text",
                 )
 
@@ -352,10 +358,26 @@ class ConversationEncoder:
         self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
     ) -> MediaItem:
         if isinstance(data, Frames):
-            grid, tokens, seconds = probe_frames(data, kind, self.media, key=key, member=member)
-            return MediaItem(member, kind, data, grid, tokens, seconds)
+            plan = probe_frames(data, kind, self.media, key=key, member=member)
+            return MediaItem(
+                member,
+                kind,
+                data,
+                plan.grid_thw,
+                plan.tokens,
+                plan.second_per_grid_t,
+                plan.timestamps,
+            )
         if kind == "image":
             probe = probe_image(data, self.media, key=key, member=member)
             return MediaItem(member, kind, data, probe.grid_thw, probe.tokens)
         video = probe_video(data, self.media, key=key, member=member)
-        return MediaItem(member, kind, data, video.grid_thw, video.tokens, video.second_per_grid_t)
+        return MediaItem(
+            member,
+            kind,
+            data,
+            video.grid_thw,
+            video.tokens,
+            video.second_per_grid_t,
+            video.timestamps,
+        )

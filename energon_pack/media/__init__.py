@@ -41,6 +41,7 @@ from energon_pack.media.errors import MediaError, MediaErrorKind
 from energon_pack.media.pixels import normalize_pixels, process_frames, process_image, process_video
 from energon_pack.media.probe import (
     Frames,
+    FramesPlan,
     check_media_count,
     image_frames,
     media_kind,
@@ -48,6 +49,7 @@ from energon_pack.media.probe import (
     probe_image,
     probe_video,
 )
+from energon_pack.media.tokens import VisionTokenIds, timestamp_text, vision_blocks, vision_tokens
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -55,6 +57,7 @@ __all__ = [
     "OPENAI_CLIP_STD",
     "VIDEO_EXTENSIONS",
     "Frames",
+    "FramesPlan",
     "ImageProbe",
     "MediaConfig",
     "MediaError",
@@ -64,6 +67,7 @@ __all__ = [
     "PixelDtype",
     "VideoProbe",
     "VisionInputs",
+    "VisionTokenIds",
     "check_media_count",
     "decode_vision",
     "footprint",
@@ -79,4 +83,7 @@ __all__ = [
     "process_video",
     "smart_resize",
     "tensor_nbytes",
+    "timestamp_text",
+    "vision_blocks",
+    "vision_tokens",
 ]
