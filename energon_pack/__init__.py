@@ -10,6 +10,7 @@ from energon_pack.binpack import (
 from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
 from energon_pack.encode import ByteTokenizer, ConversationEncoder
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
+from energon_pack.family import ModelFamily, model_family
 from energon_pack.formats import ChatDataset, parse_any
 from energon_pack.formats.native import parse_sample
 from energon_pack.formats.raw import RawSample
@@ -49,6 +50,7 @@ __all__ = [
     "MRopeConfig",
     "MediaConfig",
     "MediaError",
+    "ModelFamily",
     "MonitorConfig",
     "OfflinePackResult",
     "OnlineBinPacker",
@@ -73,6 +75,7 @@ __all__ = [
     "equal_token_slot_table",
     "first_fit_decreasing",
     "hf_model_inputs",
+    "model_family",
     "mrope_for_packed",
     "mrope_position_ids",
     "normalize_pixels",
