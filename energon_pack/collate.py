@@ -33,6 +33,7 @@ import torch
 from energon_pack.binpack import OVERLONG_FIX, fewest_bins
 from energon_pack.checks import check_choice, check_config
 from energon_pack.encode import ConversationEncoder
+from energon_pack.family import ModelFamily, family_media, model_family
 from energon_pack.hf import HFTarget, batch_model_inputs
 from energon_pack.layout import hf_varlen_kwargs, loss_mask_from_labels, packed_seq_params_kwargs
 from energon_pack.media import MediaError, VisionInputs
@@ -165,7 +166,10 @@ class VLMPackingCollator:
         layout: the row layout as one object, instead of the settings above.
         encoder: encodes raw samples and gives the media preprocessing used to decode; it must be
             the encoder (tokenizer) that produced any :class:`EncodedSample` given directly.
-            Default: ``ConversationEncoder()``.
+            Default: ``ConversationEncoder()`` (with ``family``: with the family's media).
+        family: a model family preset, its name, a model directory or a transformers
+            model/config (:func:`~energon_pack.family.model_family`); the encoder's media
+            settings must fit it (:func:`~energon_pack.family.family_media`).
         overlong: a sample longer than ``seq_length`` (after alignment): ``"error"`` raises,
             ``"skip"`` skips it, ``"truncate"`` cuts text tokens after its last vision block
             (all media kept); if the cut would enter a vision block the sample is skipped.
@@ -193,6 +197,7 @@ class VLMPackingCollator:
         pad_token_id: int | None = None,
         layout: RowLayout | None = None,
         encoder: ConversationEncoder | None = None,
+        family: ModelFamily | str | Any = None,
         overlong: OverlongPolicy = "error",
         on_media_error: OnMediaError = "error",
         position_ids: PositionIds = "1d",
@@ -206,7 +211,11 @@ class VLMPackingCollator:
         check_config("layout", layout, RowLayout)
         check_config("mrope", mrope, MRopeConfig)
         check_config("encoder", encoder, ConversationEncoder)
-        self.encoder = encoder if encoder is not None else ConversationEncoder()
+        self.family = None if family is None else model_family(family)
+        if encoder is None:
+            encoder = ConversationEncoder(media=family_media(self.family, None))
+        family_media(self.family, encoder.media)  # the encoder's media must fit the family
+        self.encoder = encoder
         tokenizer = self.encoder.tokenizer
         if layout is None:
             if seq_length is None:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from energon_pack.media.config import RESCALE_FACTOR, MediaConfig
 
-__all__ = ["FAMILIES", "ModelFamily", "RopeRule", "model_family"]
+__all__ = ["FAMILIES", "ModelFamily", "RopeRule", "family_media", "model_family"]
 
 RopeRule = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 """A family's mRoPE position rule: ``"qwen2_vl"`` (a video's temporal index per patch),
@@ -48,15 +48,6 @@ class ModelFamily:
     def media_config(self, **changes: Any) -> MediaConfig:
         """:attr:`media` with ``changes`` (e.g. ``pixel_dtype="uint8"``, other limits)."""
         return replace(self.media, **changes)
-
-    def fingerprint(self) -> dict[str, Any]:
-        """What identifies the family's rules in a settings fingerprint (its media settings
-        are recorded with the media)."""
-        return {
-            "name": self.name,
-            "rope": self.rope,
-            "tokens_per_second": self.tokens_per_second,
-        }
 
 
 _QWEN2_MEDIA = MediaConfig(min_pixels=56 * 56, max_pixels=28 * 28 * 16384)
@@ -130,6 +121,39 @@ def _with_vision_config(family: ModelFamily, vision: Mapping[str, Any]) -> Model
     if family.tokens_per_second is not None and isinstance(rate, (int, float)):
         return replace(family, media=media, tokens_per_second=float(rate))
     return replace(family, media=media)
+
+
+_MODEL_BOUND = (
+    "patch_size",
+    "merge_size",
+    "temporal_patch_size",
+    "image_mean",
+    "image_std",
+    "video_rule",
+)
+"""Media settings a model is trained with: a ``media`` given with a family must keep them."""
+
+
+def family_media(family: ModelFamily | None, media: MediaConfig | None) -> MediaConfig | None:
+    """The media settings of a packer given ``family`` and/or ``media``: the family's, or
+    ``media`` where given, which must then keep the family's geometry, normalisation and video
+    rule (its budgets, limits and pixel dtype are free)."""
+    if family is None or media is None:
+        return media if family is None else family.media
+    clash = {
+        name: (getattr(media, name), getattr(family.media, name))
+        for name in _MODEL_BOUND
+        if getattr(media, name) != getattr(family.media, name)
+    }
+    if clash:
+        details = ", ".join(
+            f"{k}={ours!r} (the family's: {theirs!r})" for k, (ours, theirs) in clash.items()
+        )
+        raise ValueError(
+            f"media= does not fit family {family.name!r}: {details}; pass "
+            f"media=model_family({family.name!r}).media_config(...) to change other settings"
+        )
+    return media
 
 
 def _family_of(model_type: str, where: str) -> ModelFamily:
@@ -272,11 +296,11 @@ def _video_settings(values: Mapping[str, Any], path: Path) -> dict[str, Any]:
         out["video_min_pixels"] = low
     if high is not None:
         out["video_max_pixels"] = out["video_total_pixels"] = high
-    for theirs, ours in (("fps", "video_fps"), ("min_frames", "video_min_frames")):
+    if "fps" in values:
+        out["video_fps"] = float(values["fps"])
+    for theirs, ours in (("min_frames", "video_min_frames"), ("max_frames", "video_max_frames")):
         if theirs in values:
             out[ours] = values[theirs]
-    if "max_frames" in values:
-        out["video_max_frames"] = values["max_frames"]
     return out
 
 

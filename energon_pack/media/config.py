@@ -129,6 +129,7 @@ class MediaConfig:
     pixel_dtype: PixelDtype = "float32"
     video_rule: VideoRuleName = "qwen2_vl"
     video_outer_block: bool = False
+    video_frames_fps: float | None = None
     decode_isolation: Isolation = "process"
     decode_timeout_s: float = 60.0
     max_json_bytes: int = 16 * 2**20
@@ -172,6 +173,12 @@ class MediaConfig:
             raise ValueError(
                 f"MediaConfig.video_outer_block must be True or False, got "
                 f"{self.video_outer_block!r}; True writes transformers 5.x's Qwen3-VL video form"
+            )
+        if self.video_frames_fps is not None:
+            check_number(
+                "MediaConfig.video_frames_fps",
+                self.video_frames_fps,
+                fix="pass the rate decoded frames were sampled at (e.g. 2.0), or None",
             )
         if self.decode_isolation not in ("process", "off"):
             raise ValueError(

@@ -162,7 +162,8 @@ def probe_frames(
 
     An image is sized like :func:`probe_image`. A video's frames are taken as already sampled
     (all are used; the last is repeated up to a multiple of ``temporal_patch_size``, as
-    transformers does) at ``frames.fps`` (else ``video_fps``), sized and timed by the
+    transformers does) at ``frames.fps`` (else ``video_frames_fps``, else ``video_fps``, which
+    a rule with timestamps refuses), sized and timed by the
     config's video rule (:mod:`energon_pack.media.sampling`) as :func:`probe_video` does.
     """
     with naming(key, member):
@@ -202,13 +203,14 @@ def frames_plan(frames: Frames, kind: Literal["image", "video"], cfg: MediaConfi
         )
     rule = video_rule(cfg)
     grid = rule.grid(height, width, count, cfg)
-    fps = cfg.video_fps if frames.fps is None else frames.fps
+    given = frames.fps if frames.fps is not None else cfg.video_frames_fps
+    fps = cfg.video_fps if given is None else given
     timestamps = rule.timestamps(range(count), fps, cfg)
-    if timestamps is not None and frames.fps is None:
+    if timestamps is not None and given is None:
         raise MediaFailure(
             "bad_sample",
             f"decoded video frames without their fps; video_rule={cfg.video_rule!r} writes "
-            "each temporal patch's timestamp, which needs it: pass Frames(..., fps=...) (the "
-            "rate the frames were sampled at)",
+            "each temporal patch's timestamp, which needs it: pass Frames(..., fps=...) or "
+            "MediaConfig(video_frames_fps=...) (the rate the frames were sampled at)",
         )
     return FramesPlan(grid, token_count(grid, cfg), tp / fps, timestamps)
