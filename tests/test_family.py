@@ -12,6 +12,7 @@ import pytest
 from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig, Qwen3VLMoeConfig
 
 from energon_pack import ConversationEncoder, PackingTaskEncoder, VLMPackingCollator, model_family
+from energon_pack.cli import main
 from energon_pack.family import FAMILIES, family_media
 from energon_pack.media import MediaConfig
 
@@ -170,3 +171,15 @@ def test_both_packing_paths_take_a_family() -> None:
     assert collator.family is family
     with pytest.raises(ValueError, match=r"does not fit family 'qwen3_vl'"):
         VLMPackingCollator(seq_length=4096, family=family, encoder=ConversationEncoder())
+
+
+def test_check_config_prints_the_family(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", "--seq-length", "8192", "--family", "qwen3_vl_moe"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen3_vl (rope rule qwen3_vl)" in out
+    assert "65,536 - 16,777,216" in out
+    root = write_dir(tmp_path / "q2", "qwen2_vl", preprocessor_config=QWEN2_PREPROCESSOR)
+    assert main(["check-config", "--seq-length", "8192", "--family", str(root)]) == 0
+    assert "3,136 - 12,845,056" in capsys.readouterr().out
+    assert main(["check-config", "--seq-length", "8192", "--family", str(tmp_path)]) == 2
+    assert "no config.json with a model_type" in capsys.readouterr().err

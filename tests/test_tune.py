@@ -223,3 +223,18 @@ def test_ctrl_c_exits_130_and_marks_the_interrupted_run(dataset: Path, tmp_path:
     assert row.endswith(" interrupted")
     assert "no run completed" in stdout
     assert "no measured buffer fits" not in stdout
+
+
+def test_tune_takes_a_model_family(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--family`` gives the runs the family's media settings (recorded), a bad one fails
+    before any run."""
+    args = tune(dataset, tmp_path, "--family", "qwen3_vl", "--num-workers", "0")
+    args[args.index("--buffer-sizes") + 1] = "8"
+    assert main(args) == 0
+    report = json.loads((tmp_path / "tune.json").read_text())
+    assert report["settings"]["family"] == "qwen3_vl"
+    assert "model family: qwen3_vl" in capsys.readouterr().out
+    assert main([*args[:-1], "qwen9"]) == 2
+    assert "unknown model family 'qwen9'" in capsys.readouterr().err
