@@ -80,16 +80,28 @@ def clip_bytes(width: int, height: int, frames: int, fps: Fraction | int) -> byt
     return out.getvalue()
 
 
-def fixture_clips() -> dict[str, bytes]:
-    clips = {}
+def fixture_members(*extensions: str) -> dict[str, bytes]:
+    found = {}
     for shard in sorted(FIXTURES.glob("*.tar")):
         with tarfile.open(shard) as tar:
             for member in tar.getmembers():
-                if member.name.endswith(".mp4"):
+                if member.name.endswith(extensions):
                     data = tar.extractfile(member)
                     assert data is not None
-                    clips[member.name] = data.read()
-    return clips
+                    found[member.name] = data.read()
+    return found
+
+
+def fixture_clips() -> dict[str, bytes]:
+    return fixture_members(".mp4")
+
+
+def fixture_images() -> dict[str, bytes]:
+    """The first four images of each format."""
+    images: dict[str, bytes] = {}
+    for extension in (".jpg", ".png", ".webp"):
+        images |= dict(list(fixture_members(extension).items())[:4])
+    return images
 
 
 def sweep_pairs() -> list[tuple[float, int]]:
@@ -137,11 +149,14 @@ def reference(
     folder = tmp_path_factory.mktemp("clips")
     jobs: list[dict[str, Any]] = []
     names = []
-    for name, data in clips.items():
+    for index, (name, data) in enumerate(clips.items()):
         path = folder / f"{name}.mp4"
         path.write_bytes(data)
+        generated = name.startswith("gen-")
         for form, model_dir in model_dirs.items():
-            pixels = form == "released" and (name.startswith("gen-") or len(names) < 20)
+            if form == "custom" and not (generated or index % 3 == 0):
+                continue  # the custom checkpoint: a third of the fixture clips
+            pixels = form == "released" and (generated or index < 10)
             jobs.append(
                 {
                     "kind": "video",
@@ -156,9 +171,20 @@ def reference(
     frames = np.stack([np.full((48, 64, 3), 40 * i, dtype=np.uint8) for i in range(5)])
     jobs.append({"kind": "video", "frames": frames, "fps": 3.0, "prompt": PROMPT, "answer": ANSWER})
     jobs.append({"kind": "rule", "pairs": sweep_pairs()})
+    images = fixture_images()
+    for name, data in images.items():
+        path = folder / name
+        path.write_bytes(data)
+        jobs.append({"kind": "image", "path": str(path), "prompt": PROMPT, "answer": ANSWER})
     results = qwen3_reference.run_reference(model_dirs["released"], jobs)
     by_name = dict(zip(names, results[: len(names)], strict=True))
-    return {"videos": by_name, "frames": (frames, results[-2]), "rule": results[-1]}
+    rest = results[len(names) :]
+    return {
+        "videos": by_name,
+        "frames": (frames, rest[0]),
+        "rule": rest[1],
+        "images": dict(zip(images, rest[2:], strict=True)),
+    }
 
 
 def _sample(content: str, member: str, data: bytes | Frames) -> dict[str, Any]:
@@ -201,10 +227,12 @@ def test_ids_grid_and_frames_equal_the_processor(
         encoded = wrapped.encode_sample(name, _sample(f"<video>{PROMPT}", "0.mp4", data))
         assert encoded.input_ids.tolist() == ref["input_ids"], (form, name)
         checked += 1
-    assert checked == 2 * len(clips)
+    generated = sum(name.startswith("gen-") for name in clips)
+    assert checked == len(clips) + generated + math.ceil((len(clips) - generated) / 3)
     # the custom checkpoint's settings were read: fewer frames than the released one's
+    videos = reference["videos"]
     short = [
-        (reference["videos"][("custom", n)], reference["videos"][("released", n)]) for n in clips
+        (videos[("custom", n)], videos[("released", n)]) for n in clips if ("custom", n) in videos
     ]
     assert any(len(c["frames_indices"]) < len(r["frames_indices"]) for c, r in short)
 
@@ -235,6 +263,29 @@ def test_pixels_within_tolerance(
         compared += 1
     assert compared >= 20
     assert worst <= PIXEL_TOLERANCE, f"max |difference| {worst}"
+
+
+def test_images_equal_the_processor_of_the_directory(
+    model_dirs: dict[str, Path], reference: dict[str, Any]
+) -> None:
+    """Images through the preset built from the directory: the ids and grid of
+    ``Qwen3VLProcessor.from_pretrained`` (its torchvision image processor there), pixels within
+    :data:`PIXEL_TOLERANCE`."""
+    media = model_family(model_dirs["released"]).media
+    images = fixture_images()
+    for name, ref in reference["images"].items():
+        encoded = _encoder(media).encode_sample(
+            name, _sample(f"<image>{PROMPT}", name, images[name])
+        )
+        assert encoded.input_ids.tolist() == ref["input_ids"], name
+        vision = encoded.materialize(media).vision
+        assert vision is not None
+        assert vision.image_grid_thw is not None
+        assert vision.image_grid_thw.tolist() == ref["image_grid_thw"], name
+        assert vision.pixel_values is not None
+        diff = (vision.pixel_values - torch.from_numpy(ref["pixel_values"])).abs()
+        assert float(diff.max()) <= PIXEL_TOLERANCE, (name, float(diff.max()))
+    assert len(reference["images"]) == 12
 
 
 def test_decoded_frames_take_an_explicit_fps(reference: dict[str, Any]) -> None:
