@@ -377,7 +377,18 @@ def qwen3_video_floor_args(data: bytes) -> tuple[list[int], tuple[int, int]]:
     return list(probe.frame_indices), (gw * QWEN3.patch_size, gh * QWEN3.patch_size)
 
 
-def versus_qwen3(rows: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
+def distinct_sizes() -> dict[tuple[str, int, int], bytes]:
+    """One fixture medium per distinct (kind, width, height): every clip size, images from
+    640x480 up (from their probes)."""
+    by_size: dict[tuple[str, int, int], bytes] = {}
+    for _, _, kind, data in fixture_media():
+        probe = media.probe_image(data) if kind == "image" else media.probe_video(data)
+        if kind == "video" or probe.width * probe.height >= 640 * 480:
+            by_size.setdefault((kind, probe.width, probe.height), data)
+    return by_size
+
+
+def versus_qwen3(rounds: int) -> list[dict[str, Any]]:
     """Qwen3-VL geometry (patch 16, 0.5/0.5, its pixel budgets and video rule): our paths
     against transformers' image processor for Qwen3-VL (``Qwen2VLImageProcessorPil`` with the
     checkpoint's settings, as transformers maps ``qwen3_vl``) and the video decode floor."""
@@ -398,12 +409,8 @@ def versus_qwen3(rows: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]
         with Image.open(io.BytesIO(data)) as img:
             return hf(img, return_tensors="pt")
 
-    by_size: dict[tuple[str, int, int], bytes] = {}
-    for item, row in zip(fixture_media(), rows, strict=True):
-        if row["kind"] == "video" or row["width"] * row["height"] >= 640 * 480:
-            by_size.setdefault((row["kind"], row["width"], row["height"]), item[3])
     results = []
-    for (kind, width, height), data in sorted(by_size.items()):
+    for (kind, width, height), data in sorted(distinct_sizes().items()):
         if kind == "image":
             ours = media.process_image(data, QWEN3)[0]
             check_uint8(ours, media.process_image(data, QWEN3_UINT8)[0], QWEN3_UINT8)
@@ -478,15 +485,15 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = [measure(*item, repeats=args.repeats) for item in fixture_media()]
     if args.only_qwen3:
-        qwen3 = versus_qwen3(rows, args.rounds)
+        qwen3 = versus_qwen3(args.rounds)
         print_qwen3(qwen3)
         out = args.out.with_name("media_qwen3.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"config": str(QWEN3), "versus_qwen3": qwen3}, indent=2) + "\n")
         print(f"\nwrote {out}")
         return
+    rows = [measure(*item, repeats=args.repeats) for item in fixture_media()]
 
     seen: set[tuple[str, int, int, str]] = set()
     table = []
@@ -533,7 +540,7 @@ def main() -> None:
         )
     )
     speed = versus_references(rows, args.rounds)
-    qwen3 = versus_qwen3(rows, args.rounds)
+    qwen3 = versus_qwen3(args.rounds)
     print()
     print(
         format_table(

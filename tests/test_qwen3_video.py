@@ -45,6 +45,7 @@ GENERATED = [  # (fps, seconds, width, height)
     (25, 37, 32, 32),
     (Fraction(30000, 1001), 10, 64, 32),
     (30, 1, 96, 64),
+    (2, 7, 160, 128),  # the custom checkpoint: 7 frames (odd) over its t*h*w budget
     (60, 1, 40, 40),
     (60, 5, 32, 32),
 ]
@@ -301,6 +302,9 @@ def test_decoded_frames_take_an_explicit_fps(reference: dict[str, Any]) -> None:
         return ids
 
     assert encode(Frames.from_array(array, fps=3.0), media) == ref["input_ids"]
+    # the frames' own rate wins over the setting
+    other = replace(media, video_frames_fps=7.0)
+    assert encode(Frames.from_array(array, fps=3.0), other) == ref["input_ids"]
     # a dataset's arrays without a rate (Megatron-Bridge layout): the setting gives it
     assert (
         encode(Frames.from_array(array), replace(media, video_frames_fps=3.0)) == ref["input_ids"]
