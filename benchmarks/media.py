@@ -21,7 +21,12 @@ the helper: what the guard costs a busy loader), and the helper's memory.
 The whole-pack row times ``decode_vision`` (what the loaders call) on packs of 8 fixture
 samples: guarded, the helper decodes a pack's next file while this process patchifies the last.
 
-Run: .venv/bin/python benchmarks/media.py [--repeats 3] [--rounds 7]
+The Qwen3-VL table repeats the speed comparison with the ``qwen3_vl`` preset's media settings
+(patch 16, its budgets and video rule): images against ``Qwen2VLImageProcessorPil`` with those
+settings (pixels checked equal), clips against their floor. ``--only-qwen3`` runs only that
+table (benchmarks/results/media_qwen3.json).
+
+Run: .venv/bin/python benchmarks/media.py [--repeats 3] [--rounds 7] [--only-qwen3]
 
 Large outputs (a 720p image's float32 patches are 22 MB) page-fault whenever glibc has just
 returned such a block to the system, which it decides from the history of frees; the README's
