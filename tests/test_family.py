@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import batches, read_samples, train_dataset
 from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig, Qwen3VLMoeConfig
 
 from energon_pack import ConversationEncoder, PackingTaskEncoder, VLMPackingCollator, model_family
@@ -183,3 +184,44 @@ def test_check_config_prints_the_family(tmp_path: Path, capsys: pytest.CaptureFi
     assert "3,136 - 12,845,056" in capsys.readouterr().out
     assert main(["check-config", "--seq-length", "8192", "--family", str(tmp_path)]) == 2
     assert "no config.json with a model_type" in capsys.readouterr().err
+
+
+def _vision_starts_expected(grids: Any, images: Any) -> int:
+    """One block per image, one per temporal patch of a timestamped video."""
+    videos = 0 if grids is None else int(grids[:, 0].sum())
+    return videos + (0 if images is None else len(images))
+
+
+def test_qwen3_family_end_to_end(vlm_demo_path: Path) -> None:
+    """Both paths with the Qwen3-VL preset: one vision block per temporal patch after its
+    timestamp text, pixels for exactly the probed grids (patch 16 rows)."""
+    encoder = ConversationEncoder(media=model_family("qwen3_vl").media)
+    start = encoder.tokenizer.convert_tokens_to_ids("<|vision_start|>")
+    samples = [
+        (key, members)
+        for key, members in read_samples(vlm_demo_path).items()
+        if any(name.endswith(".mp4") for name in members)
+    ][:4]
+    collator = VLMPackingCollator(seq_length=32768, encoder=encoder, family="qwen3_vl")
+    batch = collator([encoder.encode_sample(key, members) for key, members in samples])
+    vision = batch.vision
+    assert vision.video_grid_thw is not None
+    assert vision.pixel_values_videos is not None
+    assert vision.pixel_values_videos.shape == (int(vision.video_grid_thw.prod(1).sum()), 1536)
+    starts = int((batch.input_ids == start).sum())
+    assert starts == _vision_starts_expected(vision.video_grid_thw, vision.image_grid_thw)
+    assert b"seconds>" in bytes(t for t in batch.input_ids.flatten().tolist() if t < 256)
+
+    dataset = train_dataset(vlm_demo_path, 8, family="qwen3_vl", media=None)
+    seen = 0
+    for packed in batches(dataset):
+        if packed.video_grid_thw is None:
+            continue
+        starts = int((packed.input_ids == start).sum())
+        assert starts == _vision_starts_expected(packed.video_grid_thw, packed.image_grid_thw)
+        assert packed.pixel_values_videos is not None
+        assert packed.pixel_values_videos.shape[1] == 1536
+        seen += 1
+        if seen == 3:
+            break
+    assert seen == 3

@@ -59,11 +59,6 @@ DIFFERING_SHARE = 0.005
 
 TOKENIZER = real_qwen_tokenizer(chat_template=QWEN3_VL)
 
-pytestmark = pytest.mark.skipif(
-    not qwen3_reference.available(),
-    reason="the reference torchvision is not installed (scripts/venv.sh: .venv/reference)",
-)
-
 
 def clip_bytes(width: int, height: int, frames: int, fps: Fraction | int) -> bytes:
     """An H.264 MP4 of a moving ramp (every frame differs), written fast."""
@@ -146,7 +141,10 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
 def reference(
     model_dirs: dict[str, Path], clips: dict[str, bytes], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    """All reference results, from one child process."""
+    """All reference results, from one child process (skipped, with the reason, where the
+    reference torchvision is not installed)."""
+    if not qwen3_reference.available():
+        pytest.skip("the reference torchvision is not installed (scripts/venv.sh: .venv/reference)")
     folder = tmp_path_factory.mktemp("clips")
     jobs: list[dict[str, Any]] = []
     names = []
@@ -354,3 +352,12 @@ def test_sampling_invariants(fps: float, total: int, min_frames: int, max_frames
     assert len(stamps) == math.ceil(len(indices) / 2)
     assert list(stamps) == sorted(stamps)
     assert all(indices[2 * i] / fps <= s <= (total - 1) / fps for i, s in enumerate(stamps))
+
+
+def test_a_single_frame_is_sized_as_its_padded_pair() -> None:
+    """transformers refuses a one-frame clip; here it is one temporal patch (the frame twice),
+    sized as two frames, at 0.0 seconds."""
+    media = model_family("qwen3_vl").media
+    probe = probe_video(clip_bytes(64, 64, 1, 30), media)
+    assert (probe.frames, probe.frame_indices, probe.timestamps) == (1, (0, 0), (0.0,))
+    assert probe.grid_thw == (1, 4, 4)
