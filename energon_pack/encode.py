@@ -2,7 +2,8 @@
 
 :class:`ConversationEncoder` turns a conversation and its media members into an
 :class:`EncodedSample`: token ids with every ``<image>``/``<video>`` placeholder expanded to
-``<|vision_start|>`` + N pad tokens + ``<|vision_end|>``, N taken from the media *probe* (header
+``<|vision_start|>`` + N pad tokens + ``<|vision_end|>`` (a timestamped video: one such block per
+temporal patch, :func:`~energon_pack.media.vision_tokens`), N taken from the media *probe* (header
 only). The media stay compressed bytes until :meth:`EncodedSample.materialize` decodes and
 patchifies them, which the packers call only for samples they selected.
 """
@@ -280,7 +281,8 @@ class ConversationEncoder:
         self, key: str, input_ids: torch.Tensor, media: Sequence[MediaItem]
     ) -> None:
         """The finished sample's vision tokens are its media's: ``t*h*w / merge_size**2`` pads
-        per medium, one ``<|vision_start|>`` and ``<|vision_end|>`` each; else a
+        per medium, one ``<|vision_start|>`` and ``<|vision_end|>`` per block
+        (:func:`~energon_pack.media.vision_blocks`); else a
         ``placeholder_mismatch`` (e.g. special-token text that the tokenizer made a token)."""
         merge = self.media.merge_size**2
         blocks = sum(vision_blocks(m, self.media) for m in media)

@@ -1,4 +1,4 @@
-"""Qwen2-VL-style image and video preprocessing with header-only probing, by concern.
+"""Qwen-VL image and video preprocessing with header-only probing, by concern.
 
 * :mod:`~energon_pack.media.config`: settings, limits, probe results, sizing rules (no torch);
 * :mod:`~energon_pack.media.errors`: :class:`MediaError` and the boundary that names a sample
@@ -7,10 +7,13 @@
   the decoder process);
 * :mod:`~energon_pack.media.guard`: the decoder process that turns native crashes and hangs
   into a :class:`MediaError`;
+* :mod:`~energon_pack.media.sampling`: the video rules (``MediaConfig.video_rule``): sampled
+  frames, grid, timestamps (no torch);
 * :mod:`~energon_pack.media.probe`: grids and token counts from headers, :class:`Frames`;
 * :mod:`~energon_pack.media.pixels`: patches, normalisation, :func:`normalize_pixels`;
 * :mod:`~energon_pack.media.assembly`: a pack's media (:func:`decode_vision`,
-  :class:`VisionInputs`).
+  :class:`VisionInputs`);
+* :mod:`~energon_pack.media.tokens`: a medium's vision tokens (:func:`vision_tokens`).
 
 Probing (:func:`probe_image`, :func:`probe_video`) reads only the container/image header and
 returns the patch grid and the token count, so a packing buffer can hold compressed bytes and
