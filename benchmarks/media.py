@@ -21,7 +21,12 @@ the helper: what the guard costs a busy loader), and the helper's memory.
 The whole-pack row times ``decode_vision`` (what the loaders call) on packs of 8 fixture
 samples: guarded, the helper decodes a pack's next file while this process patchifies the last.
 
-Run: .venv/bin/python benchmarks/media.py [--repeats 3] [--rounds 7]
+The Qwen3-VL table repeats the speed comparison with the ``qwen3_vl`` preset's media settings
+(patch 16, its budgets and video rule): images against ``Qwen2VLImageProcessorPil`` with those
+settings (pixels checked equal), clips against their floor. ``--only-qwen3`` runs only that
+table (benchmarks/results/media_qwen3.json).
+
+Run: .venv/bin/python benchmarks/media.py [--repeats 3] [--rounds 7] [--only-qwen3]
 
 Large outputs (a 720p image's float32 patches are 22 MB) page-fault whenever glibc has just
 returned such a block to the system, which it decides from the history of frees; the README's
@@ -38,7 +43,7 @@ import statistics
 import tarfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -49,7 +54,7 @@ import psutil
 import torch
 from PIL import Image
 
-from energon_pack import media
+from energon_pack import media, model_family
 from energon_pack.formats.native import parse_sample
 from energon_pack.media import decode as media_decode
 from energon_pack.media import guard as media_guard
@@ -312,9 +317,11 @@ def median_ratio(times: dict[str, list[float]], slow: str, fast: str) -> float:
     return statistics.median(a / b for a, b in zip(times[slow], times[fast], strict=True))
 
 
-def check_uint8(float_pixels: torch.Tensor, uint8_pixels: torch.Tensor) -> None:
+def check_uint8(
+    float_pixels: torch.Tensor, uint8_pixels: torch.Tensor, config: media.MediaConfig | None = None
+) -> None:
     """uint8 patches normalise to exactly the float32 patches."""
-    if not torch.equal(media.normalize_pixels(uint8_pixels, UINT8), float_pixels):
+    if not torch.equal(media.normalize_pixels(uint8_pixels, config or UINT8), float_pixels):
         raise SystemExit("normalize_pixels(uint8) differs from the float32 path")
 
 
@@ -364,14 +371,133 @@ def versus_references(rows: list[dict[str, Any]], rounds: int) -> list[dict[str,
     return results
 
 
+QWEN3 = model_family("qwen3_vl").media_config(decode_isolation="off")
+QWEN3_UINT8 = replace(QWEN3, pixel_dtype="uint8")
+
+
+def qwen3_video_floor_args(data: bytes) -> tuple[list[int], tuple[int, int]]:
+    """The frames (``linspace`` rule, last repeated) and size the Qwen3-VL path decodes."""
+    probe = media.probe_video(data, QWEN3)
+    _, gh, gw = probe.grid_thw
+    return list(probe.frame_indices), (gw * QWEN3.patch_size, gh * QWEN3.patch_size)
+
+
+def distinct_sizes() -> dict[tuple[str, int, int], bytes]:
+    """One fixture medium per distinct (kind, width, height): every clip size, images from
+    640x480 up (from their probes)."""
+    by_size: dict[tuple[str, int, int], bytes] = {}
+    for _, _, kind, data in fixture_media():
+        probe = media.probe_image(data) if kind == "image" else media.probe_video(data)
+        if kind == "video" or probe.width * probe.height >= 640 * 480:
+            by_size.setdefault((kind, probe.width, probe.height), data)
+    return by_size
+
+
+def versus_qwen3(rounds: int) -> list[dict[str, Any]]:
+    """Qwen3-VL geometry (patch 16, 0.5/0.5, its pixel budgets and video rule): our paths
+    against transformers' image processor for Qwen3-VL (``Qwen2VLImageProcessorPil`` with the
+    checkpoint's settings, as transformers maps ``qwen3_vl``) and the video decode floor."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    hf = Qwen2VLImageProcessorPil(
+        patch_size=QWEN3.patch_size,
+        merge_size=QWEN3.merge_size,
+        temporal_patch_size=QWEN3.temporal_patch_size,
+        image_mean=list(QWEN3.image_mean),
+        image_std=list(QWEN3.image_std),
+        size={"shortest_edge": QWEN3.min_pixels, "longest_edge": QWEN3.max_pixels},
+    )
+
+    def hf_image(data: bytes) -> Any:
+        with Image.open(io.BytesIO(data)) as img:
+            return hf(img, return_tensors="pt")
+
+    results = []
+    for (kind, width, height), data in sorted(distinct_sizes().items()):
+        if kind == "image":
+            ours = media.process_image(data, QWEN3)[0]
+            check_uint8(ours, media.process_image(data, QWEN3_UINT8)[0], QWEN3_UINT8)
+            reference = torch.as_tensor(hf_image(data)["pixel_values"])
+            if not torch.equal(ours, reference):
+                raise SystemExit(f"Qwen3-VL pixels of the {width}x{height} image differ")
+            fns: dict[str, Callable[[], object]] = {
+                "reference": partial(hf_image, data),
+                "float32": partial(media.process_image, data, QWEN3),
+                "uint8": partial(media.process_image, data, QWEN3_UINT8),
+            }
+        else:
+            ours = media.process_video(data, QWEN3)[0]
+            check_uint8(ours, media.process_video(data, QWEN3_UINT8)[0], QWEN3_UINT8)
+            fns = {
+                "float32": partial(media.process_video, data, QWEN3),
+                "uint8": partial(media.process_video, data, QWEN3_UINT8),
+                "floor": partial(video_floor, data, *qwen3_video_floor_args(data)),
+            }
+        times = interleaved(fns, rounds)
+        result: dict[str, Any] = {"kind": kind, "width": width, "height": height}
+        result |= {f"{name}_ms": statistics.median(t) * 1e3 for name, t in times.items()}
+        for path in ("float32", "uint8"):
+            if "reference" in times:
+                result[f"{path}_speedup_vs_reference"] = median_ratio(times, "reference", path)
+            else:
+                result[f"{path}_over_floor"] = median_ratio(times, path, "floor")
+        results.append(result)
+    return results
+
+
+QWEN3_HEADERS = ["kind", "size", "HF ms", "f32 ms", "u8 ms", "floor ms", "f32 vs HF"]
+QWEN3_HEADERS += ["u8 vs HF", "f32/floor", "u8/floor"]
+
+
+def print_qwen3(results: list[dict[str, Any]]) -> None:
+    print(
+        format_table(
+            QWEN3_HEADERS,
+            [
+                [
+                    r["kind"],
+                    f"{r['width']}x{r['height']}",
+                    r.get("reference_ms", "-"),
+                    r["float32_ms"],
+                    r["uint8_ms"],
+                    r.get("floor_ms", "-"),
+                    r.get("float32_speedup_vs_reference", "-"),
+                    r.get("uint8_speedup_vs_reference", "-"),
+                    r.get("float32_over_floor", "-"),
+                    r.get("uint8_over_floor", "-"),
+                ]
+                for r in results
+            ],
+        )
+    )
+    print("(Qwen3-VL geometry; HF: Qwen2VLImageProcessorPil with the Qwen3-VL checkpoint's")
+    print(" settings, its pixels equal ours; video floor: decord decode of the Qwen3-VL frames +")
+    print(" resize)")
+
+
 def main() -> None:
     """Measure, print and write the JSON report."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per size")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--only-qwen3",
+        action="store_true",
+        help="measure only the Qwen3-VL geometry rows (written to media_qwen3.json)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.only_qwen3:
+        qwen3 = versus_qwen3(args.rounds)
+        print_qwen3(qwen3)
+        out = args.out.with_name("media_qwen3.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"config": str(QWEN3), "versus_qwen3": qwen3}, indent=2) + "\n")
+        print(f"\nwrote {out}")
+        return
     rows = [measure(*item, repeats=args.repeats) for item in fixture_media()]
 
     seen: set[tuple[str, int, int, str]] = set()
@@ -419,6 +545,7 @@ def main() -> None:
         )
     )
     speed = versus_references(rows, args.rounds)
+    qwen3 = versus_qwen3(args.rounds)
     print()
     print(
         format_table(
@@ -445,6 +572,8 @@ def main() -> None:
     print("(HF: Qwen2VLImageProcessorPil; floor: decode + resize only; levels: decode + resize +")
     print(" uint8 patch cut into a reused array; uint8 == float32 after normalize_pixels, checked")
     print(" for every size)")
+    print()
+    print_qwen3(qwen3)
     print()
     print(
         format_table(
@@ -487,6 +616,7 @@ def main() -> None:
         "helper_memory": helper,
         "pack_guard": packs,
         "versus_references": speed,
+        "versus_qwen3": qwen3,
         "items": rows,
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -9,15 +9,22 @@ from energon_pack.binpack import (
 )
 from energon_pack.bridge_batch import VisualInputs, bridge_batch
 from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
-from energon_pack.encode import ByteTokenizer, ConversationEncoder, SampleEncoder, vision_block
+from energon_pack.encode import ByteTokenizer, ConversationEncoder, SampleEncoder
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
+from energon_pack.family import ModelFamily, model_family
 from energon_pack.formats import ChatDataset, parse_any
 from energon_pack.formats.native import parse_sample
 from energon_pack.formats.raw import RawSample
 from energon_pack.hf import HFTarget, hf_model_inputs
 from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
 from energon_pack.loss import PackedLoss, loss_normaliser, packed_loss
-from energon_pack.media import MediaConfig, MediaError, normalize_pixels
+from energon_pack.media import (
+    MediaConfig,
+    MediaError,
+    normalize_pixels,
+    vision_block,
+    vision_tokens,
+)
 from energon_pack.memory import BufferMemoryWarning, MonitorConfig, RSSMonitor
 from energon_pack.offline import (
     OfflinePackResult,
@@ -53,6 +60,7 @@ __all__ = [
     "MRopeConfig",
     "MediaConfig",
     "MediaError",
+    "ModelFamily",
     "MonitorConfig",
     "OfflinePackResult",
     "OnlineBinPacker",
@@ -85,6 +93,7 @@ __all__ = [
     "hf_model_inputs",
     "loss_normaliser",
     "make_encoder",
+    "model_family",
     "mrope_for_packed",
     "mrope_position_ids",
     "normalize_pixels",
@@ -97,5 +106,6 @@ __all__ = [
     "parse_sample",
     "unpack",
     "vision_block",
+    "vision_tokens",
 ]
 __version__ = "0.1.0"

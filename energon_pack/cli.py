@@ -26,6 +26,7 @@ import yaml
 from tqdm import tqdm
 
 from energon_pack.binpack import OnlineBinPacker, best_fit_decreasing, groups_fill
+from energon_pack.family import model_family
 from energon_pack.memory import (
     MB,
     SUMMARY_HEADERS,
@@ -160,6 +161,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+_FAMILY_HELP = (
+    "model family preset (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, ...) or a "
+    "model directory with its processor JSON files: the media settings to use"
+)
+
 # check-config flags: (flag, PackingConfig field, type); type None marks an on/off flag.
 _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], int] | type[str] | None], ...] = (
     ("--seq-length", "seq_length", _positive_int),
@@ -207,8 +213,29 @@ def _load_config(args: argparse.Namespace) -> PackingConfig:
     return PackingConfig.from_mapping(settings)
 
 
+def _family_rows(source: str) -> list[list[object]]:
+    """The settings of a model family preset (a bad name or directory raises ValueError)."""
+    family = model_family(source)
+    media = family.media
+    return [
+        ["model family", f"{family.name} (rope rule {family.rope})"],
+        [
+            "patch / merge / temporal",
+            f"{media.patch_size} / {media.merge_size} / {media.temporal_patch_size}",
+        ],
+        ["image pixels", f"{media.min_pixels:,} - {media.max_pixels:,}"],
+        [
+            "video rule",
+            f"{media.video_rule}, {media.video_fps:g} fps, frames "
+            f"{media.video_min_frames}-{media.video_max_frames}",
+        ],
+        ["video pixels", f"{media.video_min_pixels:,} - {media.video_total_pixels:,} (total)"],
+    ]
+
+
 def _cmd_check_config(args: argparse.Namespace) -> int:
     config = _load_config(args)
+    family = _family_rows(args.family) if args.family else []
     derived = config.derived()
     print(
         format_table(
@@ -218,6 +245,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
                 ["pad_seq_to_mult", derived.pad_seq_to_mult],
                 ["token slots per step", f"{derived.token_slots_per_step:,}"],
                 ["micro batches per step", derived.micro_batches_per_step],
+                *family,
             ],
         )
     )
@@ -355,7 +383,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         overlong=args.overlong,
         dataset_config=args.dataset_config,
+        family=args.family,
     )
+    family = model_family(args.family) if args.family else None  # a bad one fails here, early
     # Forked loader workers use the tokenizer after the main process did: no Rust thread pool.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tokenizer = describe_tokenizer(settings.tokenizer)
@@ -377,7 +407,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     print(
         f"\n{dataset}: seq_length {settings.seq_length}, {settings.num_workers} workers, "
         f"{settings.pixel_dtype} pixels, tokenizer {tokenizer['name']} ({tokenizer['class']}, "
-        f"{tokenizer['vocab_size']} tokens), overlong samples: {settings.overlong}"
+        f"{tokenizer['vocab_size']} tokens), overlong samples: {settings.overlong}, "
+        f"model family: {family.name if family else 'none (MediaConfig defaults)'}"
     )
     print(format_table(TUNE_HEADERS, [tune_row(r) for r in results]))
     if any(r.skipped for r in results):
@@ -488,6 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
             )
         else:
             check.add_argument(flag, dest=field, type=kind, metavar="N", help=f"sets {field}")
+    check.add_argument("--family", metavar="NAME|DIR", help=_FAMILY_HELP)
     check.set_defaults(run=_cmd_check_config)
 
     offline = commands.add_parser(
@@ -607,6 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the dataset's description file in .nv-meta (default: dataset.yaml), e.g. "
         "crude.yaml to read a Megatron-Bridge ChatMLWebdataset's shards without Bridge",
     )
+    tune.add_argument("--family", metavar="NAME|DIR", help=_FAMILY_HELP)
     tune.add_argument("--out", default="tune-out", help="directory for JSON, plots, reports")
     tune.set_defaults(run=_cmd_tune)
 

@@ -34,6 +34,7 @@ import torch
 from energon_pack.binpack import OVERLONG_FIX, fewest_bins
 from energon_pack.checks import check_choice, check_config, check_type
 from energon_pack.encode import ConversationEncoder, SampleEncoder
+from energon_pack.family import ModelFamily, family_media, model_family
 from energon_pack.formats.chat_rows import is_chat_row
 from energon_pack.formats.trainer_rows import check_media_columns, row_key, unreadable_item
 from energon_pack.hf import HFTarget, batch_model_inputs, check_position_ids
@@ -173,8 +174,12 @@ class VLMPackingCollator:
         layout: the row layout as one object, instead of the settings above.
         encoder: encodes raw samples and gives the media preprocessing used to decode; it must be
             the encoder (tokenizer) that produced any :class:`EncodedSample` given directly.
-            Default: ``ConversationEncoder()``; for an HF tokenizer with a chat template pass
-            ``make_encoder(tokenizer)`` (:class:`~energon_pack.TemplateEncoder`).
+            Default: ``ConversationEncoder()`` (with ``family``: with the family's media); for an
+            HF tokenizer with a chat template pass ``make_encoder(tokenizer)``
+            (:class:`~energon_pack.TemplateEncoder`).
+        family: a model family preset, its name, a model directory or a transformers
+            model/config (:func:`~energon_pack.family.model_family`); the encoder's media
+            settings must fit it (:func:`~energon_pack.family.family_media`).
         overlong: a sample longer than ``seq_length`` (after alignment): ``"error"`` raises,
             ``"skip"`` skips it, ``"truncate"`` cuts text tokens after its last vision block
             (all media kept); if the cut would enter a vision block the sample is skipped.
@@ -207,6 +212,7 @@ class VLMPackingCollator:
         pad_token_id: int | None = None,
         layout: RowLayout | None = None,
         encoder: SampleEncoder | None = None,
+        family: ModelFamily | str | Any = None,
         overlong: OverlongPolicy = "error",
         on_media_error: OnMediaError = "error",
         position_ids: PositionIds = "1d",
@@ -234,7 +240,11 @@ class VLMPackingCollator:
             "an encoder",
             fix="pass encoder=make_encoder(tokenizer) or ConversationEncoder(...)",
         )
-        self.encoder = encoder if encoder is not None else ConversationEncoder()
+        self.family = None if family is None else model_family(family)
+        if encoder is None:
+            encoder = ConversationEncoder(media=family_media(self.family, None))
+        family_media(self.family, encoder.media)  # the encoder's media must fit the family
+        self.encoder = encoder
         tokenizer = self.encoder.tokenizer
         if layout is None:
             if seq_length is None:
@@ -252,11 +262,17 @@ class VLMPackingCollator:
         self.layout = layout
         self.overlong: OverlongPolicy = overlong
         self.on_media_error: OnMediaError = on_media_error
-        self.mrope = mrope_setting(position_ids, mrope, tokenizer)
+        self.mrope = mrope_setting(position_ids, mrope, tokenizer, self.family)
         self._vision_end = tokenizer.convert_tokens_to_ids("<|vision_end|>")
         self.output: Output = output
         self.hf_target = HFTarget.of(hf_model)
         check_position_ids(self.hf_target, mrope=self.mrope is not None)
+        if output == "hf" and self.family is not None and self.mrope is None:
+            raise ValueError(
+                f"output='hf' with family={self.family.name!r} and position_ids='1d': the "
+                "family's transformers models take mRoPE positions, so 1-D ones train on "
+                "wrong positions; pass position_ids='mrope'"
+            )
         self.loss_segments = loss_segments
         self._warned_single = False
 

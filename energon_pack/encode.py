@@ -4,21 +4,20 @@
 check); :class:`ConversationEncoder` is the hand-written ChatML (Qwen) encoder, and
 :class:`~energon_pack.template_encoder.TemplateEncoder` the one driven by a tokenizer's chat
 template. Each turns a conversation and its media members into an :class:`EncodedSample`: token
-ids with every medium expanded by one hook, :func:`vision_block` by default
-(``<|vision_start|>`` + N pad tokens + ``<|vision_end|>``, N taken from the media *probe*, header
+ids with every medium expanded by one hook, :func:`~energon_pack.media.vision_tokens` by default
+(``<|vision_start|>`` + N pad tokens + ``<|vision_end|>``; a timestamped video: one such block per
+temporal patch), N taken from the media *probe* (header
 only). The media stay compressed bytes until :meth:`EncodedSample.materialize` decodes and
 patchifies them, which the packers call only for samples they selected.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
@@ -36,10 +35,12 @@ from energon_pack.media import (
     MediaConfig,
     MediaError,
     MediaItem,
+    VisionIds,
     check_media_count,
     probe_frames,
     probe_image,
     probe_video,
+    vision_tokens,
 )
 from energon_pack.packed import EncodedSample
 
@@ -165,41 +166,9 @@ def template_system_prompt(tokenizer: object) -> str | None:
     return text[len(head) : text.index("<|im_end|>")]
 
 
-@dataclass(frozen=True)
-class VisionIds:
-    """The ids of a tokenizer's vision tokens."""
-
-    start: int
-    end: int
-    image_pad: int
-    video_pad: int
-
-    @classmethod
-    def of(cls, tokenizer: Tokenizer) -> VisionIds:
-        """The ids ``tokenizer`` gives ``<|vision_start|>``, ``<|vision_end|>`` and the pads."""
-        ids = tokenizer.convert_tokens_to_ids
-        return cls(
-            ids("<|vision_start|>"),
-            ids("<|vision_end|>"),
-            ids("<|image_pad|>"),
-            ids("<|video_pad|>"),
-        )
-
-    def pad(self, kind: Literal["image", "video"]) -> int:
-        """The pad id of a medium of ``kind``."""
-        return self.image_pad if kind == "image" else self.video_pad
-
-
 MediaBlock = Callable[[MediaItem], list[int]]
 """The hook that expands one medium into its ids (the ``<|vision_start|><|X_pad|><|vision_end|>``
 block a template renders is replaced by them)."""
-
-
-def vision_block(item: MediaItem, ids: VisionIds) -> list[int]:
-    """Qwen2-VL / Qwen2.5-VL processors' expansion of one medium: ``<|vision_start|>``, one pad
-    per merged patch (``item.tokens`` = ``t*h*w / merge_size**2`` of the probed grid),
-    ``<|vision_end|>``."""
-    return [ids.start, *[ids.pad(item.kind)] * item.tokens, ids.end]
 
 
 class SampleEncoder(ABC):
@@ -213,7 +182,8 @@ class SampleEncoder(ABC):
             plain text (placeholders in it are not media).
         loss_on: ``"assistant"`` or ``"all"``.
         media_block: the hook that expands one medium into its ids (default
-            :func:`vision_block`); picklable when the encoder goes to loader workers.
+            :func:`~energon_pack.media.vision_tokens`); picklable when the encoder goes to
+            loader workers.
     """
 
     def __init__(
@@ -232,7 +202,8 @@ class SampleEncoder(ABC):
         if media_block is not None and not callable(media_block):
             raise ValueError(
                 f"media_block must be a function of a MediaItem giving its ids, got "
-                f"{type(media_block).__name__}; pass e.g. None for vision_block"
+                f"{type(media_block).__name__}; pass None for the processor's own expansion "
+                "(vision_tokens)"
             )
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.media = media or MediaConfig()
@@ -240,9 +211,7 @@ class SampleEncoder(ABC):
         self.loss_on: LossOn = loss_on
         self.vision_ids = VisionIds.of(self.tokenizer)
         self.media_block: MediaBlock = (
-            media_block
-            if media_block is not None
-            else functools.partial(vision_block, ids=self.vision_ids)
+            media_block if media_block is not None else self._vision_tokens
         )
 
     def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
@@ -291,6 +260,10 @@ class SampleEncoder(ABC):
     def _text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def _vision_tokens(self, item: MediaItem) -> list[int]:
+        """The default :attr:`media_block`: :func:`~energon_pack.media.vision_tokens`."""
+        return vision_tokens(item, self.vision_ids, self._text, self.media)
+
     def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
         """The sample's chat messages (derived from its turns when it was built from turns
         only), after checking that their media parts take its media one to one."""
@@ -306,13 +279,29 @@ class SampleEncoder(ABC):
         self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
     ) -> MediaItem:
         if isinstance(data, Frames):
-            grid, tokens, seconds = probe_frames(data, kind, self.media, key=key, member=member)
-            return MediaItem(member, kind, data, grid, tokens, seconds)
+            plan = probe_frames(data, kind, self.media, key=key, member=member)
+            return MediaItem(
+                member,
+                kind,
+                data,
+                plan.grid_thw,
+                plan.tokens,
+                plan.second_per_grid_t,
+                plan.timestamps,
+            )
         if kind == "image":
             probe = probe_image(data, self.media, key=key, member=member)
             return MediaItem(member, kind, data, probe.grid_thw, probe.tokens)
         video = probe_video(data, self.media, key=key, member=member)
-        return MediaItem(member, kind, data, video.grid_thw, video.tokens, video.second_per_grid_t)
+        return MediaItem(
+            member,
+            kind,
+            data,
+            video.grid_thw,
+            video.tokens,
+            video.second_per_grid_t,
+            video.timestamps,
+        )
 
 
 class ConversationEncoder(SampleEncoder):

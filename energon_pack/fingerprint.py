@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from energon_pack.encode import Tokenizer
+from energon_pack.family import ModelFamily
 
 _UNSET = "<unset>"
 
@@ -28,6 +29,16 @@ def tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
         "vocab_size": size if _is_int(size) else None,
         "name_or_path": name if isinstance(name, str) else None,
         "pad_token_id": pad if _is_int(pad) else 0,
+    }
+
+
+def family_identity(family: ModelFamily) -> dict[str, Any]:
+    """What identifies a model family preset's rules: name, rope rule, ``tokens_per_second``
+    (its media settings are recorded with the media)."""
+    return {
+        "name": family.name,
+        "rope": family.rope,
+        "tokens_per_second": family.tokens_per_second,
     }
 
 

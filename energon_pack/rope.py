@@ -147,12 +147,32 @@ class MRopeConfig:
 PositionIds = Literal["1d", "mrope"]
 
 
+class _MergeSize(Protocol):
+    @property
+    def merge_size(self) -> int: ...
+
+
+class _RopeFamily(Protocol):
+    """What the position code reads of a model family (:class:`~energon_pack.ModelFamily`)."""
+
+    @property
+    def rope(self) -> MRopeRule: ...
+    @property
+    def tokens_per_second(self) -> float | None: ...
+    @property
+    def media(self) -> _MergeSize: ...
+
+
 def mrope_setting(
-    position_ids: PositionIds, mrope: MRopeConfig | None, tokenizer: _SpecialTokens
+    position_ids: PositionIds,
+    mrope: MRopeConfig | None,
+    tokenizer: _SpecialTokens,
+    family: _RopeFamily | None = None,
 ) -> MRopeConfig | None:
     """The mRoPE config a packer uses for its ``position_ids`` option (None for ``"1d"``):
-    ``mrope`` if given, else Qwen2-VL behaviour with the tokenizer's special-token ids. An
-    ``mrope`` given with ``"1d"`` is a ValueError (it would be ignored)."""
+    ``mrope`` if given, else the ``family``'s rule (its ``rope``, ``tokens_per_second`` and
+    merge size), else Qwen2-VL behaviour, with the tokenizer's special-token ids. An ``mrope``
+    given with ``"1d"`` is a ValueError (it would be ignored)."""
     if position_ids not in ("1d", "mrope"):
         raise ValueError(f"position_ids must be '1d' or 'mrope', got {position_ids!r}")
     if position_ids == "1d":
@@ -163,7 +183,16 @@ def mrope_setting(
                 "position_ids='mrope' (or leave mrope unset for a text model)"
             )
         return None
-    return mrope or MRopeConfig.from_tokenizer(tokenizer)
+    if mrope is not None:
+        return mrope
+    if family is None:
+        return MRopeConfig.from_tokenizer(tokenizer)
+    return MRopeConfig.from_tokenizer(
+        tokenizer,
+        tokens_per_second=family.tokens_per_second,
+        spatial_merge_size=family.media.merge_size,
+        rule=family.rope,
+    )
 
 
 def mrope_position_ids(

@@ -15,12 +15,13 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from energon_pack.binpack import Overlong
 from energon_pack.encode import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
+from energon_pack.family import model_family
 from energon_pack.media import MediaConfig, PixelDtype
 from energon_pack.memory import MB, MonitorConfig, load_report, summarize
 from energon_pack.packed import Decode
@@ -45,6 +46,9 @@ class TuneSettings:
     """Samples longer than ``seq_length``: count and skip them, or stop with an error."""
     dataset_config: str | None = None
     """The dataset's description file in ``.nv-meta`` (None: Energon's ``dataset.yaml``)."""
+    family: str | None = None
+    """A model family preset name or model directory (:func:`~energon_pack.model_family`)
+    whose media settings the runs use (None: ``MediaConfig`` defaults)."""
 
 
 @dataclass(frozen=True)
@@ -187,11 +191,14 @@ def run_once(
 
     from energon_pack.energon import PackingStats, PackingTaskEncoder
 
+    family = model_family(settings.family) if settings.family else None
+    base_media = family.media if family is not None else MediaConfig()
     encoder = PackingTaskEncoder(
         load_tokenizer(settings.tokenizer) if settings.tokenizer else None,
         seq_length=settings.seq_length,
         pad_to_multiple_of=settings.pad_to_multiple_of,
-        media=MediaConfig(pixel_dtype=settings.pixel_dtype),
+        media=replace(base_media, pixel_dtype=settings.pixel_dtype),
+        family=family,
         overlong=settings.overlong,
         decode=decode,
         monitor=MonitorConfig(report_dir=str(report_dir), every_samples=4, every_seconds=0.25),

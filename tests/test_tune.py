@@ -241,3 +241,19 @@ def test_tune_reads_a_bridge_dataset_through_another_description(tmp_path: Path)
     assert result["samples"] == 12
     assert result["skipped"] == {}
     assert result["unaccounted"] == 0
+
+
+def test_tune_takes_a_model_family(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--family`` gives the runs the family's media settings (recorded), a bad one fails
+    before any run."""
+    args = tune(dataset, tmp_path, "--family", "qwen3_vl", "--num-workers", "0")
+    args[args.index("--buffer-sizes") + 1] = "8"
+    assert main(args) == 0
+    report = json.loads((tmp_path / "tune.json").read_text())
+    assert report["settings"]["family"] == "qwen3_vl"
+    assert "model family: qwen3_vl" in capsys.readouterr().out
+    args[args.index("--family") + 1] = "qwen9"
+    assert main(args) == 2
+    assert "unknown model family 'qwen9'" in capsys.readouterr().err

@@ -34,7 +34,8 @@ from energon_pack.checks import check_choice, check_config, check_int, check_num
 from energon_pack.collate import PackingWarning
 from energon_pack.encode import LossOn, Tokenizer
 from energon_pack.energon.carry_over import CarryOverPackingDataset, PackingStats, RejectedSample
-from energon_pack.fingerprint import tokenizer_identity
+from energon_pack.family import ModelFamily, family_media, model_family
+from energon_pack.fingerprint import family_identity, tokenizer_identity
 from energon_pack.formats.energon_types import (
     MediaKeepingDecoder,
     keep_media_compressed,
@@ -63,6 +64,14 @@ Output = Literal["batch", "bridge"]
 
 # How media are decoded, not what they decode to: free to change between save and restore.
 _DECODE_RUNTIME_FIELDS = frozenset({"decode_isolation", "decode_timeout_s"})
+# Media settings added after states were first saved, with the behaviour before them: recorded
+# only when they differ from it, so that a state saved before them still restores.
+_ADDED_LATER: dict[str, object] = {
+    "video_rule": "qwen2_vl",
+    "video_outer_block": False,
+    "video_frames_fps": None,
+}
+_RECORD = object()
 
 
 @edataclass
@@ -190,6 +199,9 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         pad_to_multiple_of: each segment is padded to this multiple (``pad_seq_to_mult``).
         pad_to_max_length: rows of exactly ``seq_length`` tokens.
         media: image/video preprocessing and limits.
+        family: a model family preset, its name, a model directory or a transformers
+            model/config (:func:`~energon_pack.family.model_family`): its media settings are
+            used (or checked against ``media``) and it is recorded in the saved state.
         overlong: ``"error"`` raises for a sample longer than ``seq_length``; ``"skip"``
             counts it in ``packing_stats.skipped["overlong"]`` and logs its key.
         max_wait: most packs a sample may wait in the buffer (None: unbounded).
@@ -228,6 +240,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         pad_to_multiple_of: int = 1,
         pad_to_max_length: bool = False,
         media: MediaConfig | None = None,
+        family: ModelFamily | str | Any = None,
         overlong: Overlong = "error",
         max_wait: int | None = 64,
         packing_buffer_bytes: int | None = None,
@@ -265,7 +278,8 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             minimum=0,
             fix="pass e.g. max_consecutive_skips=100, or 0 to never stop",
         )
-        self.media = media or MediaConfig()
+        self.family = None if family is None else model_family(family)
+        self.media = family_media(self.family, media) or MediaConfig()
         if output == "bridge" and self.media.pixel_dtype == "uint8":
             raise ValueError(
                 "output='bridge' with MediaConfig(pixel_dtype='uint8'): Megatron-Bridge's "
@@ -293,7 +307,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         self.max_consecutive_skips = max_consecutive_skips
         self.decode: Decode = decode
         self.monitor = monitor
-        self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer)
+        self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer, self.family)
         self.packer_options: dict[str, Any] = {
             "align": self.layout.pad_to_multiple_of,
             "max_wait": max_wait,
@@ -326,7 +340,9 @@ class PackingTaskEncoder(DefaultTaskEncoder):
                 f.name: getattr(self.media, f.name)
                 for f in dataclasses.fields(self.media)
                 if f.name not in _DECODE_RUNTIME_FIELDS
+                and _ADDED_LATER.get(f.name, _RECORD) != getattr(self.media, f.name)
             },
+            **({} if self.family is None else {"family": family_identity(self.family)}),
             "tokenizer": tokenizer_identity(self.encoder.tokenizer),
             **self.encoder.settings(),
             "position_ids": "1d" if self.mrope is None else "mrope",

@@ -1,4 +1,4 @@
-"""Qwen2-VL-style image and video preprocessing with header-only probing, by concern.
+"""Qwen-VL image and video preprocessing with header-only probing, by concern.
 
 * :mod:`~energon_pack.media.config`: settings, limits, probe results, sizing rules (no torch);
 * :mod:`~energon_pack.media.errors`: :class:`MediaError` and the boundary that names a sample
@@ -7,10 +7,13 @@
   the decoder process);
 * :mod:`~energon_pack.media.guard`: the decoder process that turns native crashes and hangs
   into a :class:`MediaError`;
+* :mod:`~energon_pack.media.sampling`: the video rules (``MediaConfig.video_rule``): sampled
+  frames, grid, timestamps (no torch);
 * :mod:`~energon_pack.media.probe`: grids and token counts from headers, :class:`Frames`;
 * :mod:`~energon_pack.media.pixels`: patches, normalisation, :func:`normalize_pixels`;
 * :mod:`~energon_pack.media.assembly`: a pack's media (:func:`decode_vision`,
-  :class:`VisionInputs`).
+  :class:`VisionInputs`);
+* :mod:`~energon_pack.media.tokens`: a medium's vision tokens (:func:`vision_tokens`).
 
 Probing (:func:`probe_image`, :func:`probe_video`) reads only the container/image header and
 returns the patch grid and the token count, so a packing buffer can hold compressed bytes and
@@ -41,12 +44,19 @@ from energon_pack.media.errors import MediaError, MediaErrorKind
 from energon_pack.media.pixels import normalize_pixels, process_frames, process_image, process_video
 from energon_pack.media.probe import (
     Frames,
+    FramesPlan,
     check_media_count,
     image_frames,
     media_kind,
     probe_frames,
     probe_image,
     probe_video,
+)
+from energon_pack.media.tokens import (
+    VisionIds,
+    timestamp_text,
+    vision_block,
+    vision_tokens,
 )
 
 __all__ = [
@@ -55,6 +65,7 @@ __all__ = [
     "OPENAI_CLIP_STD",
     "VIDEO_EXTENSIONS",
     "Frames",
+    "FramesPlan",
     "ImageProbe",
     "MediaConfig",
     "MediaError",
@@ -63,6 +74,7 @@ __all__ = [
     "MediaItem",
     "PixelDtype",
     "VideoProbe",
+    "VisionIds",
     "VisionInputs",
     "check_media_count",
     "decode_vision",
@@ -79,4 +91,7 @@ __all__ = [
     "process_video",
     "smart_resize",
     "tensor_nbytes",
+    "timestamp_text",
+    "vision_block",
+    "vision_tokens",
 ]

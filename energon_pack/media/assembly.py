@@ -66,6 +66,9 @@ class MediaItem:
     tokens: int
     second_per_grid_t: float | None = None
     """Seconds covered by one temporal patch (videos only)."""
+    timestamps: tuple[float, ...] | None = None
+    """Seconds written before each temporal patch's vision block (``video_rule="qwen3_vl"``);
+    None: the medium is one block (see :func:`energon_pack.media.vision_tokens`)."""
 
     @property
     def nbytes(self) -> int:

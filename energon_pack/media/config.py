@@ -25,13 +25,16 @@ __all__ = [
     "PIXEL_DTYPES",
     "RESCALE_FACTOR",
     "VIDEO_EXTENSIONS",
+    "VIDEO_RULES",
     "ImageProbe",
     "Isolation",
     "MediaConfig",
     "PixelDtype",
     "VideoProbe",
+    "VideoRuleName",
     "image_grid",
     "smart_resize",
+    "smart_resize_video",
     "token_count",
     "video_grid",
 ]
@@ -48,6 +51,9 @@ Isolation = Literal["process", "off"]
 """``"process"``: native decoding in the helper process; ``"off"``: in the calling process."""
 PixelDtype = Literal["float32", "uint8"]
 PIXEL_DTYPES: tuple[PixelDtype, ...] = ("float32", "uint8")
+VideoRuleName = Literal["qwen2_vl", "qwen3_vl"]
+"""How videos are sampled, sized and laid out in tokens (:mod:`energon_pack.media.sampling`)."""
+VIDEO_RULES: tuple[VideoRuleName, ...] = ("qwen2_vl", "qwen3_vl")
 _INT_FIELDS = (
     "patch_size",
     "merge_size",
@@ -77,6 +83,16 @@ class MediaConfig:
     ``temporal_patch_size``) and each frame is resized within ``[video_min_pixels,
     video_max_pixels]``, further capped so that all frames together stay under
     ``video_total_pixels`` (``Qwen2VLVideoProcessor`` with ``cap_pixels_per_frame=True``).
+    That is ``video_rule="qwen2_vl"``. With ``video_rule="qwen3_vl"`` (``Qwen3VLVideoProcessor``)
+    ``int(frames / fps * video_fps)`` frames are sampled, clamped to ``[video_min_frames,
+    video_max_frames]`` and to the clip's frame count, spread evenly over the clip
+    (``linspace(0, frames - 1, n)`` rounded), an odd count padded with the last frame; all
+    frames together are resized within ``[video_min_pixels, video_total_pixels]`` counted over
+    ``t*h*w`` (``video_max_pixels`` is not used), and each temporal patch is its own vision block
+    preceded by its timestamp text (:mod:`energon_pack.media.tokens`), as transformers 4.57
+    writes it; ``video_outer_block=True`` keeps transformers 5.x's outer ``<|vision_start|>`` /
+    ``<|vision_end|>`` pair around those blocks. A model family preset
+    (:func:`energon_pack.family.model_family`) sets all of these for its checkpoints.
     Limits reject a sample before decoding: ``max_image_pixels`` (decoded-size bomb guard, also
     applied to video frames), ``max_images_per_sample``, ``max_video_source_frames`` and
     ``max_video_seconds``.
@@ -111,6 +127,9 @@ class MediaConfig:
     max_video_source_frames: int = 64 * 1024
     max_video_seconds: float = 3600.0
     pixel_dtype: PixelDtype = "float32"
+    video_rule: VideoRuleName = "qwen2_vl"
+    video_outer_block: bool = False
+    video_frames_fps: float | None = None
     decode_isolation: Isolation = "process"
     decode_timeout_s: float = 60.0
     max_json_bytes: int = 16 * 2**20
@@ -144,6 +163,23 @@ class MediaConfig:
             fix="pass the (R, G, B) standard deviations of the model's processor, e.g. "
             "OPENAI_CLIP_STD (pixels are divided by them)",
         )
+        if self.video_rule not in VIDEO_RULES:
+            raise ValueError(
+                f"MediaConfig.video_rule must be one of {list(VIDEO_RULES)}, got "
+                f"{self.video_rule!r}; use a model family preset "
+                "(energon_pack.model_family(...).media) to get the rule of a checkpoint"
+            )
+        if not isinstance(self.video_outer_block, bool):
+            raise ValueError(
+                f"MediaConfig.video_outer_block must be True or False, got "
+                f"{self.video_outer_block!r}; True writes transformers 5.x's Qwen3-VL video form"
+            )
+        if self.video_frames_fps is not None:
+            check_number(
+                "MediaConfig.video_frames_fps",
+                self.video_frames_fps,
+                fix="pass the rate decoded frames were sampled at (e.g. 2.0), or None",
+            )
         if self.decode_isolation not in ("process", "off"):
             raise ValueError(
                 f"MediaConfig.decode_isolation must be 'process' or 'off', got "
@@ -201,8 +237,11 @@ class ImageProbe:
 class VideoProbe:
     """Metadata facts of a video: source and sampled frames, grid ``(t, h, w)``, token count.
 
-    ``frames`` is the sampled frame count (a multiple of ``temporal_patch_size``), ``fps`` the
-    source average frame rate, ``second_per_grid_t`` the seconds covered by one temporal patch.
+    ``frames`` is the sampled frame count, ``frame_indices`` the source frames decoded (the
+    last repeated up to a multiple of ``temporal_patch_size``), ``fps`` the source average
+    frame rate, ``second_per_grid_t`` the seconds covered by one temporal patch; ``tokens`` counts
+    the pad tokens. ``timestamps`` (``video_rule="qwen3_vl"``) are the seconds written before
+    each temporal patch's block, None where the video is one block.
     """
 
     frames: int
@@ -214,6 +253,8 @@ class VideoProbe:
     source_frames: int
     duration: float
     second_per_grid_t: float
+    frame_indices: tuple[int, ...] = ()
+    timestamps: tuple[float, ...] | None = None
 
 
 def smart_resize(
@@ -243,6 +284,47 @@ def smart_resize(
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
     elif h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def smart_resize_video(
+    frames: int,
+    height: int,
+    width: int,
+    *,
+    temporal_factor: int,
+    factor: int,
+    min_pixels: int,
+    max_pixels: int,
+) -> tuple[int, int]:
+    """Qwen3-VL video target ``(height, width)``: multiples of ``factor`` with
+    ``frames * height * width`` within the pixel bounds (``frames`` rounded to a multiple of
+    ``temporal_factor`` for the check, as transformers' Qwen3-VL ``smart_resize`` does; sides
+    below ``factor`` are scaled up first). Raises ``ValueError`` for fewer frames than
+    ``temporal_factor``, non-positive sizes or an aspect ratio above 200."""
+    if frames < temporal_factor:
+        raise ValueError(f"{frames} frames; the rule needs at least {temporal_factor}")
+    if height <= 0 or width <= 0:
+        raise ValueError(f"frame size must be positive, got height={height}, width={width}")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(
+            "absolute aspect ratio must be smaller than 200, got "
+            f"{max(height, width) / min(height, width)}"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar

@@ -22,9 +22,10 @@ import decord
 import numpy as np
 from PIL import ExifTags, Image, UnidentifiedImageError
 
-from energon_pack.media.config import MediaConfig, VideoProbe, image_grid, token_count, video_grid
+from energon_pack.media.config import MediaConfig, VideoProbe, image_grid, token_count
 from energon_pack.media.errors import MediaFailure, medium_label
 from energon_pack.media.guard import Alloc, UInt8Array
+from energon_pack.media.sampling import padded, video_rule
 
 __all__ = [
     "IMAGE_FORMATS",
@@ -101,9 +102,8 @@ def decode_video_levels(
     reader = _open_video(data)
     width, height = _video_size(reader, data)
     plan = _video_plan(reader, width, height, cfg)
-    indices = _sample_indices(plan.source_frames, plan.frames)
     try:
-        batch = _as_numpy(reader.get_batch(indices))
+        batch = _as_numpy(reader.get_batch(list(plan.frame_indices)))
     except MemoryError:
         raise
     except Exception as exc:  # decord raises its own DECORDError and RuntimeErrors
@@ -283,11 +283,11 @@ def _video_plan(reader: Any, width: int, height: int, cfg: MediaConfig) -> Video
             "too_large",
             f"frames of {width}x{height} pixels exceed max_image_pixels={cfg.max_image_pixels}",
         )
-    frames = _num_frames(total, fps, cfg)
-    grid = video_grid(height, width, frames, cfg)
-    sampled_fps = frames / duration
+    rule = video_rule(cfg)
+    sampled = rule.sample(total, fps, cfg)
+    grid = rule.grid(height, width, len(sampled), cfg)
     return VideoProbe(
-        frames=frames,
+        frames=len(sampled),
         fps=fps,
         width=width,
         height=height,
@@ -295,20 +295,10 @@ def _video_plan(reader: Any, width: int, height: int, cfg: MediaConfig) -> Video
         tokens=token_count(grid, cfg),
         source_frames=total,
         duration=duration,
-        second_per_grid_t=cfg.temporal_patch_size / sampled_fps,
+        second_per_grid_t=cfg.temporal_patch_size / (len(sampled) / duration),
+        frame_indices=tuple(padded(sampled, cfg)),
+        timestamps=rule.timestamps(sampled, fps, cfg),
     )
-
-
-def _num_frames(total: int, fps: float, cfg: MediaConfig) -> int:
-    """Frames to sample (Qwen2-VL rule), at least one temporal patch (short clips repeat)."""
-    tp = cfg.temporal_patch_size
-    cap = math.floor(min(cfg.video_max_frames, total) / tp) * tp
-    wanted = min(max(total / fps * cfg.video_fps, cfg.video_min_frames), cap, total)
-    return max(tp, math.floor(wanted / tp) * tp)
-
-
-def _sample_indices(total: int, frames: int) -> list[int]:
-    return [i * total // frames for i in range(frames)]
 
 
 def _mp4_video_size(data: bytes) -> tuple[int, int] | None:

@@ -142,7 +142,7 @@ def frames_patches(
     frames: Frames, kind: Literal["image", "video"], cfg: MediaConfig, out: torch.Tensor | None
 ) -> torch.Tensor:
     """:func:`process_frames`, its failures not yet named."""
-    (gt, gh, gw), _, _ = frames_plan(frames, kind, cfg)
+    gt, gh, gw = frames_plan(frames, kind, cfg).grid_thw
     resized = resized_frames(frames.array(), (gw * cfg.patch_size, gh * cfg.patch_size))
     wanted = gt * cfg.temporal_patch_size
     if 1 < len(resized) < wanted:  # a clip padded with its last frame (a still is repeated)

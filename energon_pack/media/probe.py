@@ -23,7 +23,6 @@ from energon_pack.media.config import (
     VideoProbe,
     image_grid,
     token_count,
-    video_grid,
 )
 from energon_pack.media.decode import (
     displayed_size,
@@ -34,9 +33,11 @@ from energon_pack.media.decode import (
 )
 from energon_pack.media.errors import MediaError, MediaFailure, media_errors, naming
 from energon_pack.media.guard import guarded
+from energon_pack.media.sampling import video_rule
 
 __all__ = [
     "Frames",
+    "FramesPlan",
     "check_media_count",
     "frames_plan",
     "image_frames",
@@ -118,18 +119,21 @@ class Frames:
     """Already decoded RGB pixels of one image or video: ``[T, H, W, 3]`` uint8 as raw bytes.
 
     An image is one frame. Kept as bytes (not patches) until a pack is chosen, like a
-    compressed member; :func:`probe_frames` reads only the shape.
+    compressed member; :func:`probe_frames` reads only the shape. ``fps`` is the rate the
+    frames of a video were sampled at (they are all used); a rule that writes timestamps
+    (``video_rule="qwen3_vl"``) needs it, others take ``MediaConfig.video_fps``.
     """
 
     data: bytes
     shape: tuple[int, int, int, int]
+    fps: float | None = None
 
     @classmethod
-    def from_array(cls, array: np.ndarray[Any, Any]) -> Frames:
-        """From a ``[T, H, W, 3]`` uint8 array (copied into bytes)."""
+    def from_array(cls, array: np.ndarray[Any, Any], fps: float | None = None) -> Frames:
+        """From a ``[T, H, W, 3]`` uint8 array (copied into bytes), sampled at ``fps``."""
         frames = np.ascontiguousarray(array, dtype=np.uint8)
         t, h, w, c = frames.shape
-        return cls(frames.tobytes(), (t, h, w, c))
+        return cls(frames.tobytes(), (t, h, w, c), fps)
 
     def array(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """The ``[T, H, W, 3]`` uint8 view of :attr:`data`."""
@@ -152,20 +156,31 @@ def probe_frames(
     *,
     key: str = "?",
     member: str = "?",
-) -> tuple[tuple[int, int, int], int, float | None]:
-    """Grid ``(t, h, w)``, token count and (videos) seconds per temporal patch of decoded frames.
+) -> FramesPlan:
+    """Grid ``(t, h, w)``, token count, seconds per temporal patch and timestamps of decoded
+    frames.
 
     An image is sized like :func:`probe_image`. A video's frames are taken as already sampled
     (all are used; the last is repeated up to a multiple of ``temporal_patch_size``, as
-    transformers does) at ``video_fps``, each sized like :func:`probe_video` sizes frames.
+    transformers does) at ``frames.fps`` (else ``video_frames_fps``, else ``video_fps``, which
+    a rule with timestamps refuses), sized and timed by the
+    config's video rule (:mod:`energon_pack.media.sampling`) as :func:`probe_video` does.
     """
     with naming(key, member):
         return frames_plan(frames, kind, config or DEFAULT_CONFIG)
 
 
-def frames_plan(
-    frames: Frames, kind: Literal["image", "video"], cfg: MediaConfig
-) -> tuple[tuple[int, int, int], int, float | None]:
+@dataclass(frozen=True)
+class FramesPlan:
+    """What :func:`probe_frames` tells of decoded frames (the last two for videos only)."""
+
+    grid_thw: tuple[int, int, int]
+    tokens: int
+    second_per_grid_t: float | None = None
+    timestamps: tuple[float, ...] | None = None
+
+
+def frames_plan(frames: Frames, kind: Literal["image", "video"], cfg: MediaConfig) -> FramesPlan:
     """:func:`probe_frames`, its failures not yet named."""
     count, height, width, channels = frames.shape
     if channels != 3 or min(frames.shape) <= 0 or len(frames.data) != math.prod(frames.shape):
@@ -178,14 +193,24 @@ def frames_plan(
         if count != 1:
             raise MediaFailure("bad_sample", f"an image with {count} frames")
         grid = image_grid(height, width, cfg)
-        return grid, token_count(grid, cfg), None
+        return FramesPlan(grid, token_count(grid, cfg))
     tp = cfg.temporal_patch_size
-    used = math.ceil(count / tp) * tp
-    if used > cfg.video_max_frames:
+    if math.ceil(count / tp) * tp > cfg.video_max_frames:
         raise MediaFailure(
             "too_long",
             f"{count} frames exceed video_max_frames={cfg.video_max_frames}; sample fewer frames "
             "or raise MediaConfig.video_max_frames",
         )
-    grid = video_grid(height, width, used, cfg)
-    return grid, token_count(grid, cfg), tp / cfg.video_fps
+    rule = video_rule(cfg)
+    grid = rule.grid(height, width, count, cfg)
+    given = frames.fps if frames.fps is not None else cfg.video_frames_fps
+    fps = cfg.video_fps if given is None else given
+    timestamps = rule.timestamps(range(count), fps, cfg)
+    if timestamps is not None and given is None:
+        raise MediaFailure(
+            "bad_sample",
+            f"decoded video frames without their fps; video_rule={cfg.video_rule!r} writes "
+            "each temporal patch's timestamp, which needs it: pass Frames(..., fps=...) or "
+            "MediaConfig(video_frames_fps=...) (the rate the frames were sampled at)",
+        )
+    return FramesPlan(grid, token_count(grid, cfg), tp / fps, timestamps)

@@ -1,0 +1,84 @@
+"""A medium's vision tokens: the one place where a probed medium becomes token ids.
+
+An image, and a video without timestamps, is one block ``<|vision_start|>`` + pads +
+``<|vision_end|>``. A video with timestamps (``video_rule="qwen3_vl"``) is one block per
+temporal patch, each preceded by the text ``<{t:.1f} seconds>``, as ``Qwen3VLProcessor`` of
+transformers 4.57 (the release the Qwen3-VL checkpoints came with) writes it: the blocks replace
+the template's ``<|vision_start|><|video_pad|><|vision_end|>`` whole. transformers 5.x keeps that
+outer pair around the blocks; ``MediaConfig(video_outer_block=True)`` writes that form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from energon_pack.media.assembly import MediaItem
+from energon_pack.media.config import MediaConfig
+
+__all__ = ["VisionIds", "timestamp_text", "vision_block", "vision_tokens"]
+
+
+class _SpecialTokens(Protocol):
+    def convert_tokens_to_ids(self, token: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class VisionIds:
+    """The ids of a tokenizer's vision tokens."""
+
+    start: int
+    end: int
+    image_pad: int
+    video_pad: int
+
+    @classmethod
+    def of(cls, tokenizer: _SpecialTokens) -> VisionIds:
+        """The ids ``tokenizer`` gives ``<|vision_start|>``, ``<|vision_end|>`` and the pads."""
+        ids = tokenizer.convert_tokens_to_ids
+        return cls(
+            ids("<|vision_start|>"),
+            ids("<|vision_end|>"),
+            ids("<|image_pad|>"),
+            ids("<|video_pad|>"),
+        )
+
+    def pad(self, kind: Literal["image", "video"]) -> int:
+        """The pad id of a medium of ``kind``."""
+        return self.image_pad if kind == "image" else self.video_pad
+
+
+def vision_block(item: MediaItem, ids: VisionIds) -> list[int]:
+    """One block for the whole medium, as the Qwen2-VL / Qwen2.5-VL processors expand it:
+    ``<|vision_start|>``, one pad per merged patch (``item.tokens`` = ``t*h*w / merge_size**2``
+    of the probed grid), ``<|vision_end|>``."""
+    return [ids.start, *[ids.pad(item.kind)] * item.tokens, ids.end]
+
+
+def timestamp_text(seconds: float) -> str:
+    """The text before a temporal patch's block: ``<{seconds:.1f} seconds>``."""
+    return f"<{seconds:.1f} seconds>"
+
+
+def vision_tokens(
+    item: MediaItem, ids: VisionIds, text: Callable[[str], list[int]], cfg: MediaConfig
+) -> list[int]:
+    """The token ids of ``item``: its vision block(s) with ``t*h*w / merge_size**2`` pads in
+    all (``merge_size`` of ``cfg``), timestamps tokenised by ``text`` (each on its own,
+    between special tokens)."""
+    if item.timestamps is None:
+        return vision_block(item, ids)
+    t, h, w = item.grid_thw
+    if len(item.timestamps) != t:
+        raise ValueError(
+            f"medium {item.member!r} has {len(item.timestamps)} timestamps for a grid of {t} "
+            "temporal patches; probe it with the config it is encoded with"
+        )
+    block = [ids.start, *[ids.video_pad] * (h * w // cfg.merge_size**2), ids.end]
+    out: list[int] = []
+    for seconds in item.timestamps:
+        out += text(timestamp_text(seconds)) + block
+    if cfg.video_outer_block:
+        out = [ids.start, *out, ids.end]
+    return out
