@@ -142,7 +142,7 @@ def video_bytes(width: int = 96, height: int = 64, frames: int = 8, fps: int = 4
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.time_base = Fraction(1, fps)
         for index in range(frames):
-            array = np.full((height, width, 3), index * 20, dtype=np.uint8)
+            array = np.full((height, width, 3), index * 20 % 256, dtype=np.uint8)
             frame = av.VideoFrame.from_ndarray(array, format="rgb24")
             container.mux(stream.encode(frame))
         container.mux(stream.encode())

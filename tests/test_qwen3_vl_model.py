@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import batches, fixture_maker, image_bytes, read_samples, train_dataset
+from helpers import batches, fixture_maker, image_bytes, read_samples, train_dataset, video_bytes
 from transformers import (
     PreTrainedModel,
     Qwen3_5Config,
@@ -208,8 +208,9 @@ def forward_backward(model: PreTrainedModel, inputs: Mapping[str, Any]) -> tuple
     return float(out.loss.detach()) * targets, grads
 
 
-def alone_inputs(sample: EncodedSample) -> dict[str, Any]:
-    """A sample's inputs as a user runs it alone: the model computes its own positions."""
+def alone_inputs(sample: EncodedSample, media: MediaConfig = MEDIA) -> dict[str, Any]:
+    """A sample's inputs as a user runs it alone (its media decoded with ``media``, as they
+    were encoded): the model computes its own positions."""
     ids = sample.input_ids
     labels = torch.where(sample.loss_mask != 0, ids, IGNORE_INDEX)
     labels[0] = IGNORE_INDEX
@@ -220,19 +221,21 @@ def alone_inputs(sample: EncodedSample) -> dict[str, Any]:
         "mm_token_type_ids": token_types[None],
         "use_cache": False,
     }
-    vision = sample.materialize(MEDIA).vision
+    vision = sample.materialize(media).vision
     if vision is not None:
         inputs.update(vision.tensors())
         inputs.pop("second_per_grid_ts", None)
     return inputs
 
 
-def one_by_one(model: PreTrainedModel, samples: Sequence[EncodedSample]) -> tuple[float, Grads]:
+def one_by_one(
+    model: PreTrainedModel, samples: Sequence[EncodedSample], media: MediaConfig = MEDIA
+) -> tuple[float, Grads]:
     """Summed ``loss * targets`` and gradients of the samples run alone."""
     model.zero_grad()
     total = 0.0
     for sample in samples:
-        inputs = alone_inputs(sample)
+        inputs = alone_inputs(sample, media)
         targets = int((inputs["labels"] != IGNORE_INDEX).sum())
         out = model(**inputs)
         (out.loss * targets).backward()
@@ -435,3 +438,116 @@ def test_qwen3_5_one_sample_per_row_equals_one_by_one(samples: list[EncodedSampl
     flash = batch.hf_model_inputs(HFTarget("qwen3_5", "flash_attention_2"))
     assert flash["position_ids"].shape == (4, *batch.input_ids.shape)
     assert not {"cu_seq_lens_q", "cu_seq_lens_k"} & flash.keys()
+
+
+# Decoded MP4s, sampled and laid out by the Qwen3-VL family's own video rule (timestamped
+# per-patch blocks), with budgets small enough for a tiny model.
+VIDEO_MEDIA = replace(
+    MEDIA,
+    video_rule="qwen3_vl",
+    video_fps=2.0,
+    video_min_frames=4,
+    video_min_pixels=32 * 32 * 4,
+    video_max_pixels=32 * 32 * 16,
+    video_total_pixels=32 * 32 * 256,
+)
+
+
+def video_conversations(media: MediaConfig) -> tuple[ConversationEncoder, list[EncodedSample]]:
+    encoder = ConversationEncoder(TOKENIZER, media=media)
+
+    def conversation(key: str, question: str, answer: str, **files: bytes) -> EncodedSample:
+        turns = [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
+        return encoder.encode_sample(key, {"json": {"conversations": turns}, **files})
+
+    return encoder, [
+        conversation(
+            "video", "<video> what happens?", "it brightens", **{"0.mp4": video_bytes(frames=12)}
+        ),
+        conversation("image", "look <image>", "a cat", **{"0.png": image_bytes(64, 48)}),
+        conversation("text", "just text", "fine"),
+        conversation(
+            "both",
+            "<image> then <video>",
+            "both of them",
+            **{"0.png": image_bytes(40, 90), "1.mp4": video_bytes(64, 96, frames=12, fps=6)},
+        ),
+    ]
+
+
+@pytest.mark.parametrize("outer", [False, True], ids=["4.57 form", "5.x form"])
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe"])
+def test_decoded_videos_through_the_family_collator_equal_one_by_one(
+    family: str, outer: bool
+) -> None:
+    """The collator given the family (and no ``mrope=``) takes the family's position rule: real
+    clips in timestamped per-patch blocks train as one by one."""
+    media = replace(VIDEO_MEDIA, video_outer_block=outer)
+    encoder, samples = video_conversations(media)
+    collate = VLMPackingCollator(
+        seq_length=4096, pad_to_multiple_of=8, encoder=encoder, family=family, position_ids="mrope"
+    )
+    assert collate.mrope is not None
+    assert collate.mrope.rule == "qwen3_vl"
+    batch = collate.collate(samples)
+    assert batch.num_rows == 1
+    videos = batch.vision.video_grid_thw
+    assert videos is not None
+    starts = [int((s.input_ids == START).sum()) for s in samples]
+    patches = [t for t, _, _ in videos.tolist()]
+    assert starts == [patches[0] + outer, 1, 0, 1 + patches[1] + outer]
+    model = tiny_model(family)
+    inputs = batch.hf_model_inputs(model)
+    assert_same_training_signal(forward_backward(model, inputs), one_by_one(model, samples, media))
+
+
+def test_family_collator_refuses_one_d_positions_for_model_inputs() -> None:
+    with pytest.raises(ValueError, match=r"family='qwen3_vl' and position_ids='1d'.*'mrope'"):
+        VLMPackingCollator(seq_length=256, family="qwen3_vl", output="hf")
+
+
+@pytest.fixture(scope="module")
+def video_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prepared Energon dataset of video, image and text conversations."""
+    root = tmp_path_factory.mktemp("qwen3_videos")
+    members: list[tuple[str, bytes]] = []
+    for index in range(4):
+        key = f"s{index:05d}"
+        kind = ("<video>", "<image>", "", "<video>")[index]
+        turns = [
+            {"from": "human", "value": f"{kind} question {index}"},
+            {"from": "gpt", "value": f"answer {index}"},
+        ]
+        members.append((f"{key}.json", json.dumps({"conversations": turns}).encode()))
+        if kind == "<video>":
+            members.append((f"{key}.0.mp4", video_bytes(frames=8 + 4 * index, fps=4 + index)))
+        elif kind == "<image>":
+            members.append((f"{key}.0.png", image_bytes(48, 80, seed=index)))
+    maker = fixture_maker()
+    maker.write_tar(root / "shard-000000.tar", members)
+    maker.prepare_energon(root, [root / "shard-000000.tar"])
+    return root
+
+
+def test_energon_decoded_videos_equal_one_by_one(video_dataset: Path) -> None:
+    """The Energon task encoder given the family: its packed batch of real clips trains as the
+    same samples one by one."""
+    dataset = train_dataset(
+        video_dataset,
+        4,
+        seq_length=1024,
+        media=VIDEO_MEDIA,
+        family="qwen3_vl",
+        position_ids="mrope",
+        pad_to_max_length=True,
+    )
+    batch = next(batches(dataset))
+    assert len(batch.__keys__) >= 3
+    assert batch.video_grid_thw is not None
+    model = tiny_model("qwen3_vl")
+    encoder, _ = video_conversations(VIDEO_MEDIA)
+    raw = read_samples(video_dataset)
+    packed = [encoder.encode_sample(key, raw[key]) for key in batch.__keys__]
+    inputs = batch.hf_model_inputs(model)
+    single = one_by_one(model, packed, VIDEO_MEDIA)
+    assert_same_training_signal(forward_backward(model, inputs), single)
