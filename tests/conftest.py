@@ -1,7 +1,10 @@
-"""Shared pytest fixtures: paths to the shipped datasets."""
+"""Shared pytest fixtures: paths to the shipped datasets; loader workers stopped after each
+test."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,3 +28,13 @@ def vlm_demo_path() -> Path:
 def broken_path() -> Path:
     """The prepared ``fixtures/broken`` dataset; outcomes in ``expected.json``."""
     return FIXTURES / "broken"
+
+
+@pytest.fixture(autouse=True)
+def _stop_loader_workers() -> Iterator[None]:
+    """After each test, stop the workers of the loaders ``helpers.savable_loader`` made (in it or
+    in its fixtures) that are still running; a test that never imported helpers made none."""
+    yield
+    helpers = sys.modules.get("helpers")
+    if helpers is not None:
+        helpers.stop_loaders()

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from helpers import train_dataset  # next to this script (sys.path[0])
-from megatron.energon import get_savable_loader
+from helpers import savable_loader, stop_workers, train_dataset  # next to this script
 
 from energon_pack.energon import PackedBatch
 
@@ -30,7 +29,7 @@ def described(batch: PackedBatch) -> list[object]:
 def main(dataset: str, cut: int, out: Path) -> None:
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    loader = get_savable_loader(
+    loader = savable_loader(
         train_dataset(
             Path(dataset), 4, workers=2, rank=rank, world_size=world_size, seq_length=512
         ),
@@ -43,7 +42,7 @@ def main(dataset: str, cut: int, out: Path) -> None:
     state = {"dataloader_state_dict": loader.save_state_rank()}
     torch.save(state, out / "saved" / f"state_rank{rank}.pt")
     after = [described(batch) for batch in batches]
-    loader._iterator._shutdown_workers()  # now, not seconds later at exit
+    stop_workers(loader)  # now, not seconds later at exit
     gathered: list[object] = [None] * world_size
     dist.all_gather_object(gathered, {"before": before, "after": after})
     if rank == 0:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
@@ -86,16 +87,18 @@ def assert_resume_equivalent(
     Runs every step on a fresh object (the reference); runs the first ``at`` steps on another,
     saves its state, passes it through ``roundtrip``, loads it into a third fresh object and
     runs the remaining steps there. What each remaining step returns must equal the reference.
+    Loaders made meanwhile by :func:`savable_loader` have their workers stopped on return.
     """
-    reference = make()
-    expected = [step(reference) for step in steps]
-    first = make()
-    for step in steps[:at]:
-        step(first)
-    state = roundtrip(save(first))
-    resumed = make()
-    load(resumed, state)
-    got = [step(resumed) for step in steps[at:]]
+    with loaders_stopped():
+        reference = make()
+        expected = [step(reference) for step in steps]
+        first = make()
+        for step in steps[:at]:
+            step(first)
+        state = roundtrip(save(first))
+        resumed = make()
+        load(resumed, state)
+        got = [step(resumed) for step in steps[at:]]
     assert got == expected[at:], f"resumed at step {at} of {len(steps)} diverged"
 
 
@@ -112,19 +115,23 @@ def assert_restore_at_every_step_is_invisible(
     Runs the steps on a reference object, and on a second object that before every step is
     saved, passed through ``roundtrip`` and replaced by a fresh object loaded from that state.
     Loading must leave the state as it was, the fresh object must save the same state again,
-    and what each step returns must equal the reference.
+    and what each step returns must equal the reference. Loaders made meanwhile by
+    :func:`savable_loader` have their workers stopped on return.
     """
-    reference, restored = make(), make()
-    for at, step in enumerate(steps):
-        state = roundtrip(save(restored))
-        kept = copy.deepcopy(state)
-        restored = make()
-        load(restored, state)
-        assert state == kept, f"loading the state saved before step {at} changed it"
-        assert roundtrip(save(restored)) == state, (
-            f"the state loaded at step {at} saves differently"
-        )
-        assert step(restored) == step(reference), f"restored before step {at}, the step diverged"
+    with loaders_stopped():
+        reference, restored = make(), make()
+        for at, step in enumerate(steps):
+            state = roundtrip(save(restored))
+            kept = copy.deepcopy(state)
+            restored = make()
+            load(restored, state)
+            assert state == kept, f"loading the state saved before step {at} changed it"
+            assert roundtrip(save(restored)) == state, (
+                f"the state loaded at step {at} saves differently"
+            )
+            assert step(restored) == step(reference), (
+                f"restored before step {at}, the step diverged"
+            )
 
 
 def image_bytes(width: int, height: int, fmt: str = "PNG", seed: int = 0) -> bytes:
@@ -176,8 +183,55 @@ def train_dataset(
     )
 
 
+_loaders: list[Any] = []
+"""Every loader :func:`savable_loader` made whose workers are not stopped yet, oldest first."""
+
+
+def savable_loader(dataset: Any, **kwargs: Any) -> Any:
+    """``get_savable_loader(dataset, **kwargs)``, kept until its workers are stopped: on leaving
+    the :func:`loaders_stopped` block it was made in, else after the test (``conftest.py``)."""
+    loader = get_savable_loader(dataset, **kwargs)
+    _loaders.append(loader)
+    return loader
+
+
+def stop_workers(loader: Any) -> None:
+    """Stop the worker processes of a savable ``loader`` now (none: nothing to do)."""
+    # Neither Energon nor torch has a public call for it, so this is torch's private one, the
+    # call its iterator's finalizer makes. Energon's loader keeps that iterator (persistent
+    # workers) in a reference cycle: dropping the loader and running gc.collect() does finalize
+    # it, but the shutdown then takes about 5 s per worker; called here, milliseconds.
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None:
+        iterator._shutdown_workers()
+
+
+@contextmanager
+def loaders_stopped() -> Iterator[None]:
+    """Stop the workers of every :func:`savable_loader` made inside the block, on leaving it."""
+    start = len(_loaders)
+    try:
+        yield
+    finally:
+        stop_loaders(since=start)
+
+
+def stop_loaders(since: int = 0) -> None:
+    """Stop the workers of every :func:`savable_loader` not stopped yet (from the ``since``-th)."""
+    made = _loaders[since:]
+    del _loaders[since:]
+    for loader in made:
+        stop_workers(loader)
+
+
 def batches(dataset: Any) -> Iterator[PackedBatch]:
-    yield from get_savable_loader(dataset)
+    """The batches of a fresh :func:`savable_loader` over ``dataset``; its workers are stopped
+    once the batches run out or the caller drops the iterator."""
+    loader = savable_loader(dataset)
+    try:
+        yield from loader
+    finally:
+        stop_workers(loader)
 
 
 def native_pack(samples: Samples, keys: Sequence[str], media: MediaConfig = SMALL_MEDIA) -> Any:
@@ -199,7 +253,7 @@ class LoaderRun:
 
     def __init__(self, path: Path, buffer: int = 16, *, workers: int = 0, **overrides: Any):
         self.dataset = train_dataset(path, buffer, workers=workers, repeat=True, **overrides)
-        self.loader = get_savable_loader(
+        self.loader = savable_loader(
             self.dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
         )
         self._iterator: Iterator[PackedBatch] | None = None

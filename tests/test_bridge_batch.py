@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import SMALL_MEDIA, assert_resume_equivalent, make_encoder
+from helpers import SMALL_MEDIA, assert_resume_equivalent, make_encoder, savable_loader
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
+from megatron.energon import WorkerConfig, get_train_dataset
 
 from energon_pack import PackedBatch, PackingTaskEncoder, RowLayout, build_packed_row
 from energon_pack.bridge_batch import BRIDGE_BATCH_KEYS, VisualInputs, bridge_batch
@@ -46,7 +46,7 @@ def loader(encoder: PackingTaskEncoder, workers: int = 0, *, repeat: bool = Fals
         task_encoder=encoder,
         repeat=repeat,
     )
-    return get_savable_loader(dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1)
+    return savable_loader(dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1)
 
 
 def packed_seq_params_fields(batch: dict[str, Any]) -> dict[str, Any]:

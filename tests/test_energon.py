@@ -18,10 +18,11 @@ from helpers import (
     batches,
     make_encoder,
     read_samples,
+    savable_loader,
     torchrun,
     train_dataset,
 )
-from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
+from megatron.energon import WorkerConfig, get_train_dataset, get_val_dataset
 
 from energon_pack.encode import ConversationEncoder
 from energon_pack.energon import CarryOverPackingDataset
@@ -160,7 +161,7 @@ def test_buffer_holds_compressed_samples_only(vlm_demo_path: Path) -> None:
 
 
 def test_restore_sample_rebuilds_a_pack(vlm_demo_path: Path) -> None:
-    loader = get_savable_loader(train_dataset(vlm_demo_path, 16))
+    loader = savable_loader(train_dataset(vlm_demo_path, 16))
     iterator = iter(loader)
     for _ in range(4):
         next(iterator)
@@ -252,7 +253,7 @@ def test_mrope_ids_restart_per_segment_with_its_own_grids(
     encoder = ConversationEncoder(media=SMALL_MEDIA)
     config = MRopeConfig.from_tokenizer(encoder.tokenizer)
     dataset = train_dataset(vlm_demo_path, 16, position_ids="mrope")
-    batch = next(iter(get_savable_loader(dataset)))
+    batch = next(iter(savable_loader(dataset)))
     assert batch.mrope_position_ids is not None
     assert batch.rope_deltas is not None
     assert batch.mrope_position_ids.shape == (3, 1, batch.input_ids.shape[1])

@@ -22,10 +22,10 @@ from helpers import (
     fixture_maker,
     image_bytes,
     read_samples,
+    savable_loader,
     text_dataset,
     train_dataset,
 )
-from megatron.energon import get_savable_loader
 
 from energon_pack.binpack import aligned_length
 from energon_pack.encode import ByteTokenizer, ConversationEncoder
@@ -140,7 +140,7 @@ class EpochRun(LoaderRun):
 
     def __init__(self, path: Path, buffer: int = 16, *, workers: int = 0, **overrides: Any):
         self.dataset = train_dataset(path, buffer, workers=workers, repeat=False, **overrides)
-        self.loader = get_savable_loader(
+        self.loader = savable_loader(
             self.dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
         )
         self._iterator = None

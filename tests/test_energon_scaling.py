@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import text_dataset, torchrun, train_dataset
-from megatron.energon import get_savable_loader
+from helpers import savable_loader, stop_workers, text_dataset, torchrun, train_dataset
 from megatron.energon.tools.checkpoint import command_redist
 
 from energon_pack.cli import main
@@ -44,7 +43,7 @@ def loader(path: Path, rank: int, world_size: int, workers: int, *, repeat: bool
     dataset = train_dataset(
         path, 4, workers=workers, rank=rank, world_size=world_size, repeat=repeat, seq_length=512
     )
-    return get_savable_loader(dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1)
+    return savable_loader(dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1)
 
 
 def described(batches: Iterator[Any], count: int | None = None) -> list[Pack]:
@@ -59,19 +58,12 @@ def described(batches: Iterator[Any], count: int | None = None) -> list[Pack]:
     return out
 
 
-def shut_down(loader: Any) -> None:
-    """Stop the loader's worker processes now (torch has no public call for it): left to the
-    garbage collector, each takes seconds to stop."""
-    if loader._iterator is not None:
-        loader._iterator._shutdown_workers()
-
-
 def packs_of(loader: Any, count: int | None = None) -> list[Pack]:
     """``count`` packs of a fresh ``loader`` (None: its epoch), its workers then stopped."""
     try:
         return described(iter(loader), count)
     finally:
-        shut_down(loader)
+        stop_workers(loader)
 
 
 def by_worker(packs: list[Pack]) -> dict[int, list[tuple[str, ...]]]:
@@ -159,7 +151,7 @@ def checkpoint(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         files.append(folder / f"state_rank{rank}.pt")
         torch.save(state, files[-1])
         after += described(batches)
-        shut_down(rank_loader)
+        stop_workers(rank_loader)
     return {"files": files, "before": before, "after": after}
 
 
@@ -197,12 +189,8 @@ def test_another_global_worker_count_is_refused_naming_the_topologies(
     # refuses it in the worker, before it packs anything.
     plain = loader(data, 0, 1, 2)
     plain.restore_state_rank(state)
-    batches = iter(plain)
-    try:
-        with pytest.raises(ValueError, match=r"saved with 4 global workers.*runs 1 rank x 2 work"):
-            next(batches)
-    finally:
-        shut_down(plain)
+    with pytest.raises(ValueError, match=r"saved with 4 global workers.*runs 1 rank x 2 work"):
+        next(iter(plain))
 
 
 def test_a_redistributed_state_on_the_wrong_workers_per_rank_is_refused_first(

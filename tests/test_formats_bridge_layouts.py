@@ -24,8 +24,9 @@ from helpers import (
     make_encoder,
     native_pack,
     read_samples,
+    savable_loader,
 )
-from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
+from megatron.energon import WorkerConfig, get_train_dataset
 
 from energon_pack.formats import parse_any
 from energon_pack.formats.bridge import is_bridge_sample
@@ -49,7 +50,7 @@ def layout_loader(path: Path, **overrides: Any) -> Any:
         task_encoder=make_encoder(**overrides),
         repeat=False,
     )
-    return get_savable_loader(dataset)
+    return savable_loader(dataset)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import text_dataset, train_dataset
-from megatron.energon import get_savable_loader
+from helpers import savable_loader, text_dataset, train_dataset
 
 from energon_pack.binpack import Bin, OnlineBinPacker, aligned_length
 from energon_pack.energon import restore_state_rank
@@ -196,7 +195,7 @@ class Epoch:
 
     def __init__(self, path: Path) -> None:
         dataset = train_dataset(path, workers=0, repeat=False, **LOADER)
-        self.loader = get_savable_loader(
+        self.loader = savable_loader(
             dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
         )
         self._iterator: Iterator[Any] | None = None
