@@ -253,7 +253,7 @@ class SampleEncoder(ABC):
                     "placeholder_mismatch",
                     f"the sample has {found} {token} tokens but its {len(media)} media give "
                     f"{count} (pads: t*h*w / {merge} per grid; one vision start and end per "
-                    f"medium); this tokenizer reads special-token text such as {token!r} as "
+                    f"block); this tokenizer reads special-token text such as {token!r} as "
                     "the token itself: remove it from the text",
                 )
 

@@ -29,7 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from real_qwen import real_qwen_tokenizer
 
-from energon_pack import ConversationEncoder, model_family
+from energon_pack import ConversationEncoder, TemplateEncoder, model_family
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import Frames, MediaConfig, MediaError, probe_video, timestamp_text
 from energon_pack.media.sampling import video_rule
@@ -195,6 +195,11 @@ def _encoder(media: MediaConfig) -> ConversationEncoder:
     return ConversationEncoder(TOKENIZER, media=media)
 
 
+def _template_encoder(media: MediaConfig) -> TemplateEncoder:
+    """The encoder driven by the Qwen3-VL chat template itself (the same media hook)."""
+    return TemplateEncoder(TOKENIZER, media=media)
+
+
 def without_outer_block(ids: list[int]) -> list[int]:
     """transformers 4.57's form of 5.24's ids: its processor replaced the template's
     ``<|vision_start|><|video_pad|><|vision_end|>`` by the blocks and then tokenised the text;
@@ -220,11 +225,13 @@ def test_ids_grid_and_frames_equal_the_processor(
         assert list(probe.grid_thw) == ref["video_grid_thw"][0], (form, name)
         assert list(probe.frame_indices[: probe.frames]) == ref["frames_indices"], (form, name)
         assert (probe.source_frames, probe.fps) == (ref["total"], ref["fps"]), (form, name)
-        encoded = _encoder(media).encode_sample(name, _sample(f"<video>{PROMPT}", "0.mp4", data))
-        assert encoded.input_ids.tolist() == without_outer_block(ref["input_ids"]), (form, name)
-        wrapped = _encoder(replace(media, video_outer_block=True))
-        encoded = wrapped.encode_sample(name, _sample(f"<video>{PROMPT}", "0.mp4", data))
-        assert encoded.input_ids.tolist() == ref["input_ids"], (form, name)
+        sample = _sample(f"<video>{PROMPT}", "0.mp4", data)
+        for make in (_encoder, _template_encoder):
+            encoded = make(media).encode_sample(name, sample)
+            assert encoded.input_ids.tolist() == without_outer_block(ref["input_ids"]), (form, name)
+            wrapped = make(replace(media, video_outer_block=True))
+            encoded = wrapped.encode_sample(name, sample)
+            assert encoded.input_ids.tolist() == ref["input_ids"], (form, name)
         checked += 1
     generated = sum(name.startswith("gen-") for name in clips)
     assert checked == len(clips) + generated + math.ceil((len(clips) - generated) / 3)
