@@ -227,6 +227,28 @@ class SampleEncoder(ABC):
     def settings(self) -> dict[str, Any]:
         """The encoder's settings for a settings fingerprint (JSON-able values)."""
 
+    def _probed_media(self, raw: RawSample) -> tuple[MediaItem, ...]:
+        """The sample's media, probed (not decoded)."""
+        return tuple(self._probe(raw.key, member, kind, data) for member, kind, data in raw.media)
+
+    def _finished(
+        self,
+        key: str,
+        ids: list[int],
+        mask: list[int],
+        media: tuple[MediaItem, ...],
+        blocks: list[int],
+    ) -> EncodedSample:
+        """The encoded sample, once its vision tokens are checked against its media."""
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        self._check_vision_tokens(key, input_ids, media, blocks)
+        return EncodedSample(
+            key=key,
+            input_ids=input_ids,
+            loss_mask=torch.tensor(mask, dtype=torch.long),
+            media=media,
+        )
+
     def _check_vision_tokens(
         self, key: str, input_ids: torch.Tensor, media: Sequence[MediaItem], blocks: list[int]
     ) -> None:
@@ -266,7 +288,9 @@ class SampleEncoder(ABC):
 
     def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
         """The sample's chat messages (derived from its turns when it was built from turns
-        only), after checking that their media parts take its media one to one."""
+        only), after checking its media count and that their media parts take its media one
+        to one."""
+        check_media_count(raw.key, len(raw.media), self.media)
         if raw.messages:
             messages = list(raw.messages)
         else:
@@ -385,10 +409,9 @@ class ConversationEncoder(SampleEncoder):
         token is a target when it holds content (transformers' assistant-mask rule). See the
         class docstring for the text rules and the checks of the finished sample.
         """
-        check_media_count(raw.key, len(raw.media), self.media)
         messages = self._messages(raw)
         roles = [self._role(raw.key, message["role"]) for message in messages]
-        media = tuple(self._probe(raw.key, member, kind, data) for member, kind, data in raw.media)
+        media = self._probed_media(raw)
         ids: list[int] = []
         mask: list[int] = []
 
@@ -419,14 +442,7 @@ class ConversationEncoder(SampleEncoder):
                     add(self._content(raw.key, role, piece), target)
             add([self._im_end], target)
             add(self._newline, False)
-        input_ids = torch.tensor(ids, dtype=torch.long)
-        self._check_vision_tokens(raw.key, input_ids, media, blocks)
-        return EncodedSample(
-            key=raw.key,
-            input_ids=input_ids,
-            loss_mask=torch.tensor(mask, dtype=torch.long),
-            media=media,
-        )
+        return self._finished(raw.key, ids, mask, media, blocks)
 
     def _system(self, own: str | None, roles: list[str]) -> str | None:
         """The system prompt to put first: the sample's, else (without a system turn of the

@@ -33,7 +33,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
 from energon_pack.checks import check_choice
 from energon_pack.encode import (
@@ -45,7 +44,7 @@ from energon_pack.encode import (
     _why_unencodable,
 )
 from energon_pack.formats.raw import RawSample
-from energon_pack.media import MediaConfig, MediaError, MediaItem, check_media_count
+from energon_pack.media import MediaConfig, MediaError, MediaItem
 from energon_pack.packed import EncodedSample
 
 __all__ = ["Encoding", "TemplateEncoder", "chat_template_of", "make_encoder", "template_sha256"]
@@ -180,21 +179,13 @@ class TemplateEncoder(SampleEncoder):
         render the conversation, its text cannot be tokenised, or its assistant turns are not
         found.
         """
-        check_media_count(raw.key, len(raw.media), self.media)
         messages = self._messages(raw)
-        media = tuple(self._probe(raw.key, member, kind, data) for member, kind, data in raw.media)
+        media = self._probed_media(raw)
         ids, mask = self._render(raw.key, messages, raw.tools)
         if self.loss_on == "all":
             mask = [1] * len(ids)
         ids, mask, blocks = self._expand(raw.key, ids, mask, media)
-        input_ids = torch.tensor(ids, dtype=torch.long)
-        self._check_vision_tokens(raw.key, input_ids, media, blocks)
-        return EncodedSample(
-            key=raw.key,
-            input_ids=input_ids,
-            loss_mask=torch.tensor(mask, dtype=torch.long),
-            media=media,
-        )
+        return self._finished(raw.key, ids, mask, media, blocks)
 
     def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
         """The sample's chat messages, its system prompt (or ``system_prompt``) first."""

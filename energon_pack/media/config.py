@@ -257,6 +257,15 @@ class VideoProbe:
     timestamps: tuple[float, ...] | None = None
 
 
+def _check_aspect_ratio(height: int, width: int) -> None:
+    """The processors' limit: a ``ValueError`` for an aspect ratio above 200."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(
+            "absolute aspect ratio must be smaller than 200, got "
+            f"{max(height, width) / min(height, width)}"
+        )
+
+
 def smart_resize(
     height: int,
     width: int,
@@ -271,11 +280,7 @@ def smart_resize(
     """
     if height <= 0 or width <= 0:
         raise ValueError(f"image size must be positive, got height={height}, width={width}")
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(
-            "absolute aspect ratio must be smaller than 200, got "
-            f"{max(height, width) / min(height, width)}"
-        )
+    _check_aspect_ratio(height, width)
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
@@ -311,11 +316,7 @@ def smart_resize_video(
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(
-            "absolute aspect ratio must be smaller than 200, got "
-            f"{max(height, width) / min(height, width)}"
-        )
+    _check_aspect_ratio(height, width)
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     t_bar = round(frames / temporal_factor) * temporal_factor
