@@ -15,7 +15,7 @@ trains exactly like one sample at a time.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import batches, fixture_maker, image_bytes, read_samples, train_dataset, video_bytes
+from test_hf import Grads, assert_same_training_signal, forward_backward
 from transformers import (
     PreTrainedModel,
     Qwen3_5Config,
@@ -57,9 +58,6 @@ END = TOKENIZER.convert_tokens_to_ids("<|vision_end|>")
 IMAGE_PAD = TOKENIZER.convert_tokens_to_ids("<|image_pad|>")
 VIDEO_PAD = TOKENIZER.convert_tokens_to_ids("<|video_pad|>")
 QWEN3 = MRopeConfig.from_tokenizer(TOKENIZER, rule="qwen3_vl")
-RELATIVE = 1e-6
-
-Grads = dict[str, torch.Tensor]
 
 
 def tiny_model(family: str, attn: str = "sdpa", layer_types: Sequence[str] = ()) -> PreTrainedModel:
@@ -198,16 +196,6 @@ def collator(layout: str, **options: Any) -> VLMPackingCollator:
     return VLMPackingCollator(**LAYOUTS[layout], encoder=ENCODER, **options)
 
 
-def forward_backward(model: PreTrainedModel, inputs: Mapping[str, Any]) -> tuple[float, Grads]:
-    """``loss * targets`` of one forward (the model's own mean loss) and the gradients."""
-    model.zero_grad()
-    out = model(**inputs)
-    targets = int((inputs["labels"][..., 1:] != IGNORE_INDEX).sum())
-    (out.loss * targets).backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return float(out.loss.detach()) * targets, grads
-
-
 def alone_inputs(sample: EncodedSample, media: MediaConfig = MEDIA) -> dict[str, Any]:
     """A sample's inputs as a user runs it alone (its media decoded with ``media``, as they
     were encoded): the model computes its own positions."""
@@ -249,15 +237,6 @@ def worst_gradient_error(packed: Grads, single: Grads) -> float:
     return max(
         float((packed[name] - grad).abs().max() / grad.abs().max()) for name, grad in single.items()
     )
-
-
-def assert_same_training_signal(packed: tuple[float, Grads], single: tuple[float, Grads]) -> None:
-    (packed_loss, packed_grads), (single_loss, single_grads) = packed, single
-    assert packed_loss == pytest.approx(single_loss, rel=RELATIVE)
-    assert packed_grads.keys() == single_grads.keys()
-    for name, grad in single_grads.items():
-        scale = float(grad.abs().max())
-        assert float((packed_grads[name] - grad).abs().max()) <= RELATIVE * scale + 1e-12, name
 
 
 CASES = [

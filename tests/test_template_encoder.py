@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from real_qwen import real_qwen_tokenizer
 from template_reference import processor_for, reference
+from test_hf_parity import batch_row
 from transformers import PreTrainedTokenizerBase
 
 from energon_pack import (
@@ -37,7 +38,7 @@ from energon_pack import (
 )
 from energon_pack.encode import ByteTokenizer, VisionIds
 from energon_pack.fingerprint import check_fingerprint, settings_fingerprint
-from energon_pack.layout import PackedRow, unpack
+from energon_pack.layout import unpack
 from energon_pack.media import MediaError, MediaItem
 
 VL = ("QWEN2_VL", "QWEN3_VL")
@@ -388,7 +389,7 @@ def test_every_path_takes_the_template_encoder(tmp_path: Path) -> None:
         65536, encoder=make_encoder(tokenizer("QWEN2_VL"), media=SMALL_MEDIA), pad_token_id=0
     )
     batch = collate([(c.key, c.sample) for c in vl])
-    got = [(s["input_ids"].tolist(), s["loss_mask"][1:].tolist()) for s in unpack(_row(batch))]
+    got = [(s["input_ids"].tolist(), s["loss_mask"][1:].tolist()) for s in unpack(batch_row(batch))]
     vl_processor = processor_for(tokenizer("QWEN2_VL"), SMALL_MEDIA)
     expected = [reference(vl_processor, "QWEN2_VL", c.messages, c.tools, c.images) for c in vl]
     assert got == [(ids, [float(m) for m in mask[1:]]) for ids, mask in expected]
@@ -411,20 +412,6 @@ def test_every_path_takes_the_template_encoder(tmp_path: Path) -> None:
             assert segment["loss_mask"][1:].tolist() == [float(m) for m in mask[1:]], key
             seen += 1
     assert seen == len(sample)
-
-
-def _row(batch: Any) -> PackedRow:
-    """Row 0 of a CollatedBatch as a PackedRow."""
-    return PackedRow(
-        input_ids=batch.input_ids[0],
-        labels=batch.labels[0],
-        loss_mask=batch.loss_mask[0],
-        position_ids=batch.position_ids[0],
-        cu_seqlens=batch.cu_seqlens[0],
-        cu_seqlens_padded=batch.cu_seqlens_padded[0],
-        max_seqlen=batch.max_seqlen,
-        seq_idx=batch.seq_idx[0],
-    )
 
 
 def test_the_chatml_fast_path_equals_the_qwen2_vl_template_where_it_applies() -> None:
