@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
@@ -312,3 +312,19 @@ def torchrun(script: Path, *args: object, env: dict[str, str] | None = None) -> 
         command, timeout=300, capture_output=True, text=True, env=environment, check=False
     )
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def packing_states(value: Any) -> Iterator[Mapping[str, Any]]:
+    """The saved CarryOverPackingDataset states in a loader state (one per worker)."""
+    if isinstance(value, Mapping):
+        if value.get("__class__") == "CarryOverPackingDataset":
+            yield value
+        else:
+            for item in value.values():
+                yield from packing_states(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from packing_states(item)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            yield from packing_states(getattr(value, name))

@@ -10,7 +10,6 @@ import logging
 import pickle
 import shutil
 from collections import Counter
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from helpers import (
     assert_resume_equivalent,
     fixture_maker,
     image_bytes,
+    packing_states,
     read_samples,
     savable_loader,
     text_dataset,
@@ -51,22 +51,6 @@ def text_path(tmp_path_factory: pytest.TempPathFactory, demo_lengths: list[int])
     """1500 text-only samples with the demo's token lengths, cycled."""
     lengths = list(itertools.islice(itertools.cycle(demo_lengths), 1500))
     return text_dataset(tmp_path_factory.mktemp("text"), lengths)
-
-
-def packing_states(value: Any) -> Iterator[Mapping[str, Any]]:
-    """The saved CarryOverPackingDataset states in a loader state (one per worker)."""
-    if isinstance(value, Mapping):
-        if value.get("__class__") == "CarryOverPackingDataset":
-            yield value
-        else:
-            for item in value.values():
-                yield from packing_states(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from packing_states(item)
-    elif hasattr(value, "__dataclass_fields__"):
-        for name in value.__dataclass_fields__:
-            yield from packing_states(getattr(value, name))
 
 
 def first_checkpoint(run: LoaderRun, wanted: str, limit: int = 60) -> int:

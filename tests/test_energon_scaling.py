@@ -20,7 +20,14 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import savable_loader, stop_workers, text_dataset, torchrun, train_dataset
+from helpers import (
+    packing_states,
+    savable_loader,
+    stop_workers,
+    text_dataset,
+    torchrun,
+    train_dataset,
+)
 from megatron.energon.tools.checkpoint import command_redist
 
 from energon_pack.cli import main
@@ -168,7 +175,7 @@ def test_a_2x2_checkpoint_redistributed_by_energon_resumes_exactly(
     carried = sum(  # the cut held samples carried over to later packs
         len(state["_buffer_seqs"])
         for file in checkpoint["files"]
-        for state in _packing_states(torch.load(file, weights_only=False))
+        for state in packing_states(torch.load(file, weights_only=False))
     )
     assert carried
 
@@ -295,16 +302,3 @@ def test_torchrun_2x2_saved_per_rank_redistributed_by_energon_resumes_at_1x4(
     assert sorted(after) == sorted(packs("after"))
     delivered = [key for _, _, keys in packs("before") + after for key in keys]
     assert sorted(delivered) == [f"t{index:05d}" for index in range(SAMPLES)], "not once each"
-
-
-def _packing_states(value: Any) -> Iterator[dict[str, Any]]:
-    if isinstance(value, dict):
-        if value.get("__class__") == "CarryOverPackingDataset":
-            yield value
-            return
-        value = list(value.values())
-    elif hasattr(value, "__dataclass_fields__"):
-        value = [getattr(value, name) for name in value.__dataclass_fields__]
-    if isinstance(value, list | tuple):
-        for item in value:
-            yield from _packing_states(item)
