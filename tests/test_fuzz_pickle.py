@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 CHILD = textwrap.dedent(
     """
     import json, pickle, random, sys
@@ -20,9 +22,13 @@ CHILD = textwrap.dedent(
     from energon_pack.media import MediaError
 
     rng = random.Random(int(sys.argv[1]))
+    allow_bytes = sys.argv[3] == "bytes"
     frames = [np.arange(2 * 3 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3, 3)]
-    seeds = [pickle.dumps(value, protocol=p) for p in (2, 4, 5)
-             for value in ([frames[0][0]], [frames], [frames[0].astype(np.float32)])]
+    values = [[frames[0][0]], [frames], [frames[0].astype(np.float32)]]
+    if allow_bytes:  # the Mantis layout: a list of encoded image files, or files and arrays
+        png = b"\\x89PNG\\r\\n\\x1a\\n" + bytes(range(40))
+        values += [[png], [b"\\xff\\xd8\\xff", frames[0][0]]]
+    seeds = [pickle.dumps(value, protocol=p) for p in (2, 4, 5) for value in values]
     counts = {"arrays": 0, "media_error": 0, "other": 0}
     others = []
     for _ in range(int(sys.argv[2])):
@@ -37,7 +43,7 @@ CHILD = textwrap.dedent(
                 at = rng.randrange(len(data))
                 data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
         try:
-            load_arrays(bytes(data), "k", "jpgs")
+            load_arrays(bytes(data), "k", "jpgs", allow_bytes=allow_bytes)
             counts["arrays"] += 1
         except MediaError:
             counts["media_error"] += 1
@@ -49,9 +55,11 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_mutated_pickles_give_arrays_or_media_errors_never_a_crash() -> None:
+@pytest.mark.parametrize("items", ["arrays", "bytes"])
+def test_mutated_pickles_give_arrays_or_media_errors_never_a_crash(items: str) -> None:
+    """``items="bytes"``: the unpickler as the Mantis layout calls it (bytes items allowed)."""
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, "20261130", "3000"],
+        [sys.executable, "-c", CHILD, "20261130", "3000", items],
         capture_output=True,
         text=True,
         timeout=600,
