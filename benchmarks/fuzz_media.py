@@ -354,6 +354,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--isolation", choices=("process", "off"), default="process")
     parser.add_argument("--hang-s", type=float, default=120.0)
+    parser.add_argument(
+        "--video-rule",
+        choices=("qwen2_vl", "qwen3_vl"),
+        default="qwen2_vl",
+        help="frame sampling and sizing rule of the probe and decode (MediaConfig.video_rule)",
+    )
     parser.add_argument("--write-corpus", action="store_true")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
@@ -361,7 +367,7 @@ def main() -> None:
         args.isolation = "off"
     if args.isolation == "off" and args.out == OUT:
         args.out = OUT.with_name("fuzz_media_unguarded.json")
-    config = replace(FUZZ_CONFIG, decode_isolation=args.isolation)
+    config = replace(FUZZ_CONFIG, decode_isolation=args.isolation, video_rule=args.video_rule)
     seeds = seed_files()
     jobs = [(VIDEO_FORMATS[i % 2], i // 2) for i in range(args.videos)]
     jobs += [(IMAGE_FORMATS[i % 3], i // 3) for i in range(args.images)]
