@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create or reuse .venv and install energon_pack with its test extra.
+# Create or reuse .venv and install energon_pack with its test and docs extras.
 # torch is pinned and installed first so that no dependency can pull an unpinned (CUDA) build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "$TORCH_PIN"
-"$VENV/bin/python" -m pip install --quiet -e ".[test]" "$TORCH_PIN"
+"$VENV/bin/python" -m pip install --quiet -e ".[test,docs]" "$TORCH_PIN"
 # Test reference only: torchvision for transformers' Qwen3-VL processors, installed without its
 # dependencies (it would replace the CPU torch) into a folder outside sys.path; only the child
 # process of tests/qwen3_reference.py imports it, so the rest of the suite never sees it.
