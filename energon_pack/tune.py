@@ -19,13 +19,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from energon_pack.binpack import Overlong
-from energon_pack.encode import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
-from energon_pack.family import model_family
+from energon_pack.encoding.chatml import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
+from energon_pack.encoding.family import model_family
+from energon_pack.encoding.template import chat_template_of, template_sha256
 from energon_pack.media import MediaConfig, PixelDtype
-from energon_pack.memory import MB, MonitorConfig, load_report, summarize
-from energon_pack.packed import Decode
-from energon_pack.template_encoder import chat_template_of, template_sha256
+from energon_pack.memory.monitor import MB, MonitorConfig
+from energon_pack.memory.report import load_report, summarize
+from energon_pack.packing.bins import Overlong
+from energon_pack.packing.packed import Decode
 
 
 @dataclass(frozen=True)

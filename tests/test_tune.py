@@ -18,7 +18,7 @@ from helpers import fixture_maker, image_bytes
 from PIL import Image
 
 from energon_pack.cli import main
-from energon_pack.encode import SPECIAL_TOKENS
+from energon_pack.encoding.chatml import SPECIAL_TOKENS
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far"]

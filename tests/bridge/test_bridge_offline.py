@@ -30,8 +30,11 @@ from megatron.bridge.data.builders.gpt_sft import (  # noqa: E402
 from megatron.bridge.data.packing.config import PackedSequenceSpecs  # noqa: E402
 from megatron.bridge.data.packing.parquet import GPTSFTPackedParquetDataset  # noqa: E402
 
-from energon_pack.encode import ByteTokenizer  # noqa: E402
-from energon_pack.offline import PackedDataset, PackingSpec, bridge_pad_id, pack_offline  # noqa: E402
+from energon_pack.encoding.chatml import ByteTokenizer  # noqa: E402
+from energon_pack.offline.bridge import bridge_pad_id  # noqa: E402
+from energon_pack.offline.build import pack_offline  # noqa: E402
+from energon_pack.offline.reader import PackedDataset  # noqa: E402
+from energon_pack.offline.spec import PackingSpec  # noqa: E402
 
 Targets = tuple[tuple[int, float], ...]
 

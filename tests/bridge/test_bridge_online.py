@@ -171,7 +171,7 @@ def test_the_readme_quick_start_runs_as_written(monkeypatch: pytest.MonkeyPatch)
 def test_the_fallback_visual_inputs_have_bridges_fields() -> None:
     from dataclasses import fields
 
-    from energon_pack.bridge_batch import VisualInputs
+    from energon_pack.train.bridge import VisualInputs
 
     assert [f.name for f in fields(VisualInputs)] == [f.name for f in fields(GenericVisualInputs)]
     pixels = torch.ones(2, 3, 4, 1, 1)

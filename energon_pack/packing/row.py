@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from energon_pack.row_layout import RowLayout
+from energon_pack.packing.row_layout import RowLayout
 
 IGNORE_INDEX = -100
 """Label value of positions without a training target (PyTorch / HF convention)."""
@@ -107,7 +107,7 @@ def build_packed_row(
 ) -> PackedRow:
     """Pack ``sequences`` (in order) into one THD row; see the module docstring for the input.
 
-    ``layout`` is the :class:`~energon_pack.row_layout.RowLayout` (or give its fields as
+    ``layout`` is the :class:`~energon_pack.RowLayout` (or give its fields as
     keywords: ``seq_length=...``). Each segment's physical span is its length rounded up to
     ``pad_to_multiple_of``; with ``pad_to_max_length`` the row has exactly ``seq_length``
     tokens, the trailing padding absorbed in the last segment; ``pad_cu_seqlens`` gives
