@@ -1,5 +1,7 @@
 """energon_pack: online sequence packing (THD, cu_seqlens) for text, image and video samples."""
 
+import sys
+
 from energon_pack import _moved
 from energon_pack.collate import CollatedBatch, VLMPackingCollator
 from energon_pack.encoding import (
@@ -130,4 +132,4 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_moved.install()
+_moved.install(sys.modules[__name__])

@@ -90,7 +90,19 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         )
 
 
-def install() -> None:
-    """Make the old paths importable (once per process)."""
+class _Package(types.ModuleType):
+    """The ``energon_pack`` module's class: importing an old path that is also a public name
+    (``energon_pack.bridge_batch``, the function) leaves the public name as it is, where the
+    import system would set the package's attribute to the old module."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, _MovedModule) and name in getattr(self, "__all__", ()):
+            return
+        super().__setattr__(name, value)
+
+
+def install(package: types.ModuleType) -> None:
+    """Make the old paths importable under ``package`` (once per process)."""
+    package.__class__ = _Package
     if not any(isinstance(finder, _MovedFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _MovedFinder())

@@ -19,12 +19,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from energon_pack.cli import main as cli_main
+from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder
 from energon_pack.offline import bridge as offline_bridge
 from energon_pack.offline import build as offline_build
 from energon_pack.offline import manifest as offline_manifest
 from energon_pack.offline import spec as offline_spec
-from energon_pack.cli import main as cli_main
-from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder
 from energon_pack.offline.build import pack_offline
 from energon_pack.offline.reader import PackedDataset
 from energon_pack.offline.spec import PackingSpec

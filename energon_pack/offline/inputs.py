@@ -76,7 +76,7 @@ def _tokens(
 
 
 def im_end_newline(tokenizer: Tokenizer) -> tuple[int, list[int]]:
-    """The id of ``<|im_end|>`` and the ids of the ``\n`` the ChatML template puts after it."""
+    """The id of ``<|im_end|>`` and the ids of the ``\\n`` the ChatML template puts after it."""
     return tokenizer.convert_tokens_to_ids("<|im_end|>"), list(tokenizer.encode("\n"))
 
 

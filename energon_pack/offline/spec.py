@@ -73,7 +73,7 @@ class PackingSpec:
             follow the packer's longest-first order (no global RNG is touched).
         max_segments: most sequences per pack (packs above it are split); with
             ``pad_cu_seqlens`` also the fixed number of ``cu_seqlens`` slots.
-        train_newline_after_im_end: also train the ``\n`` that follows each trained
+        train_newline_after_im_end: also train the ``\\n`` that follows each trained
             ``<|im_end|>`` (Megatron-Bridge's chat preprocessing does; the default follows the
             chat templates' assistant masks, which end at ``<|im_end|>``). Encoded
             conversations only; pre-tokenised masks are used as they are.
