@@ -57,17 +57,29 @@ class TuneResult:
     """Measurements of one run (all zero for a run interrupted before its first pack)."""
 
     buffer_size: int
+    """The run's ``packing_buffer_size``."""
     decode: Decode
+    """When media were decoded: ``"lazy"`` (after selection) or ``"eager"`` (before the buffer)."""
     samples: int = 0
+    """Source samples packed."""
     packs: int = 0
+    """Packed rows emitted."""
     bin_fill: float = 0.0
+    """Aligned tokens over the capacity of all packs."""
     token_efficiency: float = 0.0
+    """Real tokens over aligned tokens (what alignment padding costs)."""
     first_pack_seconds: float = 0.0
+    """From the loader's start to its first pack."""
     packs_per_second: float = 0.0
+    """Packs after the first, over the time they took."""
     samples_per_second: float = 0.0
+    """Samples over the time after the first pack."""
     peak_worker_rss_mb: float = 0.0
+    """Highest RSS of any worker, in MiB."""
     steady_worker_rss_mb: float = 0.0
+    """Highest steady RSS of any worker (after warm-up), in MiB."""
     peak_buffer_mb: float = 0.0
+    """Most bytes any worker's packing buffer held, in MiB."""
     peak_decoder_rss_mb: float = 0.0
     """Peak RSS of a worker's decoder process (:mod:`energon_pack.media.guard`), 0 without one."""
     skipped: dict[str, int] = field(default_factory=dict)

@@ -31,7 +31,7 @@ from energon_pack.memory.report import (
 )
 from energon_pack.offline.build import pack_offline
 from energon_pack.offline.manifest import name_os_errors
-from energon_pack.offline.spec import PackingSpec
+from energon_pack.offline.spec import PackingSpec, PackMetadata
 from energon_pack.packing.bins import best_fit_decreasing, groups_fill
 from energon_pack.packing.online import OnlineBinPacker
 from energon_pack.packing.packed import Decode
@@ -200,26 +200,22 @@ def _offline_spec(args: argparse.Namespace) -> PackingSpec:
     )
 
 
+def _metadata_rows(meta: PackMetadata) -> list[list[object]]:
+    """Every field of ``meta`` with its value (floats to 2 decimals, the efficiency in %)."""
+    units = {"packing_efficiency": " %"}
+    return [
+        [name, f"{value:.2f}{units.get(name, '')}" if isinstance(value, float) else value]
+        for name, value in asdict(meta).items()
+    ]
+
+
 def cmd_offline(args: argparse.Namespace) -> int:
     spec = _offline_spec(args)
     tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
     result = pack_offline(
         args.input, args.out_dir, spec, tokenizer, force=args.force, format=args.format
     )
-    meta = result.metadata
-    print(
-        format_table(
-            ["metadata", "value"],
-            [
-                ["dataset_max_seqlen", meta.dataset_max_seqlen],
-                ["max_samples_per_bin", meta.max_samples_per_bin],
-                ["packing_factor", f"{meta.packing_factor:.2f}"],
-                ["packing_efficiency", f"{meta.packing_efficiency:.2f} %"],
-                ["pack_size", meta.pack_size],
-                ["min_packed_seqlen", meta.min_packed_seqlen],
-            ],
-        )
-    )
+    print(format_table(["metadata", "value"], _metadata_rows(result.metadata)))
     print(
         f"\n{result.samples} samples -> {result.sequences} sequences in {result.packs} packs "
         f"({result.skipped} skipped, {result.truncated} truncated as overlong; "

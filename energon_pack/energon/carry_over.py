@@ -116,15 +116,25 @@ class _SavablePacker(Savable):
             self.packer.load_state_dict(dict(state))
 
 
+@dataclass(frozen=True)
+class SampleSize:
+    """What one buffered sample weighs: its tokens and the memory it holds."""
+
+    length: int
+    """Token length (the packer's item size)."""
+    nbytes: int
+    """Bytes the buffered sample holds (for ``max_bytes`` and the stats)."""
+    decoded_nbytes: int
+    """The part of ``nbytes`` that is decoded media (for the memory monitor)."""
+
+
 class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sample, T_pack]):
     """Packs a stream of encoded samples into packs with a bounded, carry-over buffer.
 
     Args:
         dataset: the pre-encoded samples (each with ``__key__`` and ``__restore_key__``).
         make_packer: builds a fresh :class:`OnlineBinPacker` (settings fixed per run).
-        length: token length of a sample.
-        nbytes: bytes a buffered sample holds (for ``max_bytes`` and the stats).
-        decoded_nbytes: the part of ``nbytes`` that is decoded media (for the memory monitor).
+        size: what a sample weighs in the buffer (:class:`SampleSize`).
         pack: builds the packed sample from the chosen samples, in stream order, decoding
             their media. It may raise :class:`~energon_pack.packing.packed.SkippedSample` for a
             sample that cannot be decoded (naming its position in the list, since keys may repeat in
@@ -159,9 +169,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         dataset: SavableDataset[T_sample],
         *,
         make_packer: Callable[[], OnlineBinPacker],
-        length: Callable[[T_sample], int],
-        nbytes: Callable[[T_sample], int],
-        decoded_nbytes: Callable[[T_sample], int],
+        size: Callable[[T_sample], SampleSize],
         pack: Callable[[list[T_sample]], T_pack],
         overlong: Overlong = "error",
         max_consecutive_skips: int = 100,
@@ -171,9 +179,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
     ) -> None:
         super().__init__(dataset, worker_config=worker_config)
         self._make_packer = make_packer
-        self._length = length
-        self._nbytes = nbytes
-        self._decoded_nbytes = decoded_nbytes
+        self._size = size
         self.monitor_config = monitor
         self._pack = pack
         self.overlong: Overlong = overlong
@@ -335,14 +341,15 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             if isinstance(sample, RejectedSample):
                 self._skip(sample.__key__, sample.reason, sample.message)
                 continue
-            length = self._length(sample)
+            size = self._size(sample)
+            length = size.length
             if self._overlong(sample, length):
                 continue
             seq = self._next_seq
             self._next_seq += 1
             self._buffer.append(sample)
             self._buffer_seqs.append(seq)
-            bins = self.packer.push(seq, length, nbytes=self._nbytes(sample))
+            bins = self.packer.push(seq, length, nbytes=size.nbytes)
             self._pending += [self._seqs(b) for b in bins]
             if monitor is not None:
                 counters = self._counters
@@ -366,7 +373,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         its sample's, and each pending pack must fit a row (ValueError by field otherwise)."""
         packer = self.packer
         position = {seq: index for index, seq in enumerate(self._buffer_seqs)}
-        lengths = {seq: self._length(self._buffer[index]) for seq, index in position.items()}
+        lengths = {seq: self._size(self._buffer[index]).length for seq, index in position.items()}
         for index, (seq, length, *_) in enumerate(packer.state_dict()["held"]):
             if lengths[seq] != length:
                 sample = _key(self._buffer[position[seq]])
@@ -399,7 +406,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             count=len(sizes),
             capacity=self.packer.buffer_size,
             bytes=sum(size for _, size in sizes),
-            decoded_bytes=sum(self._decoded_nbytes(s) for s in self._buffer.buffer),
+            decoded_bytes=sum(self._size(s).decoded_nbytes for s in self._buffer.buffer),
             biggest=tuple(sorted(sizes, key=lambda item: -item[1])[:3]),
             max_bytes=self.packer.max_bytes,
         )

@@ -33,7 +33,12 @@ from energon_pack.encoding.chatml import LossOn, Tokenizer
 from energon_pack.encoding.family import ModelFamily, family_media, model_family
 from energon_pack.encoding.fingerprint import family_identity, tokenizer_identity
 from energon_pack.encoding.template import Encoding, make_encoder
-from energon_pack.energon.carry_over import CarryOverPackingDataset, PackingStats, RejectedSample
+from energon_pack.energon.carry_over import (
+    CarryOverPackingDataset,
+    PackingStats,
+    RejectedSample,
+    SampleSize,
+)
 from energon_pack.formats.energon_types import (
     MediaKeepingDecoder,
     keep_media_compressed,
@@ -171,17 +176,10 @@ def cook_conversation(raw: dict[str, Any]) -> ConversationSample:
     return ConversationSample(**basic_sample_keys(raw), members=members)
 
 
-def _length(sample: PreparedSample) -> int:
-    return sample.encoded.length
-
-
-def _nbytes(sample: PreparedSample) -> int:
-    return sample.encoded.nbytes
-
-
-def _decoded_nbytes(sample: PreparedSample) -> int:
-    vision = sample.encoded.vision
-    return 0 if vision is None else vision.nbytes
+def _size(sample: PreparedSample) -> SampleSize:
+    encoded = sample.encoded
+    decoded = 0 if encoded.vision is None else encoded.vision.nbytes
+    return SampleSize(encoded.length, encoded.nbytes, decoded)
 
 
 class PackingTaskEncoder(DefaultTaskEncoder):
@@ -456,9 +454,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         packed = CarryOverPackingDataset(
             dataset,
             make_packer=self._make_packer(packing_buffer_size or 1),
-            length=_length,
-            nbytes=_nbytes,
-            decoded_nbytes=_decoded_nbytes,
+            size=_size,
             pack=self.pack_selected_samples,
             overlong=self.overlong,
             max_consecutive_skips=self.max_consecutive_skips,
