@@ -355,6 +355,23 @@ def recommend(
     return max(fitting, key=lambda r: (r.decode == "lazy", round(r.bin_fill, 3), -r.buffer_size))
 
 
+def rss_axis(values: Sequence[float], budget: float) -> tuple[float, float, bool]:
+    """Y range ``(bottom, top)`` of the RSS plot and whether the budget line is inside it.
+
+    The range fits the runs with a margin (from 0 while they are near it) and takes the budget
+    in only while the runs keep at least half of the plot's height; a budget far above or below
+    them is named instead of drawn, so their differences stay visible.
+    """
+    low, high = (min(values), max(values)) if values else (budget, budget)
+    margin = max(high - low, 0.05 * high, 1.0) * 0.15
+    bottom = 0.0 if low < 3 * (high - low) else low - margin
+    top = high + margin
+    wide_bottom, wide_top = min(bottom, budget - margin), max(top, budget + margin)
+    if top - bottom < 0.5 * (wide_top - wide_bottom):
+        return bottom, top, False
+    return max(wide_bottom, 0.0), wide_top, True
+
+
 def plot_results(
     results: Sequence[TuneResult],
     out_dir: Path,
@@ -398,12 +415,18 @@ def plot_results(
             if own:
                 axis.plot([r.buffer_size for r in own], [value(r) for r in own], "o-", label=decode)
         if name == "rss":
-            axis.axhline(rss_budget_mb, color="red", linestyle="--", label=budget_label)
-            peak = max((value(r) for r in done), default=rss_budget_mb)
-            if max(peak, rss_budget_mb) > 4 * min(peak, rss_budget_mb):
-                axis.set_yscale("log")  # both the runs and a far budget stay readable
-            else:
-                axis.set_ylim(bottom=0)
+            bottom, top, budget_shown = rss_axis([value(r) for r in done], rss_budget_mb)
+            axis.set_ylim(bottom, top)
+            if budget_shown:
+                axis.axhline(rss_budget_mb, color="red", linestyle="--", label=budget_label)
+            else:  # a budget far above the runs would squash them into one flat line
+                axis.annotate(
+                    f"{budget_label}: far {'above' if rss_budget_mb > top else 'below'}",
+                    xy=(0.02, 0.97),
+                    xycoords="axes fraction",
+                    va="top",
+                    color="red",
+                )
         else:
             axis.plot(
                 [r.buffer_size for r in over],
