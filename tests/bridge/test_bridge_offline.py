@@ -171,7 +171,8 @@ def test_bridge_reads_every_pack_with_our_targets(
 def test_readme_config_builds_with_bridges_dataset_builder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's GPTSFTDatasetConfig, given what ``energon-pack offline`` printed, builds
+    """The GPTSFTDatasetConfig of docs/quickstart/offline.md, given what ``energon-pack
+    offline`` printed, builds
     Bridge's training dataset from the pack (no preparation of its own)."""
     monkeypatch.chdir(tmp_path)
     _write_input(tmp_path / "sft.jsonl", count=40, longest=900, seed=1)
