@@ -172,8 +172,8 @@ def test_readme_config_builds_with_bridges_dataset_builder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The GPTSFTDatasetConfig of docs/quickstart/offline.md, given what ``energon-pack
-    offline`` printed, builds
-    Bridge's training dataset from the pack (no preparation of its own)."""
+    offline`` printed, builds Bridge's training dataset from the pack (no preparation of its
+    own)."""
     monkeypatch.chdir(tmp_path)
     _write_input(tmp_path / "sft.jsonl", count=40, longest=900, seed=1)
     spec = PackingSpec.for_topology(4096, tp=2, cp=2, sp=True)
