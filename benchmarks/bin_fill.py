@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from energon_pack import OnlineBinPacker, best_fit_decreasing, first_fit_decreasing
-from energon_pack.binpack import groups_fill
-from energon_pack.synthetic import DISTRIBUTIONS, lengths_for
-from energon_pack.tables import format_table
+from energon_pack.cli.tables import format_table
+from energon_pack.packing.bins import groups_fill
+from energon_pack.packing.synthetic import DISTRIBUTIONS, lengths_for
 
 BUFFER_SIZES = (4, 8, 16, 32, 64, 128, 256)
 

@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
+from energon_pack.cli.tables import format_table
 from energon_pack.collate import VLMPackingCollator
-from energon_pack.encode import ConversationEncoder, EncodedSample
-from energon_pack.layout import IGNORE_INDEX
+from energon_pack.encoding.chatml import ConversationEncoder
 from energon_pack.media import VisionInputs
-from energon_pack.tables import format_table
-from energon_pack.topology import pad_seq_to_mult
+from energon_pack.packing.packed import EncodedSample
+from energon_pack.packing.row import IGNORE_INDEX
+from energon_pack.packing.topology import pad_seq_to_mult
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "collate.json"

@@ -32,9 +32,9 @@ from chat_corpus import cases  # noqa: E402
 from chat_templates import RELEASED  # noqa: E402
 from real_qwen import real_qwen_tokenizer  # noqa: E402
 
-from energon_pack.encode import ConversationEncoder, SampleEncoder  # noqa: E402
-from energon_pack.tables import format_table  # noqa: E402
-from energon_pack.template_encoder import TemplateEncoder  # noqa: E402
+from energon_pack.cli.tables import format_table  # noqa: E402
+from energon_pack.encoding.chatml import ConversationEncoder, SampleEncoder  # noqa: E402
+from energon_pack.encoding.template import TemplateEncoder  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "encode.json"
 TARGET = 2.0

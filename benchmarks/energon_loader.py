@@ -90,8 +90,8 @@ from megatron.energon import (
     stateless,
 )
 
-from energon_pack.binpack import first_fit_decreasing
-from energon_pack.encode import ConversationEncoder
+from energon_pack.cli.tables import format_table
+from energon_pack.encoding.chatml import ConversationEncoder
 from energon_pack.energon import PackedBatch, PackingTaskEncoder
 from energon_pack.energon.task_encoder import (
     ConversationSample,
@@ -99,8 +99,8 @@ from energon_pack.energon.task_encoder import (
     cook_conversation,
 )
 from energon_pack.media import MediaConfig, PixelDtype
-from energon_pack.tables import format_table
-from energon_pack.topology import pad_seq_to_mult
+from energon_pack.packing.bins import first_fit_decreasing
+from energon_pack.packing.topology import pad_seq_to_mult
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = ROOT / "fixtures" / "vlm_demo"

@@ -39,6 +39,7 @@ import av
 import numpy as np
 from PIL import Image, ImageDraw
 
+from energon_pack.cli.tables import format_table
 from energon_pack.media import (
     MediaConfig,
     MediaError,
@@ -47,7 +48,6 @@ from energon_pack.media import (
     process_image,
     process_video,
 )
-from energon_pack.tables import format_table
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path(__file__).resolve().parent / "results" / "fuzz_media.json"

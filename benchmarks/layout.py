@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from energon_pack.layout import build_packed_row
-from energon_pack.tables import format_table
+from energon_pack.cli.tables import format_table
+from energon_pack.packing.row import build_packed_row
 
 NUM_SEQUENCES = 64
 TOTAL_TOKENS = 32768

@@ -55,10 +55,10 @@ import torch
 from PIL import Image
 
 from energon_pack import media, model_family
+from energon_pack.cli.tables import format_table
 from energon_pack.formats.native import parse_sample
 from energon_pack.media import decode as media_decode
 from energon_pack.media import guard as media_guard
-from energon_pack.tables import format_table
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = ROOT / "fixtures" / "vlm_demo"

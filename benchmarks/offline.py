@@ -2,7 +2,7 @@
 the full pipeline (JSONL -> tokens spilled to disk -> packed .npy directory) on a pre-tokenised
 file, so that token streaming is measured too.
 
-Lengths: energon_pack.synthetic.text_sft_lengths (lognormal, mean about 900, clipped to the
+Lengths: energon_pack.packing.synthetic.text_sft_lengths (lognormal, mean about 900, clipped to the
 capacity). Packing timings cover best_fit_decreasing / first_fit_decreasing only.
 Targets: efficiency >= 0.995 and < 10 s for 1M lengths.
 
@@ -18,10 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from energon_pack.binpack import best_fit_decreasing, first_fit_decreasing
-from energon_pack.offline import PackingSpec, pack_offline
-from energon_pack.synthetic import text_sft_lengths
-from energon_pack.tables import format_table
+from energon_pack.cli.tables import format_table
+from energon_pack.offline.build import pack_offline
+from energon_pack.offline.spec import PackingSpec
+from energon_pack.packing.bins import best_fit_decreasing, first_fit_decreasing
+from energon_pack.packing.synthetic import text_sft_lengths
 
 PACKERS = {"bfd": best_fit_decreasing, "ffd": first_fit_decreasing}
 

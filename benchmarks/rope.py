@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from energon_pack.encode import ByteTokenizer
-from energon_pack.layout import PackedRow, build_packed_row
-from energon_pack.rope import MRopeConfig, packed_mrope_position_ids
-from energon_pack.tables import format_table
+from energon_pack.cli.tables import format_table
+from energon_pack.encoding.chatml import ByteTokenizer
+from energon_pack.packing.mrope import MRopeConfig, packed_mrope_position_ids
+from energon_pack.packing.row import PackedRow, build_packed_row
 
 SEQ_LENGTH = 32768
 NUM_SEGMENTS = 16

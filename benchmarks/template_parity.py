@@ -40,8 +40,8 @@ from helpers import SMALL_MEDIA, image_bytes  # noqa: E402
 from real_qwen import real_qwen_tokenizer  # noqa: E402
 from template_reference import processor_for, reference  # noqa: E402
 
-from energon_pack.tables import format_table  # noqa: E402
-from energon_pack.template_encoder import TemplateEncoder  # noqa: E402
+from energon_pack.cli.tables import format_table  # noqa: E402
+from energon_pack.encoding.template import TemplateEncoder  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "template_parity.json"
 VL = ("QWEN2_VL", "QWEN3_VL")

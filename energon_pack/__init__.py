@@ -1,23 +1,22 @@
 """energon_pack: online sequence packing (THD, cu_seqlens) for text, image and video samples."""
 
-from energon_pack.binpack import (
-    Bin,
-    OnlineBinPacker,
-    PackerStats,
-    best_fit_decreasing,
-    first_fit_decreasing,
+import sys
+
+from energon_pack import _moved
+from energon_pack.collate import CollatedBatch, VLMPackingCollator
+from energon_pack.encoding import (
+    ByteTokenizer,
+    ConversationEncoder,
+    ModelFamily,
+    SampleEncoder,
+    TemplateEncoder,
+    make_encoder,
+    model_family,
 )
-from energon_pack.bridge_batch import VisualInputs, bridge_batch
-from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
-from energon_pack.encode import ByteTokenizer, ConversationEncoder, SampleEncoder
 from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
-from energon_pack.family import ModelFamily, model_family
 from energon_pack.formats import ChatDataset, parse_any
 from energon_pack.formats.native import parse_sample
 from energon_pack.formats.raw import RawSample
-from energon_pack.hf import HFTarget, hf_model_inputs
-from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
-from energon_pack.loss import PackedLoss, loss_normaliser, packed_loss
 from energon_pack.media import (
     MediaConfig,
     MediaError,
@@ -33,18 +32,41 @@ from energon_pack.offline import (
     PackMetadata,
     pack_offline,
 )
-from energon_pack.packed import EncodedSample, PackedSample, mrope_for_packed, pack_samples
-from energon_pack.rope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
-from energon_pack.row_layout import RowLayout
-from energon_pack.template_encoder import TemplateEncoder, make_encoder
-from energon_pack.topology import (
+from energon_pack.packing import (
+    IGNORE_INDEX,
+    Bin,
     DerivedValues,
+    EncodedSample,
+    MRopeConfig,
+    OnlineBinPacker,
+    PackedRow,
+    PackedSample,
+    PackerStats,
     PackingConfig,
+    PackingWarning,
+    RowLayout,
     TokenSlotRow,
+    best_fit_decreasing,
+    build_packed_row,
     equal_token_slot_table,
+    first_fit_decreasing,
+    mrope_for_packed,
+    mrope_position_ids,
+    pack_samples,
+    packed_mrope_position_ids,
     pad_seq_to_mult,
+    unpack,
 )
-from energon_pack.trainers import check_trainer
+from energon_pack.train import (
+    HFTarget,
+    PackedLoss,
+    VisualInputs,
+    bridge_batch,
+    check_trainer,
+    hf_model_inputs,
+    loss_normaliser,
+    packed_loss,
+)
 
 __all__ = [
     "IGNORE_INDEX",
@@ -109,3 +131,5 @@ __all__ = [
     "vision_tokens",
 ]
 __version__ = "0.1.0"
+
+_moved.install(sys.modules[__name__])

@@ -5,7 +5,7 @@
 over, or an already padded HF batch dict) and returns a
 :class:`CollatedBatch`: ``R`` rows of ``T`` tokens in the Megatron Core / Transformer Engine THD
 form, with the media of all rows concatenated in row-then-segment order. Every row is built by
-:func:`~energon_pack.packed.pack_samples`.
+:func:`~energon_pack.pack_samples`.
 
 * Default (``pad_to_max_length=False``): the whole micro-batch becomes one row (``R == 1``), the
   samples in micro-batch order (Megatron-Bridge's in-batch packing). If it does not fit
@@ -31,17 +31,15 @@ from typing import Any, Literal, TypeAlias
 
 import torch
 
-from energon_pack.binpack import OVERLONG_FIX, fewest_bins
 from energon_pack.checks import check_choice, check_config, check_type
-from energon_pack.encode import ConversationEncoder, SampleEncoder
-from energon_pack.family import ModelFamily, family_media, model_family
+from energon_pack.encoding.chatml import ConversationEncoder, SampleEncoder
+from energon_pack.encoding.family import ModelFamily, family_media, model_family
 from energon_pack.formats.chat_rows import is_chat_row
 from energon_pack.formats.trainer_rows import check_media_columns, row_key, unreadable_item
-from energon_pack.hf import HFTarget, batch_model_inputs, check_position_ids
-from energon_pack.layout import hf_varlen_kwargs, loss_mask_from_labels, packed_seq_params_kwargs
-from energon_pack.loss import LOSS_SEGMENTS, hf_loss_segments
 from energon_pack.media import MediaError, VisionInputs
-from energon_pack.packed import (
+from energon_pack.packing.bins import OVERLONG_FIX, fewest_bins
+from energon_pack.packing.mrope import MRopeConfig, PositionIds, mrope_setting
+from energon_pack.packing.packed import (
     EncodedSample,
     PackedSample,
     SkippedSample,
@@ -50,8 +48,19 @@ from energon_pack.packed import (
     pack_samples,
     padding_pack,
 )
-from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
-from energon_pack.row_layout import OverlongPolicy, RowLayout, default_pad_token_id
+from energon_pack.packing.row import (
+    hf_varlen_kwargs,
+    loss_mask_from_labels,
+    packed_seq_params_kwargs,
+)
+from energon_pack.packing.row_layout import (
+    OverlongPolicy,
+    PackingWarning,
+    RowLayout,
+    default_pad_token_id,
+)
+from energon_pack.train.hf import HFTarget, batch_model_inputs, check_position_ids
+from energon_pack.train.loss import LOSS_SEGMENTS, hf_loss_segments
 
 logger = logging.getLogger("energon_pack.collate")
 
@@ -64,16 +73,12 @@ with ``messages`` or ``conversations``), or ``(key, raw)``."""
 _PADDED_FIELDS = frozenset({"input_ids", "attention_mask", "labels"})
 
 
-class PackingWarning(UserWarning):
-    """A packing setting that works but probably does not do what was meant."""
-
-
 @dataclass(frozen=True, eq=False)
 class CollatedBatch:
     """``R`` packed THD rows of ``T`` tokens each (``R == 1`` unless a micro-batch was split).
 
     Per-row tensors are stacked ``[R, T]``. ``cu_seqlens[r]`` / ``cu_seqlens_padded[r]`` are row
-    ``r``'s boundaries (see :class:`~energon_pack.layout.PackedRow`). The ``*_flat`` forms index
+    ``r``'s boundaries (see :class:`~energon_pack.PackedRow`). The ``*_flat`` forms index
     the flattened ``R*T`` token dimension (``input_ids.view(1, -1)``): the real segments of all
     rows one after another, so one THD call covers the whole batch; with ``pad_cu_seqlens`` they
     are padded to ``R * max_segments + 1`` entries by repeating the last boundary.
@@ -113,7 +118,7 @@ class CollatedBatch:
     belongs to the segment that ``cu_seqlens_flat[i:i+2]`` bounds (static slots have none)."""
     target_counts: torch.Tensor
     """``[N]`` long: the training targets (``loss_mask`` ones) of each real segment, in flat order
-    (the per-sample counts that :mod:`energon_pack.loss` weights samples by)."""
+    (the per-sample counts that :mod:`energon_pack.train.loss` weights samples by)."""
     keys: tuple[tuple[str, ...], ...]
     """Sample keys of each row, in segment order."""
     skipped_keys: tuple[str, ...] = ()
@@ -144,8 +149,8 @@ class CollatedBatch:
     def hf_model_inputs(self, model: Any = None) -> dict[str, Any]:
         """Keyword arguments for ``model(**batch.hf_model_inputs(model))`` of a transformers
         causal LM or Qwen2-VL / Qwen2.5-VL model (``model``: the model, its config, an
-        :class:`~energon_pack.hf.HFTarget`, or None for sdpa/eager); see
-        :func:`energon_pack.hf.hf_model_inputs`."""
+        :class:`~energon_pack.HFTarget`, or None for sdpa/eager); see
+        :func:`energon_pack.hf_model_inputs`."""
         return batch_model_inputs(self, self.cu_seqlens_padded_flat, self.vision.tensors(), model)
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,12 +163,12 @@ class VLMPackingCollator:
     """Picklable ``collate_fn`` packing a micro-batch into THD rows; see the module docstring.
 
     The row settings (``seq_length`` ... ``pad_token_id``) build the collator's
-    :class:`~energon_pack.row_layout.RowLayout` (:attr:`layout`); or pass ``layout=`` instead.
+    :class:`~energon_pack.RowLayout` (:attr:`layout`); or pass ``layout=`` instead.
 
     Args:
         seq_length: row capacity in tokens.
         pad_to_multiple_of: each segment's physical span is a multiple of this (e.g.
-            :func:`~energon_pack.topology.pad_seq_to_mult`).
+            :func:`~energon_pack.pad_seq_to_mult`).
         pad_to_max_length: fixed-width rows of ``seq_length``; a micro-batch that does not fit
             one row is split into several.
         pad_cu_seqlens: static-shape ``cu_seqlens`` (needs ``pad_to_max_length`` and
@@ -178,8 +183,8 @@ class VLMPackingCollator:
             HF tokenizer with a chat template pass ``make_encoder(tokenizer)``
             (:class:`~energon_pack.TemplateEncoder`).
         family: a model family preset, its name, a model directory or a transformers
-            model/config (:func:`~energon_pack.family.model_family`); the encoder's media
-            settings must fit it (:func:`~energon_pack.family.family_media`).
+            model/config (:func:`~energon_pack.model_family`); the encoder's media
+            settings must fit it (:func:`~energon_pack.encoding.family.family_media`).
         overlong: a sample longer than ``seq_length`` (after alignment): ``"error"`` raises,
             ``"skip"`` skips it, ``"truncate"`` cuts text tokens after its last vision block
             (all media kept); if the cut would enter a vision block the sample is skipped.
@@ -193,12 +198,12 @@ class VLMPackingCollator:
             ``data_collator`` of transformers' ``Trainer`` or TRL's ``SFTTrainer``.
         hf_model: with ``output="hf"``, the transformers model or config the inputs are for
             (its model type and attention implementation are kept, not the model); see
-            :class:`~energon_pack.hf.HFTarget`. Default: sdpa/eager form. A model that takes
+            :class:`~energon_pack.HFTarget`. Default: sdpa/eager form. A model that takes
             mRoPE positions with ``position_ids="1d"`` is a ValueError.
         loss_segments: with ``output="hf"``, the dict also carries
-            :data:`~energon_pack.loss.LOSS_SEGMENTS` (each target token's sample) for the
-            ``"sample"`` / ``"sqrt"`` reductions of :mod:`energon_pack.loss`; it is not a model
-            input (:meth:`~energon_pack.loss.PackedLoss.attach` takes it out).
+            :data:`~energon_pack.train.loss.LOSS_SEGMENTS` (each target token's sample) for the
+            ``"sample"`` / ``"sqrt"`` reductions of :mod:`energon_pack.train.loss`; it is not a
+            model input (:meth:`~energon_pack.PackedLoss.attach` takes it out).
     """
 
     def __init__(
@@ -406,7 +411,7 @@ class VLMPackingCollator:
     def _rows(self, ready: list[EncodedSample]) -> tuple[list[PackedSample], VisionInputs]:
         """The rows of ``ready`` and their media, decoded once straight into the batch tensors
         (several rows: all rows' pixels in row order). A failing sample is raised as
-        :class:`~energon_pack.packed.SkippedSample` at its position in ``ready``."""
+        :class:`~energon_pack.packing.packed.SkippedSample` at its position in ``ready``."""
         groups = self._groups(ready)
         single_row = len(groups) == 1
         packs = [

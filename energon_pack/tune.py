@@ -19,13 +19,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from energon_pack.binpack import Overlong
-from energon_pack.encode import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
-from energon_pack.family import model_family
+from energon_pack.encoding.chatml import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
+from energon_pack.encoding.family import model_family
+from energon_pack.encoding.template import chat_template_of, template_sha256
 from energon_pack.media import MediaConfig, PixelDtype
-from energon_pack.memory import MB, MonitorConfig, load_report, summarize
-from energon_pack.packed import Decode
-from energon_pack.template_encoder import chat_template_of, template_sha256
+from energon_pack.memory.monitor import MB, MonitorConfig
+from energon_pack.memory.report import load_report, summarize
+from energon_pack.packing.bins import Overlong
+from energon_pack.packing.packed import Decode
 
 
 @dataclass(frozen=True)
@@ -56,17 +57,29 @@ class TuneResult:
     """Measurements of one run (all zero for a run interrupted before its first pack)."""
 
     buffer_size: int
+    """The run's ``packing_buffer_size``."""
     decode: Decode
+    """When media were decoded: ``"lazy"`` (after selection) or ``"eager"`` (before the buffer)."""
     samples: int = 0
+    """Source samples packed."""
     packs: int = 0
+    """Packed rows emitted."""
     bin_fill: float = 0.0
+    """Aligned tokens over the capacity of all packs."""
     token_efficiency: float = 0.0
+    """Real tokens over aligned tokens (what alignment padding costs)."""
     first_pack_seconds: float = 0.0
+    """From the loader's start to its first pack."""
     packs_per_second: float = 0.0
+    """Packs after the first, over the time they took."""
     samples_per_second: float = 0.0
+    """Samples over the time after the first pack."""
     peak_worker_rss_mb: float = 0.0
+    """Highest RSS of any worker, in MiB."""
     steady_worker_rss_mb: float = 0.0
+    """Highest steady RSS of any worker (after warm-up), in MiB."""
     peak_buffer_mb: float = 0.0
+    """Most bytes any worker's packing buffer held, in MiB."""
     peak_decoder_rss_mb: float = 0.0
     """Peak RSS of a worker's decoder process (:mod:`energon_pack.media.guard`), 0 without one."""
     skipped: dict[str, int] = field(default_factory=dict)
@@ -342,6 +355,23 @@ def recommend(
     return max(fitting, key=lambda r: (r.decode == "lazy", round(r.bin_fill, 3), -r.buffer_size))
 
 
+def rss_axis(values: Sequence[float], budget: float) -> tuple[float, float, bool]:
+    """Y range ``(bottom, top)`` of the RSS plot and whether the budget line is inside it.
+
+    The range fits the runs with a margin (from 0 while they are near it) and takes the budget
+    in only while the runs keep at least half of the plot's height; a budget far above or below
+    them is named instead of drawn, so their differences stay visible.
+    """
+    low, high = (min(values), max(values)) if values else (budget, budget)
+    margin = max(high - low, 0.05 * high, 1.0) * 0.15
+    bottom = 0.0 if low < 3 * (high - low) else low - margin
+    top = high + margin
+    wide_bottom, wide_top = min(bottom, budget - margin), max(top, budget + margin)
+    if top - bottom < 0.5 * (wide_top - wide_bottom):
+        return bottom, top, False
+    return max(wide_bottom, 0.0), wide_top, True
+
+
 def plot_results(
     results: Sequence[TuneResult],
     out_dir: Path,
@@ -385,12 +415,18 @@ def plot_results(
             if own:
                 axis.plot([r.buffer_size for r in own], [value(r) for r in own], "o-", label=decode)
         if name == "rss":
-            axis.axhline(rss_budget_mb, color="red", linestyle="--", label=budget_label)
-            peak = max((value(r) for r in done), default=rss_budget_mb)
-            if max(peak, rss_budget_mb) > 4 * min(peak, rss_budget_mb):
-                axis.set_yscale("log")  # both the runs and a far budget stay readable
-            else:
-                axis.set_ylim(bottom=0)
+            bottom, top, budget_shown = rss_axis([value(r) for r in done], rss_budget_mb)
+            axis.set_ylim(bottom, top)
+            if budget_shown:
+                axis.axhline(rss_budget_mb, color="red", linestyle="--", label=budget_label)
+            else:  # a budget far above the runs would squash them into one flat line
+                axis.annotate(
+                    f"{budget_label}: far {'above' if rss_budget_mb > top else 'below'}",
+                    xy=(0.02, 0.97),
+                    xycoords="axes fraction",
+                    va="top",
+                    color="red",
+                )
         else:
             axis.plot(
                 [r.buffer_size for r in over],

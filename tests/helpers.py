@@ -23,10 +23,10 @@ import numpy as np
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 from PIL import Image
 
-from energon_pack.encode import ConversationEncoder
+from energon_pack.encoding.chatml import ConversationEncoder
 from energon_pack.energon import PackedBatch, PackingTaskEncoder
 from energon_pack.media import MediaConfig
-from energon_pack.packed import pack_samples
+from energon_pack.packing.packed import pack_samples
 
 # Small vision budgets keep decoding cheap; the token layout rules are the same.
 SMALL_MEDIA = MediaConfig(

@@ -15,7 +15,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessorPil, Qwen2VLProcessor
 
-from energon_pack.encode import SPECIAL_TOKENS
+from energon_pack.encoding.chatml import SPECIAL_TOKENS
 from energon_pack.media import MediaConfig
 
 QWEN_SPLIT = (

@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader
 
 from energon_pack import media
 from energon_pack.collate import CollatedBatch, VLMPackingCollator
-from energon_pack.encode import ConversationEncoder
+from energon_pack.encoding.chatml import ConversationEncoder
 from energon_pack.energon.task_encoder import PreparedSample
 from energon_pack.formats.native import parse_sample
 from energon_pack.media import MediaConfig, MediaError
@@ -54,7 +54,7 @@ from energon_pack.media.guard import (
     helper_pid,
     shutdown_helper,
 )
-from energon_pack.packed import SkippedSample
+from energon_pack.packing.packed import SkippedSample
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CORPUS = FIXTURES / "crash_corpus"

@@ -20,7 +20,7 @@ from energon_pack import (
     best_fit_decreasing,
     first_fit_decreasing,
 )
-from energon_pack.binpack import aligned_length, fewest_bins, groups_fill
+from energon_pack.packing.bins import aligned_length, fewest_bins, groups_fill
 
 
 # ------------------------------------------------------------------------------------- offline
@@ -352,7 +352,7 @@ def test_overlong_error_names_key_length_and_capacity() -> None:
 
 def test_overlong_skip_counts_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
     packer = OnlineBinPacker(100, 4, overlong="skip")
-    with caplog.at_level(logging.WARNING, logger="energon_pack.binpack"):
+    with caplog.at_level(logging.WARNING, logger="energon_pack.packing"):
         assert packer.push("big", 200) == []
         packer.push("ok", 50)
     assert packer.stats.rejected == 1
@@ -398,7 +398,7 @@ def test_restore_refuses_other_settings() -> None:
 
 def test_targets_on_the_vlm_mix() -> None:
     """The fill the README promises, on a seeded VLM-like stream (the benchmark has timings)."""
-    from energon_pack.synthetic import vlm_lengths
+    from energon_pack.packing.synthetic import vlm_lengths
 
     lengths = vlm_lengths(3000, seed=3)
     for buffer_size, target in [(16, 0.99), (64, 0.995)]:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from megatron.energon import WorkerConfig, get_train_dataset
 
 from energon_pack import PackedBatch, PackingTaskEncoder, RowLayout, build_packed_row
-from energon_pack.bridge_batch import BRIDGE_BATCH_KEYS, VisualInputs, bridge_batch
+from energon_pack.train.bridge import BRIDGE_BATCH_KEYS, VisualInputs, bridge_batch
 
 MANTIS = Path(__file__).resolve().parent.parent / "fixtures" / "bridge_layouts" / "mantis"
 PACKED_SEQ_KEYS = (

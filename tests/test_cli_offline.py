@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from energon_pack.cli import main
-from energon_pack.offline import PackedDataset
+from energon_pack.offline.reader import PackedDataset
 
 
 @pytest.fixture

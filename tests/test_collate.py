@@ -16,12 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
-from energon_pack.binpack import aligned_length
-from energon_pack.collate import CollatedBatch, PackingWarning, VLMPackingCollator
-from energon_pack.encode import ConversationEncoder, EncodedSample
-from energon_pack.layout import IGNORE_INDEX, PackedRow
+from energon_pack.collate import CollatedBatch, VLMPackingCollator
+from energon_pack.encoding.chatml import ConversationEncoder
 from energon_pack.media import MediaConfig, MediaError, MediaItem, normalize_pixels
-from energon_pack.rope import MRopeConfig, mrope_position_ids
+from energon_pack.packing.bins import aligned_length
+from energon_pack.packing.mrope import MRopeConfig, mrope_position_ids
+from energon_pack.packing.packed import EncodedSample
+from energon_pack.packing.row import IGNORE_INDEX, PackedRow
+from energon_pack.packing.row_layout import PackingWarning
 
 VLM_DEMO = Path(__file__).resolve().parent.parent / "fixtures" / "vlm_demo"
 

@@ -11,7 +11,7 @@ import torch
 from helpers import SMALL_MEDIA as SMALL
 from helpers import image_bytes, video_bytes
 
-from energon_pack.encode import SPECIAL_TOKENS, ByteTokenizer, ConversationEncoder
+from energon_pack.encoding.chatml import SPECIAL_TOKENS, ByteTokenizer, ConversationEncoder
 from energon_pack.formats.native import parse_sample
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import MediaError, MediaItem, probe_image

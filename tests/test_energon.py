@@ -24,10 +24,10 @@ from helpers import (
 )
 from megatron.energon import WorkerConfig, get_train_dataset, get_val_dataset
 
-from energon_pack.encode import ConversationEncoder
+from energon_pack.encoding.chatml import ConversationEncoder
 from energon_pack.energon import CarryOverPackingDataset
 from energon_pack.media import normalize_pixels
-from energon_pack.rope import MRopeConfig, mrope_position_ids
+from energon_pack.packing.mrope import MRopeConfig, mrope_position_ids
 
 
 @pytest.fixture(scope="module")

@@ -27,10 +27,10 @@ from helpers import (
     train_dataset,
 )
 
-from energon_pack.binpack import aligned_length
-from energon_pack.encode import ByteTokenizer, ConversationEncoder
+from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder
 from energon_pack.energon import PackingTaskEncoder, carry_over, restore_state_rank
 from energon_pack.media import MediaConfig
+from energon_pack.packing.bins import aligned_length
 
 
 def pickle_roundtrip(state: Any) -> Any:

@@ -14,7 +14,7 @@ from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig, Qwen3VL
 
 from energon_pack import ConversationEncoder, PackingTaskEncoder, VLMPackingCollator, model_family
 from energon_pack.cli import main
-from energon_pack.family import FAMILIES, family_media
+from energon_pack.encoding.family import FAMILIES, family_media
 from energon_pack.media import MediaConfig
 
 QWEN2_PREPROCESSOR = {  # the released Qwen2-VL-7B-Instruct preprocessor_config.json

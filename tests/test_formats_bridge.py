@@ -25,7 +25,7 @@ from helpers import (
 )
 from PIL import Image
 
-from energon_pack.encode import ConversationEncoder
+from energon_pack.encoding.chatml import ConversationEncoder
 from energon_pack.formats.safe_pickle import load_arrays
 from energon_pack.media import Frames, MediaError
 

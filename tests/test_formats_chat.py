@@ -17,7 +17,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from energon_pack import VLMPackingCollator
-from energon_pack.encode import ConversationEncoder
+from energon_pack.encoding.chatml import ConversationEncoder
 from energon_pack.formats import ChatDataset
 from energon_pack.formats.native import parse_sample
 from energon_pack.media import MediaError, media_kind

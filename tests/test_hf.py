@@ -29,12 +29,13 @@ from transformers import (
 )
 from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 
-from energon_pack import hf
 from energon_pack.collate import CollatedBatch, VLMPackingCollator
-from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSample
-from energon_pack.hf import HFTarget
-from energon_pack.layout import IGNORE_INDEX
-from energon_pack.rope import MRopeConfig
+from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder
+from energon_pack.packing.mrope import MRopeConfig
+from energon_pack.packing.packed import EncodedSample
+from energon_pack.packing.row import IGNORE_INDEX
+from energon_pack.train import hf
+from energon_pack.train.hf import HFTarget
 
 TOKENIZER = ByteTokenizer()
 ENCODER = ConversationEncoder(TOKENIZER, media=SMALL_MEDIA)

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from energon_pack import PackedDataset, PackingSpec, VLMPackingCollator, pack_offline
-from energon_pack.encode import ConversationEncoder, template_system_prompt
-from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
+from energon_pack.encoding.chatml import ConversationEncoder, template_system_prompt
 from energon_pack.media import probe_video
+from energon_pack.packing.row import IGNORE_INDEX, PackedRow, build_packed_row, unpack
 
 TOKENIZER = qwen_tokenizer()
 PROCESSOR = qwen_processor(TOKENIZER, SMALL_MEDIA)

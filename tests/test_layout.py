@@ -1,4 +1,4 @@
-"""Tests of THD row assembly (energon_pack.layout)."""
+"""Tests of THD row assembly (energon_pack.packing.row)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_pack.layout import IGNORE_INDEX, PackedRow, build_packed_row, unpack
+from energon_pack.packing.row import IGNORE_INDEX, PackedRow, build_packed_row, unpack
 
 
 def seq(ids: list[int], mask: list[float] | None = None, **extra: Any) -> dict[str, Any]:

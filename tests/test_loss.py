@@ -33,10 +33,10 @@ from transformers import PreTrainedModel
 from unpacked import token_losses
 
 from energon_pack import PackedLoss, VLMPackingCollator, loss_normaliser, packed_loss
-from energon_pack.encode import EncodedSample
-from energon_pack.hf import HFTarget
-from energon_pack.layout import IGNORE_INDEX
-from energon_pack.loss import LOSS_SEGMENTS, Reduction
+from energon_pack.packing.packed import EncodedSample
+from energon_pack.packing.row import IGNORE_INDEX
+from energon_pack.train.hf import HFTarget
+from energon_pack.train.loss import LOSS_SEGMENTS, Reduction
 
 Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 COMBINE: dict[str, Combine] = {

@@ -17,7 +17,7 @@ from energon_pack import media
 from energon_pack.cli import main
 from energon_pack.media import MediaConfig
 from energon_pack.media.guard import helper_pid
-from energon_pack.memory import (
+from energon_pack.memory.monitor import (
     KEEP_READINGS,
     MB,
     BufferMemoryWarning,
@@ -25,10 +25,9 @@ from energon_pack.memory import (
     MonitorConfig,
     RSSMonitor,
     advice,
-    load_report,
     suggest_buffer_size,
-    summarize,
 )
+from energon_pack.memory.report import load_report, summarize
 
 
 def run_loader(path: Path, monitor: MonitorConfig | None, **encoder: Any) -> list[list[str]]:

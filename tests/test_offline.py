@@ -19,12 +19,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_pack import offline
-from energon_pack.binpack import aligned_length
 from energon_pack.cli import main as cli_main
-from energon_pack.encode import ByteTokenizer, ConversationEncoder
-from energon_pack.layout import unpack
-from energon_pack.offline import PackedDataset, PackingSpec, pack_offline
+from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder
+from energon_pack.offline import bridge as offline_bridge
+from energon_pack.offline import build as offline_build
+from energon_pack.offline import manifest as offline_manifest
+from energon_pack.offline import spec as offline_spec
+from energon_pack.offline.build import pack_offline
+from energon_pack.offline.reader import PackedDataset
+from energon_pack.offline.spec import PackingSpec
+from energon_pack.packing.bins import aligned_length
+from energon_pack.packing.row import unpack
 
 
 def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
@@ -133,7 +138,7 @@ def test_pretokenised_round_trip(lengths: list[int], mult: int, algorithm: str, 
 
 def test_gather_in_small_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pass 3 copies a bounded number of tokens at a time; chunk edges must not lose any."""
-    monkeypatch.setattr(offline, "_COPY_CHUNK_TOKENS", 7)
+    monkeypatch.setattr(offline_build, "_COPY_CHUNK_TOKENS", 7)
     records = [{"input_ids": list(range(1, n + 1)), "loss_mask": [1] * n} for n in (3, 9, 1, 5, 12)]
     pack_offline(write_jsonl(tmp_path / "in.jsonl", records), tmp_path / "out", PackingSpec(16))
     assert_round_trip(PackedDataset(tmp_path / "out"), records)
@@ -183,7 +188,7 @@ def test_metadata_matches_a_direct_computation(tmp_path: Path) -> None:
     }
     on_disk = json.loads((tmp_path / "out" / "metadata.json").read_text())
     assert on_disk == [expected]
-    assert result.metadata == offline.PackMetadata(**expected)
+    assert result.metadata == offline_spec.PackMetadata(**expected)
 
 
 # ------------------------------------------------------------------------- manifest / reuse
@@ -449,8 +454,8 @@ def test_manifest_records_every_array(tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "in.jsonl", text_records(20))
     pack_offline(source, tmp_path / "out", PackingSpec(256))
     manifest = manifest_of(tmp_path / "out")
-    assert manifest["format_version"] == offline.FORMAT_VERSION == 2
-    assert sorted(manifest["arrays"]) == sorted(offline.ARRAY_FILES)
+    assert manifest["format_version"] == offline_manifest.FORMAT_VERSION == 2
+    assert sorted(manifest["arrays"]) == sorted(offline_spec.ARRAY_FILES)
     for name, record in manifest["arrays"].items():
         path = tmp_path / "out" / name
         array = np.load(path)
@@ -489,8 +494,8 @@ def test_a_change_outside_the_sample_needs_verify(tmp_path: Path) -> None:
     pack_offline(source, tmp_path / "out", PackingSpec(1024))
     path = tmp_path / "out" / "input_ids.npy"
     data = bytearray(path.read_bytes())
-    block = offline._SAMPLE_BLOCK_BYTES
-    step = (len(data) - block) // (offline._SAMPLE_BLOCKS - 1)
+    block = offline_manifest._SAMPLE_BLOCK_BYTES
+    step = (len(data) - block) // (offline_manifest._SAMPLE_BLOCKS - 1)
     data[block + (step - block) // 2] ^= 1  # between the first and the second sampled block
     path.write_bytes(bytes(data))
     assert len(PackedDataset(tmp_path / "out")) == 300  # the sample still matches
@@ -604,7 +609,7 @@ def test_bridge_parquet_holds_every_sequence_rolled_and_aligned(
     )
     # Bridge pads with (and strips) its tokenizer's eos: <|im_end|> here, not the pad token.
     pad = tokenizer.eos_token_id if tokenizer is not None else ByteTokenizer().pad_token_id
-    assert offline.bridge_pad_id(tokenizer or ByteTokenizer()) == pad
+    assert offline_bridge.bridge_pad_id(tokenizer or ByteTokenizer()) == pad
     reference = {}
     for record in records:
         if tokenizer is None:

@@ -3,9 +3,9 @@ from __future__ import annotations
 import torch
 from helpers import image_bytes, video_bytes
 
-from energon_pack.encode import ConversationEncoder
-from energon_pack.layout import unpack
-from energon_pack.packed import pack_samples
+from energon_pack.encoding.chatml import ConversationEncoder
+from energon_pack.packing.packed import pack_samples
+from energon_pack.packing.row import unpack
 
 
 def test_media_follow_segment_order_and_tokens_round_trip() -> None:

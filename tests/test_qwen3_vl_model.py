@@ -36,12 +36,13 @@ from transformers import (
 )
 
 from energon_pack.collate import CollatedBatch, VLMPackingCollator
-from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSample
-from energon_pack.hf import HFTarget
-from energon_pack.layout import IGNORE_INDEX
+from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder
 from energon_pack.media import MediaConfig, VisionInputs
 from energon_pack.media.assembly import MediaItem
-from energon_pack.rope import MRopeConfig
+from energon_pack.packing.mrope import MRopeConfig
+from energon_pack.packing.packed import EncodedSample
+from energon_pack.packing.row import IGNORE_INDEX
+from energon_pack.train.hf import HFTarget
 
 TOKENIZER = ByteTokenizer()
 # Qwen3-VL geometry (patch 16, mean and std 0.5) with small budgets to keep decoding cheap.

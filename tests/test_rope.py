@@ -13,11 +13,11 @@ from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 
-from energon_pack.encode import ByteTokenizer, ConversationEncoder, EncodedSample
-from energon_pack.layout import build_packed_row
+from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder
 from energon_pack.media import VisionInputs
-from energon_pack.packed import mrope_for_packed, pack_samples
-from energon_pack.rope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
+from energon_pack.packing.mrope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
+from energon_pack.packing.packed import EncodedSample, mrope_for_packed, pack_samples
+from energon_pack.packing.row import build_packed_row
 
 TOKENIZER = ByteTokenizer()
 START = TOKENIZER.convert_tokens_to_ids("<|vision_start|>")

@@ -30,14 +30,14 @@ from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeMod
 from transformers.video_utils import VideoMetadata
 
 from energon_pack.collate import VLMPackingCollator
-from energon_pack.encode import ByteTokenizer
-from energon_pack.layout import build_packed_row
-from energon_pack.rope import (
+from energon_pack.encoding.chatml import ByteTokenizer
+from energon_pack.packing.mrope import (
     MRopeConfig,
     mrope_position_ids,
     mrope_setting,
     packed_mrope_position_ids,
 )
+from energon_pack.packing.row import build_packed_row
 
 TOKENIZER = ByteTokenizer()
 START = TOKENIZER.convert_tokens_to_ids("<|vision_start|>")

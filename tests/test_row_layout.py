@@ -22,8 +22,8 @@ from energon_pack import (
     VLMPackingCollator,
     build_packed_row,
 )
-from energon_pack.binpack import aligned_length
-from energon_pack.packed import SkippedSample, pack_dropping_failures
+from energon_pack.packing.bins import aligned_length
+from energon_pack.packing.packed import SkippedSample, pack_dropping_failures
 
 layouts = st.builds(
     dict,

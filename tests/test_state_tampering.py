@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 from helpers import savable_loader, text_dataset, train_dataset
 
-from energon_pack.binpack import Bin, OnlineBinPacker, aligned_length
 from energon_pack.energon import restore_state_rank
+from energon_pack.packing.bins import Bin, aligned_length
+from energon_pack.packing.online import OnlineBinPacker
 
 Path_ = tuple[Any, ...]
 """Keys and indexes from the root of a state to one of its values."""

@@ -36,10 +36,11 @@ from energon_pack import (
     pack_offline,
     vision_block,
 )
-from energon_pack.encode import ByteTokenizer, VisionIds
-from energon_pack.fingerprint import check_fingerprint, settings_fingerprint
-from energon_pack.layout import unpack
+from energon_pack.encoding.chatml import ByteTokenizer
+from energon_pack.encoding.fingerprint import check_fingerprint, settings_fingerprint
 from energon_pack.media import MediaError, MediaItem
+from energon_pack.media.tokens import VisionIds
+from energon_pack.packing.row import unpack
 
 VL = ("QWEN2_VL", "QWEN3_VL")
 IMAGE = image_bytes(90, 64)

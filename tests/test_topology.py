@@ -1,4 +1,4 @@
-"""Tests of topology helpers and packing config validation (energon_pack.topology)."""
+"""Tests of topology helpers and packing config validation (energon_pack.packing.topology)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from energon_pack.topology import (
+from energon_pack.packing.topology import (
     DerivedValues,
     PackingConfig,
     TokenSlotRow,

@@ -2,7 +2,7 @@
 
 Rows given as they are equal the same rows read through ``ChatDataset``; rows a trainer
 stripped or tokenised are refused with the setting that did it, on real ``Trainer`` and
-``SFTTrainer`` instances, and :func:`~energon_pack.trainers.check_trainer` names each setting.
+``SFTTrainer`` instances, and :func:`~energon_pack.check_trainer` names each setting.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from test_trainers import COMMON, build, chat_rows, collator, model_for
 from transformers import Trainer, TrainingArguments
 
 from energon_pack import ChatDataset
-from energon_pack.trainers import check_trainer
+from energon_pack.train.trainers import check_trainer
 
 
 def _same(got: Any, want: Any) -> None:

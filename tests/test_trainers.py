@@ -35,7 +35,7 @@ from trl import SFTConfig, SFTTrainer
 from unpacked import token_losses
 
 from energon_pack import ConversationEncoder, MRopeConfig, PackedLoss, VLMPackingCollator
-from energon_pack.trainers import check_trainer
+from energon_pack.train.trainers import check_trainer
 
 STEPS, ACCUMULATION, MICRO_BATCH = 4, 2, 3
 LEARNING_RATE = 0.05

@@ -18,7 +18,8 @@ from helpers import fixture_maker, image_bytes
 from PIL import Image
 
 from energon_pack.cli import main
-from energon_pack.encode import SPECIAL_TOKENS
+from energon_pack.encoding.chatml import SPECIAL_TOKENS
+from energon_pack.tune import rss_axis
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far"]
@@ -257,3 +258,28 @@ def test_tune_takes_a_model_family(
     args[args.index("--family") + 1] = "qwen9"
     assert main(args) == 2
     assert "unknown model family 'qwen9'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("values", "budget", "shown"),
+    [
+        ([900.0, 950.0, 1400.0], 100_000.0, False),  # budget far above the runs
+        ([5000.0, 5100.0], 10.0, False),  # far below them
+        ([900.0, 950.0, 1400.0], 1500.0, True),  # just above
+        ([900.0, 950.0, 1400.0], 10.0, True),  # below, but the axis starts at 0 anyway
+        ([1200.0, 1210.0], 1205.0, True),  # among them
+        ([50.0], 60_000.0, False),  # one run
+    ],
+)
+def test_the_rss_axis_keeps_the_runs_readable(
+    values: list[float], budget: float, shown: bool
+) -> None:
+    """The RSS plot's y range holds every run; it holds the budget line only where the runs
+    still span a good part of the plot, so a far budget never squashes them flat."""
+    bottom, top, budget_shown = rss_axis(values, budget)
+    assert budget_shown == shown
+    assert 0 <= bottom <= min(values) <= max(values) <= top
+    assert (bottom <= budget <= top) == shown
+    spread = max(values) - min(values)
+    if not shown and spread:
+        assert spread >= 0.25 * (top - bottom)

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from helpers import SMALL_MEDIA
 from transformers import PreTrainedModel
 
-from energon_pack.encode import EncodedSample
-from energon_pack.layout import IGNORE_INDEX
+from energon_pack.packing.packed import EncodedSample
+from energon_pack.packing.row import IGNORE_INDEX
 
 
 def alone_inputs(model: PreTrainedModel, sample: EncodedSample) -> dict[str, Any]:

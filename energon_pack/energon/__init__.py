@@ -10,7 +10,7 @@ from energon_pack.energon.task_encoder import (
     PreparedSample,
     cook_conversation,
 )
-from energon_pack.packed import SkippedSample
+from energon_pack.packing.packed import SkippedSample
 
 __all__ = [
     "CarryOverPackingDataset",

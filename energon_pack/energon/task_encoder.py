@@ -28,27 +28,32 @@ from megatron.energon.task_encoder.base import get_failure_tolerance, get_statel
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers import MapDataset
 
-from energon_pack.binpack import OnlineBinPacker, Overlong
-from energon_pack.bridge_batch import bridge_batch
 from energon_pack.checks import check_choice, check_config, check_int, check_number
-from energon_pack.collate import PackingWarning
-from energon_pack.encode import LossOn, Tokenizer
-from energon_pack.energon.carry_over import CarryOverPackingDataset, PackingStats, RejectedSample
-from energon_pack.family import ModelFamily, family_media, model_family
-from energon_pack.fingerprint import family_identity, tokenizer_identity
+from energon_pack.encoding.chatml import LossOn, Tokenizer
+from energon_pack.encoding.family import ModelFamily, family_media, model_family
+from energon_pack.encoding.fingerprint import family_identity, tokenizer_identity
+from energon_pack.encoding.template import Encoding, make_encoder
+from energon_pack.energon.carry_over import (
+    CarryOverPackingDataset,
+    PackingStats,
+    RejectedSample,
+    SampleSize,
+)
 from energon_pack.formats.energon_types import (
     MediaKeepingDecoder,
     keep_media_compressed,
     typed_sample_row,
 )
-from energon_pack.hf import batch_model_inputs
-from energon_pack.layout import PackedRow
 from energon_pack.media import MediaConfig, MediaError
-from energon_pack.memory import MonitorConfig
-from energon_pack.packed import Decode, EncodedSample, pack_samples, padding_pack
-from energon_pack.rope import MRopeConfig, PositionIds, mrope_setting
-from energon_pack.row_layout import RowLayout, default_pad_token_id
-from energon_pack.template_encoder import Encoding, make_encoder
+from energon_pack.memory.monitor import MonitorConfig
+from energon_pack.packing.bins import Overlong
+from energon_pack.packing.mrope import MRopeConfig, PositionIds, mrope_setting
+from energon_pack.packing.online import OnlineBinPacker
+from energon_pack.packing.packed import Decode, EncodedSample, pack_samples, padding_pack
+from energon_pack.packing.row import PackedRow
+from energon_pack.packing.row_layout import PackingWarning, RowLayout, default_pad_token_id
+from energon_pack.train.bridge import bridge_batch
+from energon_pack.train.hf import batch_model_inputs
 
 # numpy.random is imported above, in the main process: torch's DataLoader worker seeds numpy's
 # RNG first thing, and a first import of numpy.random in a freshly forked worker can fail under
@@ -152,7 +157,7 @@ class PackedBatch(Sample):
 
     def to_bridge_batch(self, media: MediaConfig | None = None) -> dict[str, Any]:
         """The dict Megatron-Bridge's ``vlm_step.get_batch`` reads (see
-        :func:`~energon_pack.bridge_batch.bridge_batch`), with ``__key__``, ``__keys__``,
+        :func:`~energon_pack.bridge_batch`), with ``__key__``, ``__keys__``,
         ``__restore_key__`` and ``packing_stats`` alongside. uint8 pixels are normalised with
         ``media`` (the encoder's ``MediaConfig``), or refused without it."""
         metadata = {
@@ -171,17 +176,10 @@ def cook_conversation(raw: dict[str, Any]) -> ConversationSample:
     return ConversationSample(**basic_sample_keys(raw), members=members)
 
 
-def _length(sample: PreparedSample) -> int:
-    return sample.encoded.length
-
-
-def _nbytes(sample: PreparedSample) -> int:
-    return sample.encoded.nbytes
-
-
-def _decoded_nbytes(sample: PreparedSample) -> int:
-    vision = sample.encoded.vision
-    return 0 if vision is None else vision.nbytes
+def _size(sample: PreparedSample) -> SampleSize:
+    encoded = sample.encoded
+    decoded = 0 if encoded.vision is None else encoded.vision.nbytes
+    return SampleSize(encoded.length, encoded.nbytes, decoded)
 
 
 class PackingTaskEncoder(DefaultTaskEncoder):
@@ -200,7 +198,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         pad_to_max_length: rows of exactly ``seq_length`` tokens.
         media: image/video preprocessing and limits.
         family: a model family preset, its name, a model directory or a transformers
-            model/config (:func:`~energon_pack.family.model_family`): its media settings are
+            model/config (:func:`~energon_pack.model_family`): its media settings are
             used (or checked against ``media``) and it is recorded in the saved state.
         overlong: ``"error"`` raises for a sample longer than ``seq_length``; ``"skip"``
             counts it in ``packing_stats.skipped["overlong"]`` and logs its key.
@@ -216,7 +214,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             ``mrope_position_ids`` and ``rope_deltas``, computed per segment.
         mrope: the mRoPE settings (default: from the tokenizer, Qwen2-VL behaviour; pass
             ``MRopeConfig.from_tokenizer(tokenizer, tokens_per_second=2)`` for Qwen2.5-VL).
-        system_prompt, loss_on: see :class:`~energon_pack.encode.ConversationEncoder`.
+        system_prompt, loss_on: see :class:`~energon_pack.ConversationEncoder`.
         output: ``"batch"`` (default) yields :class:`PackedBatch`; ``"bridge"`` yields the dict
             Megatron-Bridge's ``vlm_step`` reads (:meth:`PackedBatch.to_bridge_batch`). It needs
             float32 pixels, since Bridge's step does not normalise uint8 ones.
@@ -383,7 +381,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
     def pack_selected_samples(self, samples: Sequence[PreparedSample]) -> PackedBatch:
         """The THD row of the chosen samples; their media are decoded only now, straight into
         the row's pixel tensors, in segment order. A sample whose media fail raises
-        :class:`~energon_pack.packed.SkippedSample` (the wrapper then packs the others). No
+        :class:`~energon_pack.packing.packed.SkippedSample` (the wrapper then packs the others). No
         samples give a padding row with an all-zero loss mask (it carries the stats of samples
         skipped at the end)."""
         if samples:
@@ -456,9 +454,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         packed = CarryOverPackingDataset(
             dataset,
             make_packer=self._make_packer(packing_buffer_size or 1),
-            length=_length,
-            nbytes=_nbytes,
-            decoded_nbytes=_decoded_nbytes,
+            size=_size,
             pack=self.pack_selected_samples,
             overlong=self.overlong,
             max_consecutive_skips=self.max_consecutive_skips,

@@ -92,7 +92,7 @@ class MediaConfig:
     preceded by its timestamp text (:mod:`energon_pack.media.tokens`), as transformers 4.57
     writes it; ``video_outer_block=True`` keeps transformers 5.x's outer ``<|vision_start|>`` /
     ``<|vision_end|>`` pair around those blocks. A model family preset
-    (:func:`energon_pack.family.model_family`) sets all of these for its checkpoints.
+    (:func:`energon_pack.model_family`) sets all of these for its checkpoints.
     Limits reject a sample before decoding: ``max_image_pixels`` (decoded-size bomb guard, also
     applied to video frames), ``max_images_per_sample``, ``max_video_source_frames`` and
     ``max_video_seconds``.

@@ -30,8 +30,11 @@ from megatron.bridge.data.builders.gpt_sft import (  # noqa: E402
 from megatron.bridge.data.packing.config import PackedSequenceSpecs  # noqa: E402
 from megatron.bridge.data.packing.parquet import GPTSFTPackedParquetDataset  # noqa: E402
 
-from energon_pack.encode import ByteTokenizer  # noqa: E402
-from energon_pack.offline import PackedDataset, PackingSpec, bridge_pad_id, pack_offline  # noqa: E402
+from energon_pack.encoding.chatml import ByteTokenizer  # noqa: E402
+from energon_pack.offline.bridge import bridge_pad_id  # noqa: E402
+from energon_pack.offline.build import pack_offline  # noqa: E402
+from energon_pack.offline.reader import PackedDataset  # noqa: E402
+from energon_pack.offline.spec import PackingSpec  # noqa: E402
 
 Targets = tuple[tuple[int, float], ...]
 
@@ -168,8 +171,9 @@ def test_bridge_reads_every_pack_with_our_targets(
 def test_readme_config_builds_with_bridges_dataset_builder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's GPTSFTDatasetConfig, given what ``energon-pack offline`` printed, builds
-    Bridge's training dataset from the pack (no preparation of its own)."""
+    """The GPTSFTDatasetConfig of docs/quickstart/offline.md, given what ``energon-pack
+    offline`` printed, builds Bridge's training dataset from the pack (no preparation of its
+    own)."""
     monkeypatch.chdir(tmp_path)
     _write_input(tmp_path / "sft.jsonl", count=40, longest=900, seed=1)
     spec = PackingSpec.for_topology(4096, tp=2, cp=2, sp=True)

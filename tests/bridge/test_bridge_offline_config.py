@@ -2,7 +2,7 @@
 
 Each case is one training setup written twice: as Bridge's config (GPT model provider, an
 offline GPT SFT dataset or an in-batch-packing dataset) and as a
-:class:`~energon_pack.topology.PackingConfig`. Both accept it, both refuse it, or Bridge accepts
+:class:`~energon_pack.PackingConfig`. Both accept it, both refuse it, or Bridge accepts
 and check-config refuses with a message that says why it is stricter. Runs in the Bridge test
 environment (``bash scripts/test_bridge.sh``); skipped elsewhere.
 """
@@ -38,7 +38,7 @@ from megatron.bridge.training.config import (  # noqa: E402
 from megatron.bridge.training.tokenizers.config import TokenizerConfig  # noqa: E402
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
 
-from energon_pack.topology import PackingConfig  # noqa: E402
+from energon_pack.packing.topology import PackingConfig  # noqa: E402
 
 STRICTER = "Megatron-Bridge 0.6.2"
 """What a stricter check-config message names."""

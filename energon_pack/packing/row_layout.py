@@ -1,10 +1,10 @@
 """The layout of a packed THD row as one settings object, with every row rule checked once.
 
-:class:`RowLayout` is what the packing core (:func:`~energon_pack.layout.build_packed_row`,
-:func:`~energon_pack.packed.pack_samples`), both loaders, the offline packer and the settings
+:class:`RowLayout` is what the packing core (:func:`~energon_pack.build_packed_row`,
+:func:`~energon_pack.pack_samples`), both loaders, the offline packer and the settings
 fingerprint take. The rules that other settings objects share (the offline
 :class:`~energon_pack.offline.PackingSpec`, the topology check
-:class:`~energon_pack.topology.PackingConfig`) are the functions below, written once.
+:class:`~energon_pack.PackingConfig`) are the functions below, written once.
 No torch: the topology check and the CLI use this without loading it. :meth:`RowLayout.bridge_row`
 lays a row out in Megatron-Bridge's packed parquet form (the offline ``format="bridge"``).
 """
@@ -19,15 +19,21 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from energon_pack.binpack import aligned_length, overlong_message
+from energon_pack.packing.bins import aligned_length, overlong_message
 
 __all__ = [
     "OverlongPolicy",
+    "PackingWarning",
     "RowLayout",
     "default_pad_token_id",
     "fixed_width_problem",
     "multiple_problem",
 ]
+
+
+class PackingWarning(UserWarning):
+    """A packing setting that works but probably does not do what was meant."""
+
 
 OverlongPolicy = Literal["error", "skip", "truncate"]
 """What a loader does with a sample longer than a row: raise, count and skip it, or cut it
@@ -41,7 +47,7 @@ class RowLayout:
     Args:
         seq_length: row capacity in tokens.
         pad_to_multiple_of: each segment's physical span is its length rounded up to this
-            (e.g. :func:`~energon_pack.topology.pad_seq_to_mult`).
+            (e.g. :func:`~energon_pack.pad_seq_to_mult`).
         pad_to_max_length: rows are exactly ``seq_length`` wide, the trailing padding absorbed
             in the last segment (needs ``seq_length`` to be a multiple of
             ``pad_to_multiple_of``).

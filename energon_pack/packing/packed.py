@@ -14,7 +14,6 @@ from typing import Any, Literal, TypeVar
 import torch
 from torch.utils.data import get_worker_info
 
-from energon_pack.layout import PackedRow, build_packed_row
 from energon_pack.media import (
     MediaConfig,
     MediaError,
@@ -24,8 +23,9 @@ from energon_pack.media import (
     media_grids,
     tensor_nbytes,
 )
-from energon_pack.rope import MRopeConfig, packed_mrope_position_ids
-from energon_pack.row_layout import RowLayout
+from energon_pack.packing.mrope import MRopeConfig, packed_mrope_position_ids
+from energon_pack.packing.row import PackedRow, build_packed_row
+from energon_pack.packing.row_layout import RowLayout
 
 __all__ = [
     "Decode",
@@ -113,7 +113,7 @@ class PackedSample:
 def mrope_for_packed(
     packed: PackedSample, config: MRopeConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`~energon_pack.rope.packed_mrope_position_ids` of a :class:`PackedSample`."""
+    """:func:`~energon_pack.packed_mrope_position_ids` of a :class:`PackedSample`."""
     row, vision = packed.row, packed.vision
     return packed_mrope_position_ids(
         row.input_ids,
@@ -175,7 +175,7 @@ def pack_samples(
 ) -> PackedSample:
     """Pack ``samples``, in order, into one row and decode their media into it.
 
-    ``layout`` is the row's :class:`~energon_pack.row_layout.RowLayout` (or its fields as
+    ``layout`` is the row's :class:`~energon_pack.RowLayout` (or its fields as
     keywords); ``media`` is the preprocessing used to decode (each image/video is patchified
     straight into its slice of the row's pixel tensors, see
     :func:`~energon_pack.media.decode_vision`); with ``mrope`` the 3-D position ids of every

@@ -2,7 +2,7 @@
 
 :class:`SampleEncoder` is what every encoder shares (settings, media probing, the vision-token
 check); :class:`ConversationEncoder` is the hand-written ChatML (Qwen) encoder, and
-:class:`~energon_pack.template_encoder.TemplateEncoder` the one driven by a tokenizer's chat
+:class:`~energon_pack.TemplateEncoder` the one driven by a tokenizer's chat
 template. Each turns a conversation and its media members into an :class:`EncodedSample`: token
 ids with every medium expanded by one hook, :func:`~energon_pack.media.vision_tokens` by default
 (``<|vision_start|>`` + N pad tokens + ``<|vision_end|>``; a timestamped video: one such block per
@@ -42,9 +42,9 @@ from energon_pack.media import (
     probe_video,
     vision_tokens,
 )
-from energon_pack.packed import EncodedSample
+from energon_pack.packing.packed import EncodedSample
 
-logger = logging.getLogger("energon_pack.encode")
+logger = logging.getLogger("energon_pack.encoding")
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from energon_pack.layout import IGNORE_INDEX
+from energon_pack.packing.row import IGNORE_INDEX
 
 MIN_TRANSFORMERS = (5, 0)
 """Oldest transformers whose packed-input rules :func:`hf_model_inputs` follows: per-segment

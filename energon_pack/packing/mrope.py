@@ -24,6 +24,7 @@ from typing import Literal, Protocol
 import torch
 
 from energon_pack.checks import check_int, check_number
+from energon_pack.packing.row import first_true
 
 TextAfterVision = Literal["max", "spatial"]
 MRopeRule = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
@@ -347,9 +348,7 @@ def _segments(
             f"at 0, got {offsets.tolist()} and {cumulative.tolist()}; pass the boundaries of "
             "this row"
         )
-    bad = (lengths < 0) | (lengths > spans)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
+    if (i := first_true((lengths < 0) | (lengths > spans))) is not None:
         raise ValueError(
             f"segment {i}: real length {int(lengths[i])} (from cu_seqlens) must be between 0 "
             f"and its physical span {int(spans[i])} (from cu_seqlens_padded); pass cu_seqlens "
@@ -360,10 +359,8 @@ def _segments(
 
 def _first_bad(bad: torch.Tensor, block_kind: torch.Tensor) -> tuple[int, str] | None:
     """The first vision block flagged in ``bad`` and its kind's name, or None."""
-    if not bool(bad.any()):
-        return None
-    j = int(bad.nonzero()[0, 0])
-    return j, _KIND_NAMES[int(block_kind[j])]
+    j = first_true(bad)
+    return None if j is None else (j, _KIND_NAMES[int(block_kind[j])])
 
 
 def _check_vision_start(
@@ -431,8 +428,7 @@ def _grid_table(given: torch.Tensor | None, name: str, config: MRopeConfig) -> t
     table = table.long()
     merge = config.spatial_merge_size
     bad = (table < 1).any(1) | (table[:, 1] % merge != 0) | (table[:, 2] % merge != 0)
-    if bool(bad.any()):
-        g = int(bad.nonzero()[0, 0])
+    if (g := first_true(bad)) is not None:
         raise ValueError(
             f"{name}_grid_thw[{g}] = {table[g].tolist()}: t, h, w must be >= 1 and h, w "
             f"multiples of spatial_merge_size={merge}; pass the grids the vision processor made"

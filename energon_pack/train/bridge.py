@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from energon_pack.layout import PackedRow
 from energon_pack.media import MediaConfig, normalize_pixels
+from energon_pack.packing.row import PackedRow
 
 __all__ = ["BRIDGE_BATCH_KEYS", "VisualInputs", "bridge_batch", "visual_inputs_type"]
 

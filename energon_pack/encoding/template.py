@@ -17,10 +17,10 @@ through), tokenises the text once, and takes the loss mask from the assistant sp
 Media are expanded after rendering, as the model's processor expands them: each
 ``<|vision_start|><|image_pad|><|vision_end|>`` (or ``<|video_pad|>``) block the template
 renders is replaced by the ids of the encoder's media-block hook
-(:func:`~energon_pack.encode.vision_block` by default). Media tokens are never targets.
+(:func:`~energon_pack.vision_block` by default). Media tokens are never targets.
 
 :func:`make_encoder` chooses the encoder explicitly: the template encoder for an HF tokenizer
-with a chat template, the hand-written ChatML :class:`~energon_pack.encode.ConversationEncoder`
+with a chat template, the hand-written ChatML :class:`~energon_pack.ConversationEncoder`
 for the built-in byte tokenizer, a tokenizer without a template, or ``encoding="chatml"``.
 """
 
@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from energon_pack.checks import check_choice
-from energon_pack.encode import (
+from energon_pack.encoding.chatml import (
     ConversationEncoder,
     LossOn,
     MediaBlock,
@@ -45,15 +45,15 @@ from energon_pack.encode import (
 )
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import MediaConfig, MediaError, MediaItem
-from energon_pack.packed import EncodedSample
+from energon_pack.packing.packed import EncodedSample
 
 __all__ = ["Encoding", "TemplateEncoder", "chat_template_of", "make_encoder", "template_sha256"]
 
-logger = logging.getLogger("energon_pack.template_encoder")
+logger = logging.getLogger("energon_pack.encoding")
 
 Encoding = Literal["auto", "template", "chatml"]
 """Which encoder :func:`make_encoder` builds: ``"template"`` (:class:`TemplateEncoder`),
-``"chatml"`` (:class:`~energon_pack.encode.ConversationEncoder`) or ``"auto"`` (the template
+``"chatml"`` (:class:`~energon_pack.ConversationEncoder`) or ``"auto"`` (the template
 encoder when the tokenizer has a chat template, else ChatML)."""
 
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -78,7 +78,7 @@ def chat_template_of(tokenizer: object) -> str | None:
 class TemplateEncoder(SampleEncoder):
     """Encodes conversations through the tokenizer's chat template (see the module docstring).
 
-    Takes every input form :class:`~energon_pack.encode.ConversationEncoder` takes, with the
+    Takes every input form :class:`~energon_pack.ConversationEncoder` takes, with the
     same ``encode_sample(key, sample)``: ShareGPT strings keep their ``<image>`` / ``<video>``
     placeholders, typed content only its ``{"type": "image" | "video"}`` parts (a literal
     ``<image>`` in a text part is text); a row's ``tools`` are the template's ``tools=``. The
@@ -88,7 +88,7 @@ class TemplateEncoder(SampleEncoder):
 
     Args:
         tokenizer: a fast HF tokenizer with a chat template (``tokenizer.chat_template``).
-        media, system_prompt, loss_on, media_block: see :class:`~energon_pack.encode.SampleEncoder`.
+        media, system_prompt, loss_on, media_block: see :class:`~energon_pack.SampleEncoder`.
         chat_template: render with this template instead of the tokenizer's.
         template_kwargs: extra template variables, JSON-able (e.g. ``{"enable_thinking":
             False}``); they are in the settings fingerprint.

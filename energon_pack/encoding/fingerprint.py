@@ -12,10 +12,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from energon_pack.encode import Tokenizer
-from energon_pack.family import ModelFamily
+from energon_pack.encoding.chatml import ByteTokenizer, Tokenizer
+from energon_pack.encoding.family import ModelFamily
 
 _UNSET = "<unset>"
+_SAVED_CLASS_NAMES: dict[type, str] = {ByteTokenizer: "energon_pack.encode.ByteTokenizer"}
+"""The class names that saved states and offline manifests carry for this package's own
+tokenizers: the module they had when those files were first written, so files written before
+a class moved keep matching."""
 
 
 def tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
@@ -25,7 +29,7 @@ def tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
     pad = getattr(tokenizer, "pad_token_id", None)
     size = getattr(tokenizer, "vocab_size", None)
     return {
-        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "class": _SAVED_CLASS_NAMES.get(cls, f"{cls.__module__}.{cls.__qualname__}"),
         "vocab_size": size if _is_int(size) else None,
         "name_or_path": name if isinstance(name, str) else None,
         "pad_token_id": pad if _is_int(pad) else 0,

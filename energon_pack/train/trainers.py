@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from energon_pack.collate import VLMPackingCollator
-
 __all__ = ["check_trainer"]
 
 
@@ -49,8 +47,8 @@ def check_trainer(trainer: Any) -> None:
             "num_items_in_batch and a step's loss is the mean of its micro-batches' means, not "
             "the per-token loss: pass compute_loss_func=energon_pack.PackedLoss()"
         )
-    collator = trainer.data_collator
-    if isinstance(collator, VLMPackingCollator) and collator.output != "hf":
+    # A VLMPackingCollator (or any collator with its ``output`` setting) must give model inputs.
+    if getattr(trainer.data_collator, "output", "hf") != "hf":
         problems.append(
             "the collator gives CollatedBatch objects, which a trainer cannot pass to the "
             "model: build it with VLMPackingCollator(..., output='hf', hf_model=model)"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from energon_pack.row_layout import fixed_width_problem, multiple_problem
+from energon_pack.packing.row_layout import fixed_width_problem, multiple_problem
 
 Mode = Literal["online", "collate", "offline", "none"]
 MODES: tuple[Mode, ...] = ("online", "collate", "offline", "none")

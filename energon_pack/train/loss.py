@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from energon_pack.checks import check_choice
-from energon_pack.layout import IGNORE_INDEX
+from energon_pack.packing.row import IGNORE_INDEX
 
 __all__ = ["LOSS_SEGMENTS", "PackedLoss", "Reduction", "loss_normaliser", "packed_loss"]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from energon_pack.row_layout import RowLayout
+from energon_pack.packing.row_layout import RowLayout
 
 IGNORE_INDEX = -100
 """Label value of positions without a training target (PyTorch / HF convention)."""
@@ -107,7 +107,7 @@ def build_packed_row(
 ) -> PackedRow:
     """Pack ``sequences`` (in order) into one THD row; see the module docstring for the input.
 
-    ``layout`` is the :class:`~energon_pack.row_layout.RowLayout` (or give its fields as
+    ``layout`` is the :class:`~energon_pack.RowLayout` (or give its fields as
     keywords: ``seq_length=...``). Each segment's physical span is its length rounded up to
     ``pad_to_multiple_of``; with ``pad_to_max_length`` the row has exactly ``seq_length``
     tokens, the trailing padding absorbed in the last segment; ``pad_cu_seqlens`` gives
@@ -315,12 +315,15 @@ def _check_length(
         )
 
 
+def first_true(mask: torch.Tensor) -> int | None:
+    """Index of the first True of a 1-D bool ``mask`` (a row for 2-D), or None if none is."""
+    return int(mask.nonzero()[0, 0]) if bool(mask.any()) else None
+
+
 def loss_mask_from_labels(labels: torch.Tensor, input_ids: torch.Tensor, key: str) -> torch.Tensor:
     """Input-aligned loss mask (bool) of unshifted HF ``labels``; rejects pre-shifted labels."""
     target = labels != IGNORE_INDEX
-    bad = target & (labels != input_ids)
-    if bool(bad.any()):
-        t = int(bad.nonzero()[0, 0])
+    if (t := first_true(target & (labels != input_ids))) is not None:
         raise ValueError(
             f"sample {key}: labels[{t}]={int(labels[t])} differs from input_ids[{t}]="
             f"{int(input_ids[t])}; labels must be unshifted HF labels (input_ids with -100 where "
@@ -335,9 +338,7 @@ def _check_mask_values(mask_parts: list[torch.Tensor], sequences: Sequence[Any])
         return
     for index, mask in enumerate(mask_parts):
         values = mask.float()
-        bad = (values < 0) | ~torch.isfinite(values)
-        if bool(bad.any()):
-            t = int(bad.nonzero()[0, 0])
+        if (t := first_true((values < 0) | ~torch.isfinite(values))) is not None:
             raise _bad(
                 sequences[index],
                 index,

@@ -1,0 +1,93 @@
+"""Argument types of the ``energon-pack`` flags (each error names the flag's rule) and the flag
+tables that the parser and the commands share.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+
+def integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def output_file(text: str) -> Path:
+    """A file to write: not a directory, in an existing directory."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a directory; name the file to write")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{path.parent} is not an existing directory; create it or choose another path"
+        )
+    return path
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive ints, got {text!r}")
+    return values
+
+
+FAMILY_HELP = (
+    "model family preset (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, ...) or a "
+    "model directory with its processor JSON files: the media settings to use"
+)
+
+
+# check-config flags: (flag, PackingConfig field, type); type None marks an on/off flag.
+CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], int] | type[str] | None], ...] = (
+    ("--seq-length", "seq_length", positive_int),
+    ("--mode", "mode", str),
+    ("--mbs", "micro_batch_size", positive_int),
+    ("--gbs", "global_batch_size", positive_int),
+    ("--dp", "data_parallel_size", positive_int),
+    ("--tp", "tp", positive_int),
+    ("--cp", "cp", positive_int),
+    ("--sp", "sp", None),
+    ("--pp", "pp", positive_int),
+    ("--eval-cp", "eval_cp", positive_int),
+    ("--mtp", "mtp", non_negative_int),
+    ("--cuda-graphs", "cuda_graphs", None),
+    ("--cuda-graph-scope", "cuda_graph_scope", str),
+    ("--calculate-per-token-loss", "calculate_per_token_loss", None),
+    ("--average-in-collective", "average_in_collective", None),
+    ("--pad-to-max-length", "pad_to_max_length", None),
+    ("--pad-cu-seqlens", "pad_cu_seqlens", None),
+    ("--packing-buffer-size", "packing_buffer_size", non_negative_int),
+    ("--finetuning", "finetuning", None),
+    ("--kernel-multiple", "kernel_multiple", positive_int),
+)

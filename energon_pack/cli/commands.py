@@ -1,0 +1,377 @@
+"""What each ``energon-pack`` subcommand does (``demo``, ``check-config``, ``offline``, ``tune``,
+``report``, ``redist``), and the exit statuses they return.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import psutil
+import yaml
+from tqdm import tqdm
+
+from energon_pack.cli.args import CONFIG_FLAGS
+from energon_pack.cli.tables import format_table
+from energon_pack.encoding.family import model_family
+from energon_pack.memory.monitor import MB
+from energon_pack.memory.report import (
+    SUMMARY_HEADERS,
+    load_report,
+    plot_report,
+    summarize,
+    summary_rows,
+)
+from energon_pack.offline.build import pack_offline
+from energon_pack.offline.manifest import name_os_errors
+from energon_pack.offline.spec import PackingSpec, PackMetadata
+from energon_pack.packing.bins import best_fit_decreasing, groups_fill
+from energon_pack.packing.online import OnlineBinPacker
+from energon_pack.packing.packed import Decode
+from energon_pack.packing.synthetic import DISTRIBUTIONS, lengths_for
+from energon_pack.packing.topology import PackingConfig
+from energon_pack.tune import (
+    TUNE_HEADERS,
+    TuneError,
+    TuneResult,
+    TuneSettings,
+    default_dataset,
+    describe_tokenizer,
+    load_tokenizer,
+    plot_results,
+    projected_rss_mb,
+    recommend,
+    run_once,
+    tune_row,
+    worker_total_mb,
+)
+
+EXIT_VIOLATIONS = 1
+
+
+EXIT_USAGE = 2
+
+
+EXIT_IO = 3
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    distributions = DISTRIBUTIONS if args.distribution == "all" else (args.distribution,)
+    results = []
+    for distribution in distributions:
+        lengths = lengths_for(distribution, args.samples, seed=args.seed, cap=args.capacity)
+        offline = groups_fill(best_fit_decreasing(lengths, args.capacity), lengths, args.capacity)
+        rows = []
+        for buffer_size in args.buffer_sizes:
+            packer = OnlineBinPacker(args.capacity, buffer_size)
+            for index, length in enumerate(lengths):
+                packer.push(index, length)
+            packer.flush()
+            stats = packer.stats
+            rows.append(
+                [buffer_size, stats.bin_fill, offline, stats.items_per_bin, stats.mean_wait]
+            )
+            results.append(
+                {
+                    "distribution": distribution,
+                    "buffer_size": buffer_size,
+                    "bin_fill": stats.bin_fill,
+                    "offline_bfd_bin_fill": offline,
+                    "items_per_bin": stats.items_per_bin,
+                    "mean_wait": stats.mean_wait,
+                    "max_wait": stats.max_wait,
+                }
+            )
+        mean = sum(lengths) / len(lengths)
+        print(
+            f"\n{distribution}: {len(lengths)} samples, mean length {mean:.0f}, "
+            f"capacity {args.capacity}"
+        )
+        headers = ["buffer", "bin fill", "offline BFD", "items/bin", "mean wait"]
+        print(format_table(headers, rows))
+    if args.json:
+        with name_os_errors(args.json):
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def _load_config(args: argparse.Namespace) -> PackingConfig:
+    settings: dict[str, object] = {}
+    if args.from_yaml:
+        try:
+            loaded = yaml.safe_load(Path(args.from_yaml).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise ValueError(f"cannot read --from-yaml {args.from_yaml}: {error}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(
+                f"{args.from_yaml}: expected a mapping of PackingConfig fields at the top level, "
+                f"got {type(loaded).__name__}"
+            )
+        settings.update(loaded)
+    for _, field, _ in CONFIG_FLAGS:
+        value = getattr(args, field)
+        if value is not None:
+            settings[field] = value
+    if "seq_length" not in settings:
+        raise ValueError("check-config needs --seq-length (or seq_length in --from-yaml)")
+    return PackingConfig.from_mapping(settings)
+
+
+def _family_rows(source: str) -> list[list[object]]:
+    """The settings of a model family preset (a bad name or directory raises ValueError)."""
+    family = model_family(source)
+    media = family.media
+    return [
+        ["model family", f"{family.name} (rope rule {family.rope})"],
+        [
+            "patch / merge / temporal",
+            f"{media.patch_size} / {media.merge_size} / {media.temporal_patch_size}",
+        ],
+        ["image pixels", f"{media.min_pixels:,} - {media.max_pixels:,}"],
+        [
+            "video rule",
+            f"{media.video_rule}, {media.video_fps:g} fps, frames "
+            f"{media.video_min_frames}-{media.video_max_frames}",
+        ],
+        ["video pixels", f"{media.video_min_pixels:,} - {media.video_total_pixels:,} (total)"],
+    ]
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load_config(args)
+    family = _family_rows(args.family) if args.family else []
+    derived = config.derived()
+    print(
+        format_table(
+            ["derived", "value"],
+            [
+                ["packing mode", derived.mode],
+                ["pad_seq_to_mult", derived.pad_seq_to_mult],
+                ["token slots per step", f"{derived.token_slots_per_step:,}"],
+                ["micro batches per step", derived.micro_batches_per_step],
+                *family,
+            ],
+        )
+    )
+    problems = config.validate()
+    if not problems:
+        print("\nOK: no violations")
+        return 0
+    print(f"\n{len(problems)} violation(s):")
+    for number, problem in enumerate(problems, 1):
+        print(f"  {number}. {problem}")
+    return EXIT_VIOLATIONS
+
+
+def _offline_spec(args: argparse.Namespace) -> PackingSpec:
+    settings = {
+        "pad_to_max_length": args.pad_to_max_length,
+        "pad_cu_seqlens": args.pad_cu_seqlens,
+        "algorithm": args.algorithm,
+        "overlong": args.overlong,
+        "seed": args.seed,
+        "max_segments": args.max_segments,
+        "train_newline_after_im_end": args.train_newline_after_im_end,
+    }
+    topology = {"tp": args.tp, "cp": args.cp, "eval_cp": args.eval_cp}
+    given = [f"--{name.replace('_', '-')}" for name, value in topology.items() if value is not None]
+    given += ["--sp"] if args.sp else []
+    if args.pad_seq_to_mult is not None:
+        if given:
+            raise ValueError(
+                f"--pad-seq-to-mult={args.pad_seq_to_mult} and {', '.join(given)} both set the "
+                "padding multiple; pass either the topology (--tp/--cp/--sp) or --pad-seq-to-mult"
+            )
+        return PackingSpec(args.size, pad_seq_to_mult=args.pad_seq_to_mult, **settings)
+    return PackingSpec.for_topology(
+        args.size,
+        tp=args.tp or 1,
+        cp=args.cp or 1,
+        sp=args.sp,
+        eval_cp=args.eval_cp,
+        **settings,
+    )
+
+
+def _metadata_rows(meta: PackMetadata) -> list[list[object]]:
+    """Every field of ``meta`` with its value (floats to 2 decimals, the efficiency in %)."""
+    units = {"packing_efficiency": " %"}
+    return [
+        [name, f"{value:.2f}{units.get(name, '')}" if isinstance(value, float) else value]
+        for name, value in asdict(meta).items()
+    ]
+
+
+def cmd_offline(args: argparse.Namespace) -> int:
+    spec = _offline_spec(args)
+    tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
+    result = pack_offline(
+        args.input, args.out_dir, spec, tokenizer, force=args.force, format=args.format
+    )
+    print(format_table(["metadata", "value"], _metadata_rows(result.metadata)))
+    print(
+        f"\n{result.samples} samples -> {result.sequences} sequences in {result.packs} packs "
+        f"({result.skipped} skipped, {result.truncated} truncated as overlong; "
+        f"pad_seq_to_mult={spec.pad_seq_to_mult})"
+    )
+    action = "reused the up-to-date pack in" if result.reused else "wrote"
+    print(f"{action} {result.out_dir}: {', '.join(path.name for path in result.files)}")
+    if result.format == "bridge":
+        data, metadata = result.files
+        print(
+            "Megatron-Bridge: PackedSequenceSpecs(packed_sequence_size="
+            f"{spec.packed_sequence_size}, packed_train_data_path='{data}', "
+            f"packed_metadata_path='{metadata}', pad_seq_to_mult={spec.pad_seq_to_mult}, "
+            f"pad_cu_seqlens={spec.pad_cu_seqlens})"
+        )
+    return 0
+
+
+@contextlib.contextmanager
+def _log_to(path: Path) -> Iterator[None]:
+    """Send the package's log (one line per skipped sample) to ``path`` instead of stderr."""
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    package = logging.getLogger("energon_pack")
+    package.addHandler(handler)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        handler.close()
+
+
+def _measure(
+    settings: TuneSettings,
+    decodes: Sequence[Decode],
+    buffer_sizes: Sequence[int],
+    out: Path,
+    results: list[TuneResult],
+) -> None:
+    """Run every (decode, buffer size), appending to ``results``; a Ctrl-C leaves its run's row
+    marked as interrupted and propagates."""
+    for decode in decodes:
+        for buffer_size in buffer_sizes:
+            # Stands for the run until it returns, so a Ctrl-C at any point marks this row.
+            results.append(TuneResult(buffer_size, decode, interrupted=True))
+            report_dir = out / "reports" / f"{decode}-buffer{buffer_size}"
+            shutil.rmtree(report_dir, ignore_errors=True)
+            description = f"{decode} buffer {buffer_size}"
+            with tqdm(desc=description, unit=" samples", total=settings.max_samples) as bar:
+                results[-1] = run_once(settings, buffer_size, decode, report_dir, bar.update)
+            if results[-1].interrupted:
+                raise KeyboardInterrupt
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    dataset = Path(args.dataset) if args.dataset else default_dataset()
+    if not (dataset / ".nv-meta").is_dir():
+        raise ValueError(
+            f"{dataset} is not a prepared Energon dataset (no .nv-meta/); prepare it with "
+            "'energon prepare' or pass the path of one"
+        )
+    decodes: list[Decode] = ["lazy"] if args.lazy or not args.eager else []
+    if args.eager:
+        decodes.append("eager")
+    settings = TuneSettings(
+        dataset=str(dataset),
+        seq_length=args.seq_length,
+        pad_to_multiple_of=args.pad_to_multiple_of,
+        num_workers=args.num_workers,
+        max_samples=args.max_samples,
+        pixel_dtype=args.pixel_dtype,
+        tokenizer=args.tokenizer,
+        overlong=args.overlong,
+        dataset_config=args.dataset_config,
+        family=args.family,
+    )
+    family = model_family(args.family) if args.family else None  # a bad one fails here, early
+    # Forked loader workers use the tokenizer after the main process did: no Rust thread pool.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    tokenizer = describe_tokenizer(settings.tokenizer)
+    budget = args.rss_budget_mb or psutil.virtual_memory().total / MB / 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[TuneResult] = []
+    try:
+        with _log_to(out / "tune.log"):
+            _measure(settings, decodes, args.buffer_sizes, out, results)
+    except KeyboardInterrupt:
+        pass
+    except TuneError as error:
+        log = out / "tune-error.log"
+        with name_os_errors(log):
+            log.write_text(error.details)
+        raise ValueError(f"{error} (traceback: {log})") from None
+    interrupted = next((r for r in results if r.interrupted), None)
+    print(
+        f"\n{dataset}: seq_length {settings.seq_length}, {settings.num_workers} workers, "
+        f"{settings.pixel_dtype} pixels, tokenizer {tokenizer['name']} ({tokenizer['class']}, "
+        f"{tokenizer['vocab_size']} tokens), overlong samples: {settings.overlong}, "
+        f"model family: {family.name if family else 'none (MediaConfig defaults)'}"
+    )
+    print(format_table(TUNE_HEADERS, [tune_row(r) for r in results]))
+    if any(r.skipped for r in results):
+        print(f"\nskipped samples are logged with their keys in {out / 'tune.log'}")
+    if interrupted is not None:
+        print(
+            f"\ninterrupted (Ctrl-C) during the {interrupted.decode} buffer "
+            f"{interrupted.buffer_size} run: its row holds what was measured until then and is "
+            "not used for the recommendation; runs after it were not measured"
+        )
+    best = recommend(results, num_workers=args.num_workers, rss_budget_mb=budget)
+    if best is not None:
+        projected = projected_rss_mb(best, args.num_workers)
+        print(
+            f"\nrecommended: packing_buffer_size={best.buffer_size} ({best.decode} decode): "
+            f"bin fill {best.bin_fill:.4f}, {args.num_workers} workers x "
+            f"{worker_total_mb(best):.0f} MiB (worker + decoder) = {projected:.0f} MiB of "
+            f"{budget:.0f} MiB"
+        )
+    elif any(not r.interrupted for r in results):
+        print(
+            f"\nno measured buffer fits {budget:.0f} MiB for {args.num_workers} workers; "
+            "lower --num-workers or the image/video pixel limits"
+        )
+    else:
+        print("\nno run completed, so there is no recommendation")
+    with name_os_errors(out):
+        plots = plot_results(results, out, settings, rss_budget_mb=budget, best=best)
+    report = {
+        "settings": asdict(settings),
+        "tokenizer": tokenizer,
+        "rss_budget_mb": budget,
+        "results": [asdict(r) for r in results],
+        "recommendation": None if best is None else asdict(best),
+        "interrupted": interrupted is not None,
+        "plots": [str(p) for p in plots],
+    }
+    with name_os_errors(out / "tune.json"):
+        (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out / 'tune.json'} and {', '.join(str(p) for p in plots)}")
+    return 130 if interrupted is not None else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    readings = load_report(args.report_dir)
+    png = args.png or Path(args.report_dir) / "rss.png"
+    print(format_table(SUMMARY_HEADERS, summary_rows(summarize(readings))))
+    with name_os_errors(png):
+        plot_report(readings, png)
+    print(f"wrote {png}")
+    return 0
+
+
+def cmd_redist(args: argparse.Namespace) -> int:
+    from energon_pack.energon.redist import redistribute  # imports Energon and torch
+
+    written = redistribute(args.files, args.out_dir, args.new_world_size)
+    print(f"wrote {', '.join(str(path) for path in written)}")
+    return 0

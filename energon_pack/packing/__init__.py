@@ -1,0 +1,52 @@
+"""The packing core: pure bin packing (offline and online), the row layout, THD row assembly,
+mRoPE position ids and the topology rules. Nothing here reads files or decodes media.
+
+* ``bins``: offline first/best fit decreasing, the fewest rows of a micro-batch, shared rules;
+* ``online``: :class:`OnlineBinPacker`, the bounded carry-over packer;
+* ``row_layout``: :class:`RowLayout`, every row rule checked once;
+* ``row``: :class:`PackedRow` and :func:`build_packed_row` (THD form, ``cu_seqlens``);
+* ``packed``: :class:`EncodedSample` in, :class:`PackedSample` (row + media) out;
+* ``mrope``: Qwen-VL multimodal rotary position ids, per segment;
+* ``topology``: ``pad_seq_to_mult`` and the parallel-configuration check;
+* ``synthetic``: length mixes for the demo and the benchmarks.
+"""
+
+from energon_pack.packing.bins import Bin, best_fit_decreasing, first_fit_decreasing
+from energon_pack.packing.mrope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
+from energon_pack.packing.online import OnlineBinPacker, PackerStats
+from energon_pack.packing.packed import EncodedSample, PackedSample, mrope_for_packed, pack_samples
+from energon_pack.packing.row import IGNORE_INDEX, PackedRow, build_packed_row, unpack
+from energon_pack.packing.row_layout import PackingWarning, RowLayout
+from energon_pack.packing.topology import (
+    DerivedValues,
+    PackingConfig,
+    TokenSlotRow,
+    equal_token_slot_table,
+    pad_seq_to_mult,
+)
+
+__all__ = [
+    "IGNORE_INDEX",
+    "Bin",
+    "DerivedValues",
+    "EncodedSample",
+    "MRopeConfig",
+    "OnlineBinPacker",
+    "PackedRow",
+    "PackedSample",
+    "PackerStats",
+    "PackingConfig",
+    "PackingWarning",
+    "RowLayout",
+    "TokenSlotRow",
+    "best_fit_decreasing",
+    "build_packed_row",
+    "equal_token_slot_table",
+    "first_fit_decreasing",
+    "mrope_for_packed",
+    "mrope_position_ids",
+    "pack_samples",
+    "packed_mrope_position_ids",
+    "pad_seq_to_mult",
+    "unpack",
+]
