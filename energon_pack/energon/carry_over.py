@@ -401,7 +401,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         return True
 
     def _snapshot(self) -> BufferSnapshot:
-        sizes = [(_key(s), self._nbytes(s)) for s in self._buffer.buffer]
+        sizes = [(_key(s), self._size(s).nbytes) for s in self._buffer.buffer]
         return BufferSnapshot(
             count=len(sizes),
             capacity=self.packer.buffer_size,
@@ -507,7 +507,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             "type": type(self).__qualname__,
             "packer": self.packer.state_dict()["settings"],
             "max_consecutive_skips": self.max_consecutive_skips,
-            "length": self._function_config(self._length),
+            "size": self._function_config(self._size),
             "pack": self._function_config(self._pack),
             "worker_config": self.worker_config.config(),
             "dataset": self.dataset.config(),
