@@ -419,13 +419,10 @@ def plot_results(
             axis.set_ylim(bottom, top)
             if budget_shown:
                 axis.axhline(rss_budget_mb, color="red", linestyle="--", label=budget_label)
-            else:  # a budget far above the runs would squash them into one flat line
-                axis.annotate(
-                    f"{budget_label}: far {'above' if rss_budget_mb > top else 'below'}",
-                    xy=(0.02, 0.97),
-                    xycoords="axes fraction",
-                    va="top",
-                    color="red",
+            else:  # a budget far above or below would squash the runs into one flat line
+                where = "above" if rss_budget_mb > top else "below"
+                axis.plot(
+                    [], [], color="red", linestyle="--", label=f"{budget_label} (far {where})"
                 )
         else:
             axis.plot(
