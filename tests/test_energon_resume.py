@@ -28,7 +28,7 @@ from helpers import (
 )
 
 from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder
-from energon_pack.energon import PackingTaskEncoder, carry_over, restore_state_rank
+from energon_pack.energon import PackingTaskEncoder, restore_state_rank, state_check
 from energon_pack.media import MediaConfig
 from energon_pack.packing.bins import aligned_length
 
@@ -582,7 +582,7 @@ def test_a_state_without_the_dataset_identity_restores_with_a_warning(
     old = tampered(carried_state, drop_identity)
     expected = LoaderRun(small_path, **PENDING)
     expected.load(carried_state)
-    carry_over._warned["no_identity"] = False
+    state_check.warned["no_identity"] = False
     with caplog.at_level(logging.WARNING, logger="energon_pack.energon"):
         resumed = LoaderRun(small_path, **PENDING)
         restore_state_rank(resumed.loader, old)
