@@ -62,6 +62,12 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+TOKENIZER_HELP = (
+    "transformers tokenizer directory or cached name (AutoTokenizer.from_pretrained(PATH), "
+    "loaded offline, never downloaded) for every token count; default: the built-in byte "
+    "tokenizer"
+)
+
 FAMILY_HELP = (
     "model family preset (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, ...) or a "
     "model directory with its processor JSON files: the media settings to use"

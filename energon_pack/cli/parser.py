@@ -12,6 +12,7 @@ from typing import NoReturn
 from energon_pack.cli.args import (
     CONFIG_FLAGS,
     FAMILY_HELP,
+    TOKENIZER_HELP,
     int_list,
     integer,
     non_negative_int,
@@ -142,12 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="energon_pack: .npy arrays for PackedDataset (default); bridge: "
         "training_<size>.idx.parquet and <size>_metadata.jsonl for Megatron-Bridge",
     )
-    offline.add_argument(
-        "--tokenizer",
-        metavar="PATH",
-        help="transformers tokenizer directory (AutoTokenizer.from_pretrained(PATH), loaded "
-        "offline); default: the built-in byte tokenizer",
-    )
+    offline.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP)
     offline.add_argument(
         "--train-newline-after-im-end",
         action="store_true",
@@ -192,12 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="float32",
         help="dtype of the batches' pixels (uint8: 4x smaller, normalise in the training step)",
     )
-    tune.add_argument(
-        "--tokenizer",
-        metavar="PATH",
-        help="transformers tokenizer directory or cached name, loaded offline, for every token "
-        "count (default: the built-in byte tokenizer)",
-    )
+    tune.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP)
     tune.add_argument(
         "--overlong",
         choices=["skip", "error"],
