@@ -162,6 +162,7 @@ def test_the_old_paths_the_docs_named_give_the_same_objects() -> None:
         from energon_pack.bridge_batch import bridge_batch
         from energon_pack.encode import ByteTokenizer, EncodedSample
         from energon_pack.layout import PackedRow
+        from energon_pack.media_config import MediaConfig, MediaError
         from energon_pack.packed import SkippedSample, pack_samples
         from energon_pack.sample import parse_sample
     from energon_pack.memory import MonitorConfig
@@ -175,6 +176,7 @@ def test_the_old_paths_the_docs_named_give_the_same_objects() -> None:
     assert parse_sample is energon_pack.parse_sample
     assert SkippedSample is skipped_now
     assert MonitorConfig is energon_pack.MonitorConfig
+    assert (MediaConfig, MediaError) == (energon_pack.MediaConfig, energon_pack.MediaError)
 
 
 def test_a_name_an_old_path_never_had_is_an_error_naming_the_new_paths() -> None:
