@@ -54,11 +54,7 @@ from energon_pack.tune import (
 )
 
 EXIT_VIOLATIONS = 1
-
-
 EXIT_USAGE = 2
-
-
 EXIT_IO = 3
 
 

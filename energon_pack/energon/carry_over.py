@@ -69,8 +69,6 @@ logger = logging.getLogger("energon_pack.energon")
 
 
 T_sample = TypeVar("T_sample")
-
-
 T_pack = TypeVar("T_pack")
 
 

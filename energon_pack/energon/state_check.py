@@ -24,8 +24,6 @@ from energon_pack.packing.online import OnlineBinPacker
 STATE_FIX = (
     "the checkpoint is corrupt or was edited: restore an untouched one, or start a fresh run"
 )
-
-
 _INT_MAX = 2**63 - 1
 
 

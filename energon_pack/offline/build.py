@@ -62,11 +62,7 @@ logger = logging.getLogger("energon_pack.offline")
 
 
 _TMP_IDS = ".input_ids.tmp"
-
-
 _TMP_MASK = ".loss_mask.tmp"
-
-
 _COPY_CHUNK_TOKENS = 1 << 22
 """Most tokens gathered in memory at once while writing the arrays in pack order."""
 

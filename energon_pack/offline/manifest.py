@@ -30,21 +30,13 @@ from energon_pack.offline.spec import (
 
 FORMAT_VERSION = 2
 """Manifest layout written; format 1 (no ``arrays`` entry) is still read, unchecked."""
-
-
 _READABLE_FORMATS = (1, FORMAT_VERSION)
 
 
 _ARRAY_FACTS = ("bytes", "shape", "dtype", "crc32", "sample_crc32")
-
-
 _SAMPLE_BLOCKS = 16
-
-
 _SAMPLE_BLOCK_BYTES = 1 << 16
 """The block sample checked on every open: 16 blocks of 64 KiB spread over the file."""
-
-
 _READ_BYTES = 1 << 20
 
 

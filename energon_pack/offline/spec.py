@@ -22,23 +22,15 @@ from energon_pack.packing.row_layout import (
 from energon_pack.packing.topology import pad_seq_to_mult
 
 Algorithm = Literal["bfd", "ffd"]
-
-
 OfflineFormat = Literal["energon_pack", "bridge"]
 """What :func:`pack_offline` writes: this package's ``.npy`` arrays (read by
 :class:`PackedDataset`) or Megatron-Bridge's packed parquet (read by its
 ``GPTSFTPackedParquetDataset`` through ``PackedSequenceSpecs``)."""
-
-
 FORMATS: tuple[OfflineFormat, ...] = ("energon_pack", "bridge")
 
 
 MANIFEST_FILE = "manifest.json"
-
-
 METADATA_FILE = "metadata.json"
-
-
 ARRAY_FILES = (
     "input_ids.npy",
     "loss_mask.npy",
