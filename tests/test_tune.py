@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -209,14 +211,31 @@ def test_ctrl_c_exits_130_and_marks_the_interrupted_run(dataset: Path, tmp_path:
         text=True,
         start_new_session=True,  # its own process group, as in a terminal
     )
-    readings = out / "reports" / "lazy-buffer8" / "rss-rank0-worker0.jsonl"
+    errors, output = process.stderr, process.stdout
+    assert errors is not None
+    assert output is not None
+    # The progress bar on stderr counts the samples of the packs the main process has received:
+    # interrupt only once the run has some (before its first pack a run has measured nothing).
+    progress: list[str] = []
+    reader = threading.Thread(
+        target=lambda: progress.extend(iter(errors.readline, "")), daemon=True
+    )
+    reader.start()
+    received = re.compile(r"lazy buffer 8:.*?\b[1-9]\d*(?:/\d+ | samples)")  # n/total or n
     deadline = time.monotonic() + 300
-    while not (readings.exists() and readings.read_text().count("\n") >= 3):
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "tune did not start measuring"
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
-    stdout, stderr = process.communicate(timeout=120)
+    try:
+        while not received.search("".join(progress)):
+            assert process.poll() is None, "".join(progress)
+            assert time.monotonic() < deadline, f"tune received no pack: {''.join(progress)}"
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    reader.join(timeout=10)
+    stdout, stderr = output.read(), "".join(progress)
     assert process.returncode == 130, stderr
     report = json.loads((out / "tune.json").read_text())
     assert report["interrupted"] is True
