@@ -6,8 +6,9 @@ datasets, linked read-only), so relative paths in a snippet resolve as they do i
 and whatever a snippet writes stays out of the tree. Hidden set-up goes in an
 ``<!-- invisible-code-block: python ... -->`` comment; a block that cannot run here is preceded
 by ``<!-- skip: next "reason" -->`` (tests/test_docs_pages.py bounds and checks those).
-Set-up helpers that several pages share (a tiny model built from its config, a small dataset
-written into the page's folder) live in ``docs/_fixtures/`` and are importable from a page.
+Set-up helpers that several pages share (a tiny model built from its config, a tokenizer saved
+into the page's folder) live in ``docs/_fixtures/`` and are importable from a page; they reuse
+the test suite's builders in ``tests/`` (on the path too).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sybil import Sybil
 from sybil.parsers.myst import PythonCodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "docs" / "_fixtures"))
+sys.path[:0] = [str(ROOT / "docs" / "_fixtures"), str(ROOT / "tests")]
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,11 @@
 """Tiny local stand-ins for the Hugging Face model and processor a quick-start reader loads.
 
 ``tiny_qwen2_5_vl()`` gives a Qwen2.5-VL model two layers deep, built from its config with
-random weights (fixed seed), and a Qwen2.5-VL processor holding a small byte-level BPE
-tokenizer with Qwen2-VL's special tokens and a ChatML chat template, and transformers' PIL
-image processor. The processor has no video processor: transformers' needs torchvision, which
-this environment does not run. ``save_tokenizer(directory)`` saves that tokenizer where
+random weights (fixed seed), and a Qwen2.5-VL processor holding the test suite's small
+byte-level BPE tokenizer (``tests/hf_qwen.py``: Qwen2-VL's special tokens, a ChatML chat
+template) and transformers' PIL image processor. The processor has no video processor:
+transformers' needs torchvision, which this environment does not run.
+``save_tokenizer(directory)`` saves that tokenizer where
 ``AutoTokenizer.from_pretrained(directory)`` (or ``--tokenizer DIR``) loads it. Nothing is
 downloaded, so a page prints the same values on every run.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from hf_qwen import qwen_tokenizer
 from transformers import (
     PreTrainedTokenizerFast,
     Qwen2_5_VLConfig,
@@ -26,65 +27,9 @@ from transformers import (
 
 __all__ = ["save_tokenizer", "tiny_qwen2_5_vl"]
 
-SPECIAL_TOKENS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
-"""Qwen2-VL's special tokens, in Qwen's order (ids right after the learned vocabulary)."""
-
-_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-_CORPUS = (
-    "What is it? A square. What colour is this square? Blue. Describe the image in detail.\n"
-    "The quick brown fox jumps over the lazy dog. A user asks, the assistant answers.\n"
-)
-
 
 def _tokenizer() -> PreTrainedTokenizerFast:
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=500,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator([_CORPUS] * 4, trainer)
-    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=backend,
-        pad_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
-    )
-    tokenizer.chat_template = _TEMPLATE
-    return tokenizer
+    return qwen_tokenizer(500)
 
 
 def _text_config(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:

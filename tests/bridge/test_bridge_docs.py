@@ -15,15 +15,9 @@ import torch
 from sybil import Sybil
 from sybil.parsers.myst import PythonCodeBlockParser
 
-shims = pytest.importorskip(
-    "tests.bridge.shims", reason="tests/bridge/shims.py (the Bridge import shims) is missing"
-)
-try:
-    shims.install()
-    import megatron.bridge  # noqa: F401
-except ImportError as error:
-    how = "" if "bridge_env.sh" in str(error) else "; build it with bash scripts/bridge_env.sh"
-    pytest.skip(f"Megatron-Bridge is not importable: {error}{how}", allow_module_level=True)
+from tests.bridge.shims import require_bridge
+
+require_bridge()
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = '<!-- skip: next "needs Megatron-Bridge'
@@ -44,6 +38,7 @@ def test_a_page_with_bridge_blocks_runs_whole(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "fixtures").symlink_to(ROOT / "fixtures", target_is_directory=True)
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))
     monkeypatch.syspath_prepend(str(ROOT / "docs" / "_fixtures"))
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
     document = Sybil(parsers=[PythonCodeBlockParser()]).parse(page)
