@@ -399,12 +399,13 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         return True
 
     def _snapshot(self) -> BufferSnapshot:
-        sizes = [(_key(s), self._size(s).nbytes) for s in self._buffer.buffer]
+        measured = [(_key(s), self._size(s)) for s in self._buffer.buffer]
+        sizes = [(key, size.nbytes) for key, size in measured]
         return BufferSnapshot(
             count=len(sizes),
             capacity=self.packer.buffer_size,
-            bytes=sum(size for _, size in sizes),
-            decoded_bytes=sum(self._size(s).decoded_nbytes for s in self._buffer.buffer),
+            bytes=sum(nbytes for _, nbytes in sizes),
+            decoded_bytes=sum(size.decoded_nbytes for _, size in measured),
             biggest=tuple(sorted(sizes, key=lambda item: -item[1])[:3]),
             max_bytes=self.packer.max_bytes,
         )

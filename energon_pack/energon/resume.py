@@ -22,6 +22,7 @@ from megatron.energon.savable_loader import SavableDataLoaderState, SavableDatas
 from megatron.energon.state import FlexState
 
 from energon_pack.energon.carry_over import CarryOverPackingDataset
+from energon_pack.energon.state_check import STATE_FIX
 from energon_pack.energon.workers import Topology, saved_index, topology_refusal
 
 
@@ -60,7 +61,7 @@ def check_loader_state(loader: SavableDataLoader[Any], state: SavableDataLoaderS
         raise ValueError(
             f"the loader state's worker_states={_short(worker_states)} must be a non-empty list "
             f"of {kind.__name__} (one per worker, or one FlexState without workers); "
-            f"{_STATE_FIX}"
+            f"{STATE_FIX}"
         )
     saved_workers = (
         len(worker_states)
@@ -85,13 +86,13 @@ def check_loader_state(loader: SavableDataLoader[Any], state: SavableDataLoaderS
     if not num_workers and len(worker_states) != 1:
         raise ValueError(
             f"the loader state's worker_states=<{len(worker_states)} FlexStates> must be exactly "
-            f"one (a loader without workers saves one); {_STATE_FIX}"
+            f"one (a loader without workers saves one); {STATE_FIX}"
         )
     next_worker = state.next_worker_id
     if not _is_int(next_worker) or not 0 <= next_worker < max(num_workers, 1):
         raise ValueError(
             f"the loader state's next_worker_id={next_worker!r} must be an int in "
-            f"[0, {max(num_workers, 1)}); {_STATE_FIX}"
+            f"[0, {max(num_workers, 1)}); {STATE_FIX}"
         )
     for index, worker_state in enumerate(worker_states):
         if isinstance(worker_state, SavableDatasetCheckpoint) and (
@@ -99,7 +100,7 @@ def check_loader_state(loader: SavableDataLoader[Any], state: SavableDataLoaderS
         ):
             raise ValueError(
                 f"the loader state's worker_states[{index}].offset={worker_state.offset!r} "
-                f"must be an int >= 0; {_STATE_FIX}"
+                f"must be an int >= 0; {STATE_FIX}"
             )
     for index, packing_state in packing:
         wrapper.check_state(
@@ -107,11 +108,6 @@ def check_loader_state(loader: SavableDataLoader[Any], state: SavableDataLoaderS
             what=f"the packing state of worker {index}",
             global_worker=current.global_worker(config.rank, index),
         )
-
-
-_STATE_FIX = (
-    "the checkpoint is corrupt or was edited: restore an untouched one, or start a fresh run"
-)
 
 
 def _check_global_count(saved: object, saved_workers: int, current: Topology) -> None:
