@@ -24,7 +24,7 @@ from energon_pack.media import (
     vision_block,
     vision_tokens,
 )
-from energon_pack.memory import BufferMemoryWarning, MonitorConfig, RSSMonitor
+from energon_pack.memory import BufferMemoryWarning, MonitorConfig, ReportWriteWarning, RSSMonitor
 from energon_pack.offline import (
     OfflinePackResult,
     PackedDataset,
@@ -100,6 +100,7 @@ __all__ = [
     "PackingWarning",
     "RSSMonitor",
     "RawSample",
+    "ReportWriteWarning",
     "RowLayout",
     "SampleEncoder",
     "TemplateEncoder",

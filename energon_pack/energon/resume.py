@@ -26,6 +26,16 @@ from energon_pack.energon.state_check import STATE_FIX
 from energon_pack.energon.workers import Topology, saved_index, topology_refusal
 
 
+def well_formed_worker_states(value: object) -> bool:
+    """Whether ``value`` (a loader state's ``worker_states``) is a non-empty list of
+    ``SavableDatasetCheckpoint`` (one per worker) or ``FlexState`` (no workers)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(s, (SavableDatasetCheckpoint, FlexState)) for s in value)
+    )
+
+
 def restore_state_rank(
     loader: SavableDataLoader[Any], state: SavableDataLoaderState | None
 ) -> None:
@@ -53,11 +63,7 @@ def check_loader_state(loader: SavableDataLoader[Any], state: SavableDataLoaderS
         )
     worker_states = state.worker_states
     kind = SavableDatasetCheckpoint if num_workers else FlexState
-    if (
-        not isinstance(worker_states, list)
-        or not worker_states
-        or not all(isinstance(s, (SavableDatasetCheckpoint, FlexState)) for s in worker_states)
-    ):
+    if not well_formed_worker_states(worker_states):
         raise ValueError(
             f"the loader state's worker_states={_short(worker_states)} must be a non-empty list "
             f"of {kind.__name__} (one per worker, or one FlexState without workers); "

@@ -15,6 +15,7 @@ absolute paths, ``..`` and symlinks that lead out are a :class:`~energon_pack.me
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -130,22 +131,57 @@ def resolve_inside(root: Path, relative: str | os.PathLike[str], key: str, membe
             key,
             member,
             "bad_sample",
-            f"media path {text!r} must be relative to the media root {str(root)!r} without '..'",
+            f"media path {_shown(text)} must be relative to the media root {str(root)!r} "
+            "without '..'",
         )
-    base = root.resolve()
-    target = (base / path).resolve()
-    if not target.is_relative_to(base):
+    try:
+        base = root.resolve()
+        target = (base / path).resolve()
+        inside = target.is_relative_to(base)
+        found = inside and target.is_file()
+    except (OSError, ValueError, RuntimeError) as error:  # NUL byte, name too long, link loop
+        raise _path_error(text, root, key, member, error) from None
+    if not inside:
         raise MediaError(
             key,
             member,
             "bad_sample",
-            f"media path {text!r} leads out of the media root {str(base)!r} (a symlink)",
+            f"media path {_shown(text)} leads out of the media root {str(base)!r} (a symlink)",
         )
-    if not target.is_file():
+    if not found:
         raise MediaError(
-            key, member, "bad_sample", f"media file {text!r} not found under {str(base)!r}"
+            key, member, "bad_sample", f"media file {_shown(text)} not found under {str(base)!r}"
         )
     return target
+
+
+_SHOWN_CHARS = 120
+"""Most characters of a media path an error message quotes."""
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a message, cut to :data:`_SHOWN_CHARS` (with its length)."""
+    if len(text) <= _SHOWN_CHARS:
+        return repr(text)
+    return f"{text[:_SHOWN_CHARS]!r}... ({len(text)} characters)"
+
+
+def _path_error(text: str, root: Path, key: str, member: str, error: BaseException) -> MediaError:
+    """The :class:`MediaError` of a media path that cannot be resolved or read."""
+    if isinstance(error, OSError):
+        reason = errno.errorcode.get(error.errno or 0, type(error).__name__)
+        reason = f"{error.strerror or error} ({reason})"
+    elif isinstance(error, RuntimeError):
+        reason = "a symlink loop"
+    else:
+        reason = str(error)
+    return MediaError(
+        key,
+        member,
+        "bad_sample",
+        f"media path {_shown(text)} cannot be read under the media root {str(root)!r}: "
+        f"{reason}; fix or drop the path in this row",
+    )
 
 
 class ChatDataset(torch.utils.data.Dataset[tuple[str, dict[str, Any]]]):
@@ -199,9 +235,12 @@ class ChatDataset(torch.utils.data.Dataset[tuple[str, dict[str, Any]]]):
                 key, member, "bad_sample", f"media path {os.fspath(path)!r} needs media_root="
             )
         try:
-            return resolve_inside(self.media_root, path, key, member).read_bytes()
+            target = resolve_inside(self.media_root, path, key, member)
+            return target.read_bytes()
         except MediaError as error:  # raised when the sample is encoded, so policies apply
             return error
+        except (OSError, ValueError, RuntimeError) as error:  # e.g. no permission, a folder
+            return _path_error(os.fspath(path), self.media_root, key, member, error)
 
 
 def _load_rows(path: str | os.PathLike[str]) -> list[Mapping[str, Any]]:

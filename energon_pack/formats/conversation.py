@@ -74,7 +74,7 @@ def turn_text(key: str, index: int, turn: Any, member: str = "json") -> tuple[st
 
 
 def _part_text(key: str, index: int, part: Any, member: str) -> str:
-    kind = part.get("type") if isinstance(part, dict) else None
+    kind = _part_type(part)
     if kind == "text" and isinstance(part.get("text"), str):
         return str(part["text"])
     if kind in _MEDIA_PARTS:
@@ -86,6 +86,13 @@ def _part_text(key: str, index: int, part: Any, member: str) -> str:
         f"turn {index} has a content part {_short(part)}; parts are {{'type': 'text', 'text': "
         "...}, {'type': 'image'} or {'type': 'video'}",
     )
+
+
+def _part_type(part: Any) -> str | None:
+    """A content part's ``type`` if it is a string (a list or a dict there is a bad part, not
+    a lookup that fails)."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -138,7 +145,7 @@ def _message(key: str, index: int, turn: Any, member: str) -> dict[str, Any]:
     if not isinstance(turn, dict):
         raise MediaError(key, member, "bad_sample", f"turn {index} must be an object")
     role = turn.get("from", turn.get("role"))
-    if role not in MESSAGE_ROLES:
+    if not isinstance(role, str) or role not in MESSAGE_ROLES:
         raise MediaError(
             key,
             member,
@@ -172,7 +179,7 @@ def _content(key: str, index: int, content: Any, member: str) -> str | list[dict
     if isinstance(content, list):
         parts = []
         for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
+            kind = _part_type(part)
             if kind == "text" and isinstance(part.get("text"), str):
                 parts.append({"type": "text", "text": part["text"]})
             elif kind in _MEDIA_PARTS:

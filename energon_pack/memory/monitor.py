@@ -11,7 +11,9 @@ and writes one JSON line to ``report_dir/rss-rank{R}-worker{W}.jsonl``. It warns
   while the buffer is full;
 * the buffered samples hold more than ``warn_buffer_mb``.
 
-Monitoring only reads: it never changes which packs are emitted.
+Monitoring only reads: it never changes which packs are emitted, and a report that cannot be
+written (a full disk, a read-only folder) never stops the run: the monitor warns once with a
+:class:`ReportWriteWarning` and writes no more lines.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ MB = 1024 * 1024
 
 class BufferMemoryWarning(UserWarning):
     """A packing buffer's memory passed a configured threshold."""
+
+
+class ReportWriteWarning(UserWarning):
+    """The memory report could not be written (e.g. a full disk); the run goes on without it."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,8 @@ class RSSMonitor:
     _last_time: float = 0.0
     _steady_rss: int | None = None
     _fired: set[str] = field(default_factory=set)
+    _report_failed: bool = False
+    """A report write failed: the monitor writes no more lines (see :meth:`_append`)."""
 
     def observe(
         self, snapshot: Callable[[], BufferSnapshot], *, samples: int, packs: int, bin_fill: float
@@ -193,12 +201,29 @@ class RSSMonitor:
         if buffer.full and self._steady_rss is None:
             self._steady_rss = rss
         self._check(reading, buffer)
-        if self.config.report_dir is not None:
-            path = Path(self.config.report_dir) / f"rss-rank{self.rank}-worker{self.worker}.jsonl"
+        if self.config.report_dir is not None and not self._report_failed:
+            self._append(reading)
+        return reading
+
+    def _append(self, reading: Reading) -> None:
+        """Append ``reading`` to this worker's report file. A failed write (a full disk, a
+        read-only or removed folder, ...) never stops the run: it warns once, naming the file,
+        and the monitor stops writing (its readings and warnings go on)."""
+        path = Path(str(self.config.report_dir)) / f"rss-rank{self.rank}-worker{self.worker}.jsonl"
+        try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a") as report:
                 report.write(json.dumps(asdict(reading)) + "\n")
-        return reading
+        except OSError as error:
+            self._report_failed = True
+            message = (
+                f"rank {self.rank} worker {self.worker}: cannot write the memory report {path} "
+                f"({error.strerror or error}); no more report lines from this worker in this "
+                "run, training goes on. To fix: free space on that disk, or point "
+                "MonitorConfig.report_dir to a writable folder with room (None: no report)"
+            )
+            logger.warning("%s", message)
+            warnings.warn(message, ReportWriteWarning, stacklevel=3)
 
     def _check(self, reading: Reading, buffer: BufferSnapshot) -> None:
         config = self.config

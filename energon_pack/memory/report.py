@@ -4,13 +4,18 @@ table and the RSS plot.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from energon_pack.memory.monitor import MB, Reading
+
+logger = logging.getLogger("energon_pack.memory")
 
 
 @dataclass(frozen=True)
@@ -41,12 +46,83 @@ def load_report(report_dir: str | Path) -> list[Reading]:
             "run with MonitorConfig(report_dir=...) or energon-pack tune --out"
         )
     for path in files:
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{path}: not a report (not UTF-8 text: {error}); point to the report_dir of a "
+                "run, holding only the monitor's rss-rank*-worker*.jsonl files"
+            ) from None
+        lines = text.splitlines()
+        for number, line in enumerate(lines, start=1):
             try:
-                readings.append(Reading(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as error:
-                raise ValueError(f"{path}:{number}: not a report line ({error})") from None
+                readings.append(_reading(json.loads(line)))
+            except (json.JSONDecodeError, ValueError) as error:
+                if number == len(lines) and not text.endswith("\n"):
+                    # the run stopped (or its disk filled) while writing this line
+                    logger.warning("%s:%d: skipping the cut last line (%s)", path, number, error)
+                    continue
+                raise ValueError(
+                    f"{path}:{number}: not a report line ({error}); a report holds the lines an "
+                    "RSSMonitor wrote: remove this line or point to the report_dir of a run"
+                ) from None
     return sorted(readings, key=lambda r: r.time)
+
+
+_COUNTS = {
+    name: 1 if name == "rss" else 0
+    for name in (
+        "rank",
+        "worker",
+        "pid",
+        "rss",
+        "buffer_count",
+        "buffer_bytes",
+        "buffer_decoded_bytes",
+        "samples",
+        "packs",
+    )
+}
+"""Integer fields of a reading and their least value (an RSS of 0 is no reading)."""
+_OPTIONAL_COUNTS = ("uss", "decoder_rss")
+_NUMBERS = ("time", "bin_fill")
+
+
+def _reading(value: Any) -> Reading:
+    """The :class:`Reading` of one decoded line; ValueError naming the first bad field."""
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+    names = {field.name for field in dataclasses.fields(Reading)}
+    unknown = sorted(set(value) - names)
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}")
+    for name, least in _COUNTS.items():
+        if name not in value:
+            raise ValueError(f"no {name!r}")
+        if not _is_int(value[name]) or value[name] < least:
+            raise ValueError(f"{name}={_short(value[name])} is not an int >= {least}")
+    for name in _OPTIONAL_COUNTS:
+        found = value.get(name)
+        if found is not None and (not _is_int(found) or found < 0):
+            raise ValueError(f"{name}={_short(found)} is not null or an int >= 0")
+    for name in _NUMBERS:
+        if name not in value:
+            raise ValueError(f"no {name!r}")
+        found = value[name]
+        if isinstance(found, bool) or not isinstance(found, (int, float)):
+            raise ValueError(f"{name}={_short(found)} is not a number")
+        if not math.isfinite(found):
+            raise ValueError(f"{name}={found} is not finite")
+    return Reading(**value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: object) -> str:
+    shown = json.dumps(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 def summarize(readings: Sequence[Reading]) -> list[WorkerSummary]:

@@ -33,13 +33,17 @@ from energon_pack.offline.inputs import (
 )
 from energon_pack.offline.manifest import (
     FORMAT_VERSION,
+    damaged_message,
     file_record,
     manifest_differences,
+    metadata_record,
     name_os_errors,
     read_manifest,
     read_metadata,
+    reuse_problems,
     sha256,
     stale_message,
+    tokenizer_content,
     write_json,
 )
 from energon_pack.offline.spec import (
@@ -85,8 +89,10 @@ def pack_offline(
     ``tokenizer`` is HF-style (``encode``, ``convert_tokens_to_ids``; ``pad_token_id`` is used
     for padding when present) or None for :class:`~energon_pack.ByteTokenizer`; with an
     explicit tokenizer, pre-tokenised ids are checked against its ``vocab_size``. If ``out_dir``
-    already holds a pack with the same manifest it is reused; a different one is refused with a
-    ValueError naming what differs. ``force`` always rebuilds in place (other files in
+    already holds a pack with the same manifest (spec, format, input sha256, tokenizer identity
+    and content, template) whose files are still as built, it is reused; a different one, or
+    files changed since (a cut parquet, an edited metadata file), is refused with a ValueError
+    naming what differs. ``force`` always rebuilds in place (other files in
     ``out_dir`` are left alone). A failing read or write (full disk, read-only or missing
     folder, ...) raises the OSError with the path it concerns.
     """
@@ -104,6 +110,7 @@ def pack_offline(
         "energon_pack_version": importlib.metadata.version("energon_pack"),
         "spec": spec.to_json(),
         "tokenizer": {**tokenizer_identity(tok), **template_identity(encoder)},
+        "tokenizer_content": tokenizer_content(tok),
         "input_sha256": sha256(input_path),
         "format": format,
     }
@@ -112,6 +119,9 @@ def pack_offline(
         differences = manifest_differences(existing, manifest)
         if differences:
             raise ValueError(stale_message(out_dir, differences))
+        problems = reuse_problems(out_dir, existing)
+        if problems:
+            raise ValueError(damaged_message(out_dir, problems))
         logger.info("reusing the up-to-date pack in %s", out_dir)
         return _result(out_dir, existing, read_metadata(out_dir, existing), reused=True)
     if not force and out_dir.exists() and any(out_dir.iterdir()):
@@ -135,7 +145,9 @@ def pack_offline(
         name: file_record(out_dir / name, npy=format == "energon_pack")
         for name in data_files(format, size)
     }
-    write_json(out_dir / metadata_file(format, size), [dataclasses.asdict(metadata)])
+    metadata_path = out_dir / metadata_file(format, size)
+    write_json(metadata_path, [dataclasses.asdict(metadata)])
+    manifest["metadata"] = metadata_record(metadata_path, metadata)
     write_json(out_dir / MANIFEST_FILE, {**manifest, "input_path": str(input_path.resolve())})
     return _result(out_dir, manifest, metadata, reused=False)
 

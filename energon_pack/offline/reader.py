@@ -16,6 +16,7 @@ import torch.utils.data
 from energon_pack.offline.manifest import (
     array_facts,
     crc32,
+    metadata_problem,
     read_manifest,
     read_metadata,
     spec_differences,
@@ -73,7 +74,7 @@ class PackedDataset(torch.utils.data.Dataset[PackedRow]):
             )
         slots = None
         if self.spec.pad_cu_seqlens:
-            slots = self.spec.max_segments or self._max_samples_per_bin()
+            slots = self.spec.max_segments or self._max_samples_per_bin(manifest.get("metadata"))
         self.layout = self.spec.row_layout(int(manifest["tokenizer"]["pad_token_id"]), slots)
         """How each pack is laid out as a row."""
         self._arrays: dict[str, npt.NDArray[Any]] | None = None
@@ -171,12 +172,17 @@ class PackedDataset(torch.utils.data.Dataset[PackedRow]):
                 "energon-pack offline --force"
             )
 
-    def _max_samples_per_bin(self) -> int:
+    def _max_samples_per_bin(self, record: Mapping[str, Any] | None) -> int:
         path = self.out_dir / METADATA_FILE
         if not path.is_file():
             raise ValueError(
                 f"pad_cu_seqlens=True needs {path} for max_samples_per_bin (the number of "
                 "cu_seqlens slots); re-run energon-pack offline --force to write it, or build "
                 "with max_segments (--max-segments) to fix the slot count in the spec"
+            )
+        problem = None if record is None else metadata_problem(path, record)
+        if problem is not None:  # the slot count would not be the one the packs were built for
+            raise ValueError(
+                f"{self.out_dir}: {problem}; re-run energon-pack offline --force to rewrite it"
             )
         return read_metadata(self.out_dir, {}).max_samples_per_bin

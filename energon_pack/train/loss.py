@@ -22,6 +22,7 @@ transformers' ``num_items_in_batch``.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
@@ -91,9 +92,13 @@ def packed_loss(
     check_choice("reduction", reduction, REDUCTIONS)
     flat_logits, targets, segments = _aligned(logits, batch, reduction)
     valid = targets != IGNORE_INDEX
+    picked = targets[valid]
+    _check_targets(picked, logits.shape[-1])
     dtype = torch.promote_types(logits.dtype, torch.float32)
-    nll = F.cross_entropy(flat_logits[valid].to(dtype), targets[valid], reduction="none")
+    nll = F.cross_entropy(flat_logits[valid].to(dtype), picked, reduction="none")
     weights = _weights(segments[valid], reduction).to(dtype)
+    if normaliser is not None:
+        _check_normaliser(normaliser)
     total = torch.as_tensor(weights.sum() if normaliser is None else normaliser, dtype=dtype)
     # An empty micro-batch (all samples skipped) gives 0, not 0 / 0; any real one has total >= 1.
     return (nll * weights).sum() / total.to(nll.device).clamp(min=1)
@@ -117,10 +122,12 @@ def _aligned(
     vocab = 0 if logits is None else logits.shape[-1]
     if not isinstance(batch, Mapping):
         shifted = target_segments(batch)
+        _check_logits(logits, batch.labels, flat_ok=True)
         return _rows(logits, vocab, 0), batch.labels.reshape(-1), shifted.reshape(-1)
     if "labels" not in batch:
         raise ValueError("packed_loss needs the batch's 'labels'; pass the collator's output")
     labels: torch.Tensor = batch["labels"]
+    _check_logits(logits, labels, flat_ok=False)
     segments: torch.Tensor | None = batch.get(LOSS_SEGMENTS)
     if segments is None:
         if reduction != "token":
@@ -130,9 +137,70 @@ def _aligned(
                 "output='hf', loss_segments=True), or pass the CollatedBatch"
             )
         segments = torch.zeros_like(labels)
+    elif segments.shape != labels.shape:
+        raise ValueError(
+            f"the batch's {LOSS_SEGMENTS!r} has shape {list(segments.shape)}, its labels "
+            f"{list(labels.shape)}: pass the loss_segments and labels of the same batch"
+        )
     # transformers' labels are unshifted: position t predicts labels[t + 1].
     targets, segments = labels[..., 1:].reshape(-1), segments[..., 1:].reshape(-1)
     return _rows(logits, vocab, 1), targets, segments
+
+
+def _check_logits(logits: torch.Tensor | None, labels: torch.Tensor, *, flat_ok: bool) -> None:
+    """``logits`` must be one ``[V]`` vector per label: ``labels.shape + (V,)`` (or, for a
+    batch of shifted labels, its rows flattened: ``[1, R*T, V]``)."""
+    if logits is None:
+        return
+    fits = [tuple(labels.shape)] + ([(1, labels.numel())] if flat_ok else [])
+    if logits.dim() < 2 or tuple(logits.shape[:-1]) not in fits or logits.shape[-1] == 0:
+        want = " or ".join(f"[{', '.join(map(str, shape))}, V]" for shape in fits)
+        raise ValueError(
+            f"logits of shape {list(logits.shape)} do not fit the batch's labels of shape "
+            f"{list(labels.shape)}: packed_loss needs one row of V > 0 logits per token, {want}; "
+            "pass the logits of the forward on exactly this batch's inputs"
+        )
+
+
+def _check_targets(targets: torch.Tensor, vocab: int) -> None:
+    """Every target id must index the logits' ``vocab`` (cross_entropy would raise IndexError,
+    or fail a device-side assertion on GPU)."""
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise ValueError(
+            f"the labels are {targets.dtype}, not token ids: pass the batch's integer labels "
+            "(the collator's 'labels'), not its loss_mask or a float copy"
+        )
+    if not targets.numel():
+        return
+    low, high = torch.stack([targets.min(), targets.max()]).tolist()
+    if low < 0 or high >= vocab:
+        bad = high if high >= vocab else low
+        raise ValueError(
+            f"the labels hold the token id {bad} but the logits have a vocabulary of {vocab} "
+            f"(ids 0..{vocab - 1}; {IGNORE_INDEX} marks no target): pass the logits of the model "
+            "that matches the tokenizer that encoded the batch (model.resize_token_embeddings("
+            "len(tokenizer)) after adding tokens)"
+        )
+
+
+def _check_normaliser(normaliser: object) -> None:
+    """A finite count >= 0 (a tensor of one element, or a number)."""
+    value: float | None = None
+    if isinstance(normaliser, torch.Tensor):
+        value = float(normaliser) if normaliser.numel() == 1 else None
+    elif isinstance(normaliser, (int, float)) and not isinstance(normaliser, bool):
+        value = float(normaliser)
+    if value is None or not math.isfinite(value) or value < 0:
+        shown = (
+            f"a tensor of shape {list(normaliser.shape)}"
+            if isinstance(normaliser, torch.Tensor) and normaliser.numel() != 1
+            else repr(value if value is not None else normaliser)
+        )
+        raise ValueError(
+            f"normaliser={shown} must be a finite count >= 0 (a number or a one-element "
+            "tensor): pass the step's summed loss_normaliser(batch, reduction) over its "
+            "micro-batches and ranks, or None for this micro-batch's own"
+        )
 
 
 def _rows(logits: torch.Tensor | None, vocab: int, shift: int) -> torch.Tensor:

@@ -24,6 +24,7 @@ __all__ = ["check_trainer"]
 def check_trainer(trainer: Any) -> None:
     """Raise ValueError naming each setting of ``trainer`` (a built ``transformers.Trainer`` or
     TRL ``SFTTrainer``) that breaks packed training with the collator, and its fix."""
+    _check_is_trainer(trainer)
     args = trainer.args
     problems = []
     if args.remove_unused_columns:
@@ -38,8 +39,11 @@ def check_trainer(trainer: Any) -> None:
             "SFTTrainer tokenises text rows with its own chat template unless told not to: pass "
             "SFTConfig(dataset_kwargs={'skip_prepare_dataset': True})"
         )
-    ranks = getattr(trainer.accelerator, "num_processes", 1)
-    counts_tokens = trainer.model_accepts_loss_kwargs or trainer.compute_loss_func is not None
+    ranks = getattr(getattr(trainer, "accelerator", None), "num_processes", 1)
+    counts_tokens = (
+        getattr(trainer, "model_accepts_loss_kwargs", False)
+        or getattr(trainer, "compute_loss_func", None) is not None
+    )
     if (args.gradient_accumulation_steps > 1 or ranks > 1) and not counts_tokens:
         model_type = getattr(getattr(trainer.model, "config", None), "model_type", "this model")
         problems.append(
@@ -56,3 +60,32 @@ def check_trainer(trainer: Any) -> None:
     if problems:
         listing = "".join(f"\n- {problem}" for problem in problems)
         raise ValueError(f"{type(trainer).__name__} is not set up for packed rows:{listing}")
+
+
+_ARGS = ("remove_unused_columns", "gradient_accumulation_steps")
+
+
+def _check_is_trainer(trainer: Any) -> None:
+    """ValueError unless ``trainer`` is a built trainer: it has the ``args`` (with the settings
+    read above), ``model`` and ``data_collator`` a ``transformers.Trainer`` has."""
+    args = getattr(trainer, "args", None)
+    if (
+        all(hasattr(args, name) for name in _ARGS)
+        and hasattr(trainer, "model")
+        and hasattr(trainer, "data_collator")
+    ):
+        return
+    got = "None" if trainer is None else f"a {type(trainer).__name__}"
+    if trainer is not None and all(hasattr(trainer, name) for name in _ARGS):
+        hint = (
+            "that is the trainer's arguments: build the trainer with them, "
+            "Trainer(model=model, args=args, data_collator=collator, ...), and pass the trainer"
+        )
+    elif hasattr(trainer, "parameters") and hasattr(trainer, "forward"):
+        hint = "that is a model: pass the trainer built on it, Trainer(model=model, ...)"
+    else:
+        hint = "pass the built trainer, check_trainer(trainer) after trainer = Trainer(...)"
+    raise ValueError(
+        f"check_trainer needs a built transformers.Trainer or TRL SFTTrainer (with args."
+        f"{' and args.'.join(_ARGS)}, model and data_collator), got {got}: {hint}"
+    )
