@@ -37,7 +37,8 @@ from energon_pack.encoding.family import ModelFamily, family_media, model_family
 from energon_pack.formats.chat_rows import is_chat_row
 from energon_pack.formats.trainer_rows import check_media_columns, row_key, unreadable_item
 from energon_pack.media import MediaError, VisionInputs
-from energon_pack.packing.bins import OVERLONG_FIX, fewest_bins
+from energon_pack.packing.bins import OVERLONG_FIX
+from energon_pack.packing.micro_batch import Weight, row_groups
 from energon_pack.packing.mrope import MRopeConfig, PositionIds, mrope_setting
 from energon_pack.packing.packed import (
     EncodedSample,
@@ -59,6 +60,7 @@ from energon_pack.packing.row_layout import (
     RowLayout,
     default_pad_token_id,
 )
+from energon_pack.packing.vision_budget import VISION_FIX, VisionBudget
 from energon_pack.train.hf import HFTarget, batch_model_inputs, check_position_ids
 from energon_pack.train.loss import LOSS_SEGMENTS, hf_loss_segments
 
@@ -200,6 +202,13 @@ class VLMPackingCollator:
             (its model type and attention implementation are kept, not the model); see
             :class:`~energon_pack.HFTarget`. Default: sdpa/eager form. A model that takes
             mRoPE positions with ``position_ids="1d"`` is a ValueError.
+        max_vision_tokens: most image/video pad tokens per row (None: no cap). A sample
+            over it alone follows ``overlong`` (``"skip"`` / ``"truncate"``: listed in
+            ``skipped_keys``). With ``pad_to_max_length`` the micro-batch is split into rows
+            within the caps; with one row, a micro-batch over a cap is a ValueError.
+        max_media: most images plus videos per row (None: no cap); as ``max_vision_tokens``.
+        vision_balance: with several rows, spread the vision tokens evenly over them (the
+            fewest rows still).
         loss_segments: with ``output="hf"``, the dict also carries
             :data:`~energon_pack.train.loss.LOSS_SEGMENTS` (each target token's sample) for the
             ``"sample"`` / ``"sqrt"`` reductions of :mod:`energon_pack.train.loss`; it is not a
@@ -224,6 +233,9 @@ class VLMPackingCollator:
         mrope: MRopeConfig | None = None,
         output: Output = "batch",
         hf_model: Any = None,
+        max_vision_tokens: int | None = None,
+        max_media: int | None = None,
+        vision_balance: bool = False,
         loss_segments: bool = False,
     ) -> None:
         check_choice("overlong", overlong, ("error", "skip", "truncate"))
@@ -265,6 +277,8 @@ class VLMPackingCollator:
         elif seq_length is not None:
             raise ValueError("pass seq_length and the other row settings, or layout=, not both")
         self.layout = layout
+        self.budget = VisionBudget(max_vision_tokens, max_media, vision_balance)
+        """The per-row vision caps and balance mode."""
         self.overlong: OverlongPolicy = overlong
         self.on_media_error: OnMediaError = on_media_error
         self.mrope = mrope_setting(position_ids, mrope, tokenizer, self.family)
@@ -442,6 +456,10 @@ class VLMPackingCollator:
                 f"sample {sample.key!r} is empty (0 tokens); drop empty samples before the "
                 "DataLoader"
             )
+        excess = self.budget.excess(sample.key, sample.vision_tokens, len(sample.media))
+        if excess is not None:
+            self._over_vision_cap(sample.key, excess[1], skipped)
+            return None
         reason = self.layout.overlong(sample.key, sample.length)
         if reason is None:
             return sample
@@ -460,6 +478,14 @@ class VLMPackingCollator:
         skipped.append(sample.key)
         logger.warning("skipping: %s", reason)
         return None
+
+    def _over_vision_cap(self, key: str, reason: str, skipped: list[str]) -> None:
+        """A sample alone over a vision cap: raised with ``overlong="error"``, else skipped
+        (cutting its text would not lower its vision tokens)."""
+        if self.overlong == "error":
+            raise ValueError(f"{reason}; {VISION_FIX}")
+        skipped.append(key)
+        logger.warning("skipping: %s", reason)
 
     def _media_end(self, sample: EncodedSample) -> int:
         """Tokens up to the end of the sample's last vision block (0 without media)."""
@@ -483,20 +509,20 @@ class VLMPackingCollator:
         """Indices of the samples of each row: rows by first sample, samples in batch order."""
         layout = self.layout
         align = layout.pad_to_multiple_of
-        units = [layout.aligned(s.length) // align for s in samples]
-        capacity = layout.seq_length // align
-        if not layout.pad_to_max_length:
-            if sum(units) > capacity:
-                listing = ", ".join(f"{s.key!r}={s.length}" for s in samples)
-                raise ValueError(
-                    f"the micro-batch needs {sum(units) * align} tokens after padding each "
-                    f"sample to a multiple of {align} (lengths: {listing}) but seq_length="
-                    f"{layout.seq_length}; pass pad_to_max_length=True to split it into several "
-                    "rows, or raise seq_length"
-                )
-            return [list(range(len(samples)))]
-        groups = fewest_bins(units, capacity, max_items=layout.static_segments)
-        return sorted(sorted(group) for group in groups)
+        weights = [
+            Weight(
+                s.key, s.length, layout.aligned(s.length) // align, s.vision_tokens, len(s.media)
+            )
+            for s in samples
+        ]
+        return row_groups(
+            weights,
+            layout.seq_length // align,
+            self.budget,
+            several=layout.pad_to_max_length,
+            max_items=layout.static_segments,
+            align=align,
+        )
 
 
 def _assemble(

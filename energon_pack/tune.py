@@ -22,6 +22,7 @@ from typing import Any
 from energon_pack.encoding.chatml import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
 from energon_pack.encoding.family import model_family
 from energon_pack.encoding.template import chat_template_of, template_sha256
+from energon_pack.formats.dataset_trust import check_dataset_code
 from energon_pack.media import MediaConfig, PixelDtype
 from energon_pack.memory.monitor import MB, MonitorConfig
 from energon_pack.memory.report import load_report, summarize
@@ -50,6 +51,13 @@ class TuneSettings:
     family: str | None = None
     """A model family preset name or model directory (:func:`~energon_pack.model_family`)
     whose media settings the runs use (None: ``MediaConfig`` defaults)."""
+    max_media: int | None = None
+    """Most images plus videos per pack (None: no cap)."""
+    vision_balance: bool = False
+    """Keep each pack's vision tokens near the stream's mean."""
+    trust_dataset_code: bool = False
+    """Open a dataset whose description names code outside Energon's and energon_pack's sample
+    types (:func:`~energon_pack.formats.dataset_trust.check_dataset_code`; else refused)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,8 @@ class TuneResult:
     """The run's ``packing_buffer_size``."""
     decode: Decode
     """When media were decoded: ``"lazy"`` (after selection) or ``"eager"`` (before the buffer)."""
+    max_vision_tokens: int | None = None
+    """The run's cap on vision tokens per pack (None: no cap)."""
     samples: int = 0
     """Source samples packed."""
     packs: int = 0
@@ -82,6 +92,12 @@ class TuneResult:
     """Most bytes any worker's packing buffer held, in MiB."""
     peak_decoder_rss_mb: float = 0.0
     """Peak RSS of a worker's decoder process (:mod:`energon_pack.media.guard`), 0 without one."""
+    vision_tokens_mean: float = 0.0
+    """Vision tokens per pack, over all workers."""
+    vision_tokens_max: int = 0
+    """Most vision tokens in one pack."""
+    media_max: int = 0
+    """Most images and videos in one pack."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Skipped samples by kind (``overlong`` or a ``MediaError`` kind), over all workers."""
     unaccounted: int = 0
@@ -194,6 +210,7 @@ def run_once(
     decode: Decode,
     report_dir: Path,
     on_samples: Callable[[int], object] = lambda count: None,
+    max_vision_tokens: int | None = None,
 ) -> TuneResult:
     """Stream the dataset once with this buffer size; Ctrl-C ends the run early (marked).
 
@@ -204,6 +221,8 @@ def run_once(
 
     from energon_pack.energon import PackingStats, PackingTaskEncoder
 
+    if not settings.trust_dataset_code:
+        check_dataset_code(settings.dataset, settings.dataset_config)
     family = model_family(settings.family) if settings.family else None
     base_media = family.media if family is not None else MediaConfig()
     encoder = PackingTaskEncoder(
@@ -214,23 +233,31 @@ def run_once(
         family=family,
         overlong=settings.overlong,
         decode=decode,
+        max_vision_tokens=max_vision_tokens,
+        max_media=settings.max_media,
+        vision_balance=settings.vision_balance,
         monitor=MonitorConfig(report_dir=str(report_dir), every_samples=4, every_seconds=0.25),
     )
     one_epoch = settings.max_samples is None
     described = (
         {} if settings.dataset_config is None else {"dataset_config": settings.dataset_config}
     )
-    dataset = get_train_dataset(
-        settings.dataset,
-        **described,
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=settings.num_workers),
-        batch_size=1,
-        packing_buffer_size=buffer_size,
-        shuffle_buffer_size=None,
-        max_samples_per_sequence=None,
-        task_encoder=encoder,
-        repeat=not one_epoch,
-    )
+    try:
+        dataset = get_train_dataset(
+            settings.dataset,
+            **described,
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=settings.num_workers),
+            batch_size=1,
+            packing_buffer_size=buffer_size,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+            task_encoder=encoder,
+            repeat=not one_epoch,
+        )
+    except Exception as error:  # Energon's errors opening the dataset: any type
+        details = "".join(traceback.format_exception(error))
+        line = f"cannot open the dataset {settings.dataset}: {error_line(error)}"
+        raise TuneError(f"{decode} buffer {buffer_size}: {line}", details) from None
     samples = packs = used = real = 0
     worker_stats: dict[tuple[int, int], PackingStats] = {}
     interrupted = False
@@ -264,9 +291,12 @@ def run_once(
         for kind, count in stats.skipped.items():
             skipped[kind] = skipped.get(kind, 0) + count
     complete = one_epoch and not interrupted
+    worker_packs = sum(stats.packs for stats in worker_stats.values())
+    vision_tokens = sum(s.vision_tokens_mean * s.packs for s in worker_stats.values())
     return TuneResult(
         buffer_size=buffer_size,
         decode=decode,
+        max_vision_tokens=max_vision_tokens,
         samples=samples,
         packs=packs,
         bin_fill=used / (packs * settings.seq_length) if packs else 0.0,
@@ -278,6 +308,9 @@ def run_once(
         steady_worker_rss_mb=max((w.steady_rss for w in workers), default=0) / MB,
         peak_buffer_mb=max((w.peak_buffer_bytes for w in workers), default=0) / MB,
         peak_decoder_rss_mb=max((w.peak_decoder_rss or 0 for w in workers), default=0) / MB,
+        vision_tokens_mean=vision_tokens / worker_packs if worker_packs else 0.0,
+        vision_tokens_max=max((s.vision_tokens_max for s in worker_stats.values()), default=0),
+        media_max=max((s.media_max for s in worker_stats.values()), default=0),
         skipped=dict(sorted(skipped.items())),
         unaccounted=len(dataset) - samples - sum(skipped.values()) if complete else 0,
         interrupted=interrupted,
@@ -287,6 +320,7 @@ def run_once(
 TUNE_HEADERS = [
     "decode",
     "buffer",
+    "vision cap",
     "samples",
     "bin fill",
     "token eff",
@@ -296,6 +330,8 @@ TUNE_HEADERS = [
     "steady MiB",
     "buffer MiB",
     "decoder MiB",
+    "vision/pack",
+    "vision max",
     "skipped",
     "status",
 ]
@@ -314,6 +350,7 @@ def tune_row(result: TuneResult) -> list[object]:
     return [
         result.decode,
         result.buffer_size,
+        result.max_vision_tokens or "-",
         result.samples,
         result.bin_fill,
         result.token_efficiency,
@@ -323,6 +360,8 @@ def tune_row(result: TuneResult) -> list[object]:
         f"{result.steady_worker_rss_mb:.0f}",
         f"{result.peak_buffer_mb:.1f}",
         f"{result.peak_decoder_rss_mb:.0f}",
+        f"{result.vision_tokens_mean:.0f}",
+        result.vision_tokens_max,
         skipped_cell(result),
         "interrupted" if result.interrupted else "ok",
     ]
@@ -461,3 +500,46 @@ def plot_results(
         plt.close(figure)
         written.append(path)
     return written
+
+
+def plot_vision_caps(results: Sequence[TuneResult], out_dir: Path, settings: TuneSettings) -> Path:
+    """``vision_caps.png``: bin fill and vision tokens per pack (mean, max) over the swept
+    ``max_vision_tokens``, one line per buffer size (lazy runs; interrupted ones left out)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in results if not r.interrupted and r.max_vision_tokens is not None]
+    figure, (fill_axis, vision_axis) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for buffer_size in sorted({r.buffer_size for r in done}):
+        own = sorted(
+            (r for r in done if r.buffer_size == buffer_size and r.decode == "lazy"),
+            key=lambda r: r.max_vision_tokens or 0,
+        )
+        caps = [r.max_vision_tokens for r in own]
+        fill_axis.plot(caps, [r.bin_fill for r in own], "o-", label=f"buffer {buffer_size}")
+        line = vision_axis.plot(caps, [r.vision_tokens_mean for r in own], "o-")[0]
+        vision_axis.plot(
+            caps,
+            [r.vision_tokens_max for r in own],
+            "^--",
+            color=line.get_color(),
+            label=f"buffer {buffer_size}: mean (o), max (^)",
+        )
+    swept = sorted({r.max_vision_tokens for r in done if r.max_vision_tokens is not None})
+    vision_axis.plot(swept, swept, ":", color="gray", label="the cap")
+    for axis, label in ((fill_axis, "bin fill"), (vision_axis, "vision tokens per pack")):
+        axis.set_xlabel("max_vision_tokens")
+        axis.set_ylabel(label)
+        axis.legend(fontsize="small")
+    figure.suptitle(
+        f"{Path(settings.dataset).name}: seq_length {settings.seq_length}, "
+        f"max_media {settings.max_media}, vision_balance {settings.vision_balance}",
+        fontsize="medium",
+    )
+    figure.tight_layout()
+    path = out_dir / "vision_caps.png"
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

@@ -96,4 +96,7 @@ CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], int] | type[str] | None], ..
     ("--packing-buffer-size", "packing_buffer_size", non_negative_int),
     ("--finetuning", "finetuning", None),
     ("--kernel-multiple", "kernel_multiple", positive_int),
+    ("--max-vision-tokens", "max_vision_tokens", positive_int),
+    ("--max-media", "max_media", positive_int),
+    ("--vision-balance", "vision_balance", None),
 )

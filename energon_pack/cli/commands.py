@@ -21,6 +21,7 @@ from tqdm import tqdm
 from energon_pack.cli.args import CONFIG_FLAGS
 from energon_pack.cli.tables import format_table
 from energon_pack.encoding.family import model_family
+from energon_pack.formats.dataset_trust import check_dataset_code
 from energon_pack.memory.monitor import MB
 from energon_pack.memory.report import (
     SUMMARY_HEADERS,
@@ -46,6 +47,7 @@ from energon_pack.tune import (
     describe_tokenizer,
     load_tokenizer,
     plot_results,
+    plot_vision_caps,
     projected_rss_mb,
     recommend,
     run_once,
@@ -152,6 +154,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 ["pad_seq_to_mult", derived.pad_seq_to_mult],
                 ["token slots per step", f"{derived.token_slots_per_step:,}"],
                 ["micro batches per step", derived.micro_batches_per_step],
+                *_vision_budget_rows(config),
                 *family,
             ],
         )
@@ -164,6 +167,19 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for number, problem in enumerate(problems, 1):
         print(f"  {number}. {problem}")
     return EXIT_VIOLATIONS
+
+
+def _vision_budget_note(settings: TuneSettings) -> str:
+    """``, max_media 6, vision_balance`` where the tune sets them."""
+    note = "" if settings.max_media is None else f", max_media {settings.max_media}"
+    return note + (", vision_balance" if settings.vision_balance else "")
+
+
+def _vision_budget_rows(config: PackingConfig) -> list[list[object]]:
+    """The vision budget's row of the derived table, where one is set."""
+    names = ("max_vision_tokens", "max_media", "vision_balance")
+    budget = [f"{n}={getattr(config, n)}" for n in names if getattr(config, n) not in (None, False)]
+    return [["vision budget per row", ", ".join(budget)]] if budget else []
 
 
 def _offline_spec(args: argparse.Namespace) -> PackingSpec:
@@ -248,22 +264,29 @@ def _measure(
     settings: TuneSettings,
     decodes: Sequence[Decode],
     buffer_sizes: Sequence[int],
+    vision_caps: Sequence[int | None],
     out: Path,
     results: list[TuneResult],
 ) -> None:
-    """Run every (decode, buffer size), appending to ``results``; a Ctrl-C leaves its run's row
-    marked as interrupted and propagates."""
+    """Run every (decode, buffer size, vision cap), appending to ``results``; a Ctrl-C leaves
+    its run's row marked as interrupted and propagates."""
     for decode in decodes:
         for buffer_size in buffer_sizes:
-            # Stands for the run until it returns, so a Ctrl-C at any point marks this row.
-            results.append(TuneResult(buffer_size, decode, interrupted=True))
-            report_dir = out / "reports" / f"{decode}-buffer{buffer_size}"
-            shutil.rmtree(report_dir, ignore_errors=True)
-            description = f"{decode} buffer {buffer_size}"
-            with tqdm(desc=description, unit=" samples", total=settings.max_samples) as bar:
-                results[-1] = run_once(settings, buffer_size, decode, report_dir, bar.update)
-            if results[-1].interrupted:
-                raise KeyboardInterrupt
+            for cap in vision_caps:
+                # Stands for the run until it returns, so a Ctrl-C at any point marks this row.
+                results.append(TuneResult(buffer_size, decode, cap, interrupted=True))
+                name = f"{decode}-buffer{buffer_size}" + ("" if cap is None else f"-vision{cap}")
+                report_dir = out / "reports" / name
+                shutil.rmtree(report_dir, ignore_errors=True)
+                description = f"{decode} buffer {buffer_size}" + (
+                    "" if cap is None else f" vision cap {cap}"
+                )
+                with tqdm(desc=description, unit=" samples", total=settings.max_samples) as bar:
+                    results[-1] = run_once(
+                        settings, buffer_size, decode, report_dir, bar.update, cap
+                    )
+                if results[-1].interrupted:
+                    raise KeyboardInterrupt
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -287,7 +310,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         overlong=args.overlong,
         dataset_config=args.dataset_config,
         family=args.family,
+        max_media=args.max_media,
+        vision_balance=args.vision_balance,
+        trust_dataset_code=args.trust_dataset_code,
     )
+    if not settings.trust_dataset_code:  # before anything is loaded: one line, exit 2
+        check_dataset_code(dataset, args.dataset_config)
     family = model_family(args.family) if args.family else None  # a bad one fails here, early
     # Forked loader workers use the tokenizer after the main process did: no Rust thread pool.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -298,7 +326,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     results: list[TuneResult] = []
     try:
         with _log_to(out / "tune.log"):
-            _measure(settings, decodes, args.buffer_sizes, out, results)
+            caps = args.max_vision_tokens or [None]
+            _measure(settings, decodes, args.buffer_sizes, caps, out, results)
     except KeyboardInterrupt:
         pass
     except TuneError as error:
@@ -312,6 +341,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"{settings.pixel_dtype} pixels, tokenizer {tokenizer['name']} ({tokenizer['class']}, "
         f"{tokenizer['vocab_size']} tokens), overlong samples: {settings.overlong}, "
         f"model family: {family.name if family else 'none (MediaConfig defaults)'}"
+        + _vision_budget_note(settings)
     )
     print(format_table(TUNE_HEADERS, [tune_row(r) for r in results]))
     if any(r.skipped for r in results):
@@ -340,6 +370,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print("\nno run completed, so there is no recommendation")
     with name_os_errors(out):
         plots = plot_results(results, out, settings, rss_budget_mb=budget, best=best)
+        if args.max_vision_tokens and any(not r.interrupted for r in results):
+            plots.append(plot_vision_caps(results, out, settings))
     report = {
         "settings": asdict(settings),
         "tokenizer": tokenizer,

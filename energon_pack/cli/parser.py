@@ -202,6 +202,28 @@ def build_parser() -> argparse.ArgumentParser:
         "crude.yaml to read a Megatron-Bridge ChatMLWebdataset's shards without Bridge",
     )
     tune.add_argument("--family", metavar="NAME|DIR", help=FAMILY_HELP)
+    tune.add_argument(
+        "--max-vision-tokens",
+        type=int_list,
+        metavar="V1,V2,...",
+        help="also sweep the cap on vision tokens per pack: one run per value and buffer size, "
+        "with fill and vision tokens per pack in the table and vision_caps.png",
+    )
+    tune.add_argument(
+        "--max-media", type=positive_int, metavar="K", help="most images + videos per pack"
+    )
+    tune.add_argument(
+        "--vision-balance",
+        action="store_true",
+        help="keep each pack's vision tokens near the stream's mean (vision_balance=True)",
+    )
+    tune.add_argument(
+        "--trust-dataset-code",
+        action="store_true",
+        help="open a dataset whose .nv-meta description names code outside Energon's and "
+        "energon_pack's sample types (a __module__ elsewhere, a __function__, a sample_loader "
+        "file); refused without it",
+    )
     tune.add_argument("--out", default="tune-out", help="directory for JSON, plots, reports")
     tune.set_defaults(run=cmd_tune)
 
@@ -221,10 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
         "redist",
         help="move per-rank Energon loader states to a new data-parallel world size "
         "(Energon's `energon checkpoint redist`, checked)",
-        description="Calls Energon's redistribution after checking that NEW divides "
-        "world_size x num_workers, that the states were saved with worker processes and that "
-        "the files are every rank of one checkpoint; creates OUT_DIR. Exit status 2 on a "
-        "refused checkpoint, 3 when a file cannot be read or written.",
+        description="Reads the rank files with a restricted loader (no code runs), then calls "
+        "Energon's redistribution after checking that NEW divides world_size x num_workers, "
+        "that the states were saved with worker processes and that the files are every rank "
+        "of one save (same step and settings); creates OUT_DIR, which must not hold the input "
+        "or other rank files. Exit status 2 on a refused checkpoint (naming the file), 3 when "
+        "a file cannot be read or written.",
     )
     redist.add_argument("files", type=Path, nargs="+", metavar="STATE.pt", help="one per rank")
     redist.add_argument("out_dir", type=Path, metavar="OUT_DIR")

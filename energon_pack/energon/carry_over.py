@@ -64,6 +64,7 @@ from energon_pack.memory.monitor import BufferSnapshot, MonitorConfig, RSSMonito
 from energon_pack.packing.bins import OVERLONG_FIX, Bin, Overlong, aligned_length, overlong_message
 from energon_pack.packing.online import OnlineBinPacker
 from energon_pack.packing.packed import SkippedSample, pack_dropping_failures
+from energon_pack.packing.vision_budget import VISION_FIX
 
 logger = logging.getLogger("energon_pack.energon")
 
@@ -89,13 +90,20 @@ class PackingStats:
     packs: int = 0
     samples: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
-    """Skipped samples by reason: ``overlong`` or the :class:`MediaError` kind."""
+    """Skipped samples by reason: ``overlong``, ``over_max_vision_tokens``,
+    ``over_max_media`` or the :class:`MediaError` kind."""
     bin_fill: float = 0.0
     token_efficiency: float = 0.0
     buffer_count: int = 0
     buffer_bytes: int = 0
     mean_wait: float = 0.0
     max_wait: int = 0
+    vision_tokens_mean: float = 0.0
+    """Vision tokens per pack so far (as chosen, before any media failure)."""
+    vision_tokens_max: int = 0
+    media_mean: float = 0.0
+    """Images and videos per pack so far."""
+    media_max: int = 0
 
 
 class _SavablePacker(Savable):
@@ -124,6 +132,10 @@ class SampleSize:
     """Bytes the buffered sample holds (for ``max_bytes`` and the stats)."""
     decoded_nbytes: int
     """The part of ``nbytes`` that is decoded media (for the memory monitor)."""
+    vision_tokens: int = 0
+    """Image and video pad tokens among ``length`` (for the packer's vision budget)."""
+    media: int = 0
+    """Images plus videos (for the packer's vision budget)."""
 
 
 class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sample, T_pack]):
@@ -340,14 +352,19 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                 self._skip(sample.__key__, sample.reason, sample.message)
                 continue
             size = self._size(sample)
-            length = size.length
-            if self._overlong(sample, length):
+            if self._refused(sample, size):
                 continue
             seq = self._next_seq
             self._next_seq += 1
             self._buffer.append(sample)
             self._buffer_seqs.append(seq)
-            bins = self.packer.push(seq, length, nbytes=size.nbytes)
+            bins = self.packer.push(
+                seq,
+                size.length,
+                nbytes=size.nbytes,
+                vision_tokens=size.vision_tokens,
+                media=size.media,
+            )
             self._pending += [self._seqs(b) for b in bins]
             if monitor is not None:
                 counters = self._counters
@@ -371,14 +388,21 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         its sample's, and each pending pack must fit a row (ValueError by field otherwise)."""
         packer = self.packer
         position = {seq: index for index, seq in enumerate(self._buffer_seqs)}
-        lengths = {seq: self._size(self._buffer[index]).length for seq, index in position.items()}
-        for index, (seq, length, *_) in enumerate(packer.state_dict()["held"]):
-            if lengths[seq] != length:
-                sample = _key(self._buffer[position[seq]])
-                raise ValueError(
-                    f"cannot resume the packing state: _packer.held[{index}].length={length}, "
-                    f"but its buffered sample {sample!r} has {lengths[seq]} tokens; {STATE_FIX}"
-                )
+        sizes = {seq: self._size(self._buffer[index]) for seq, index in position.items()}
+        lengths = {seq: size.length for seq, size in sizes.items()}
+        for index, (seq, length, *_, vision, media) in enumerate(packer.state_dict()["held"]):
+            size = sizes[seq]
+            saved = {"length": length}
+            if packer.budget.active:  # the vision figures decide packs only with a budget
+                saved.update(vision_tokens=vision, media=media)
+            for name, value in saved.items():
+                if getattr(size, name) != value:
+                    sample = _key(self._buffer[position[seq]])
+                    raise ValueError(
+                        f"cannot resume the packing state: _packer.held[{index}].{name}="
+                        f"{value}, but its buffered sample {sample!r} has "
+                        f"{getattr(size, name)}; {STATE_FIX}"
+                    )
         for index, seqs in enumerate(self._pending):
             used = sum(aligned_length(lengths[seq], packer.align) for seq in seqs)
             if used > packer.capacity:
@@ -387,15 +411,21 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                     f"tokens, above seq_length={packer.capacity}; {STATE_FIX}"
                 )
 
-    def _overlong(self, sample: T_sample, length: int) -> bool:
-        """Whether the sample cannot fit a pack; raises or skips it per ``overlong``."""
-        packer = self.packer
-        if length <= packer.capacity // packer.align * packer.align:
+    def _refused(self, sample: T_sample, size: SampleSize) -> bool:
+        """Whether the sample cannot fit a pack (its tokens, or alone over a vision cap);
+        raises or skips it per ``overlong``."""
+        packer, key = self.packer, _key(sample)
+        if size.length > packer.capacity // packer.align * packer.align:
+            reason, fix = "overlong", OVERLONG_FIX
+            message = overlong_message(key, size.length, packer.align, packer.capacity)
+        elif excess := packer.budget.excess(key, size.vision_tokens, size.media):
+            (cap, message), fix = excess, VISION_FIX
+            reason = f"over_max_{cap}"
+        else:
             return False
-        message = overlong_message(_key(sample), length, packer.align, packer.capacity)
         if self.overlong == "error":
-            raise ValueError(f"{message}; {OVERLONG_FIX}")
-        self._skip(_key(sample), "overlong", message)
+            raise ValueError(f"{message}; {fix}")
+        self._skip(key, reason, message)
         return True
 
     def _snapshot(self) -> BufferSnapshot:
@@ -488,6 +518,10 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             buffer_bytes=self.packer.held_bytes,
             mean_wait=packer_stats.mean_wait,
             max_wait=packer_stats.max_wait,
+            vision_tokens_mean=packer_stats.vision_tokens_mean,
+            vision_tokens_max=packer_stats.vision_tokens_max,
+            media_mean=packer_stats.media_mean,
+            media_max=packer_stats.media_max,
         )
 
     def restore_sample(self, restore_key: tuple[Any, ...]) -> T_pack:

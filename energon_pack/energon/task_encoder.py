@@ -179,7 +179,9 @@ def cook_conversation(raw: dict[str, Any]) -> ConversationSample:
 def _size(sample: PreparedSample) -> SampleSize:
     encoded = sample.encoded
     decoded = 0 if encoded.vision is None else encoded.vision.nbytes
-    return SampleSize(encoded.length, encoded.nbytes, decoded)
+    return SampleSize(
+        encoded.length, encoded.nbytes, decoded, encoded.vision_tokens, len(encoded.media)
+    )
 
 
 class PackingTaskEncoder(DefaultTaskEncoder):
@@ -205,6 +207,14 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         max_wait: most packs a sample may wait in the buffer (None: unbounded).
         packing_buffer_bytes: also bound the buffer by the bytes its samples hold.
         min_fill: a pack leaves early once it can be filled to this fraction.
+        max_vision_tokens: most image/video pad tokens per pack (None: no cap), counted from
+            the media probe before any decode. A sample over it alone follows ``overlong``
+            (``packing_stats.skipped["over_max_vision_tokens"]`` with ``"skip"``).
+        max_media: most images plus videos per pack (None: no cap); likewise
+            ``"over_max_media"``.
+        vision_balance: keep each pack's vision tokens near the stream's running mean, so
+            that data-parallel ranks wait less for each other's vision encoder (see
+            :mod:`~energon_pack.packing.vision_budget`).
         max_consecutive_skips: stop with an error (naming the failure kinds) after this many
             bad samples (at encoding or decoding) without a pack emitted in between.
         decode: ``"lazy"`` (default) decodes media after a sample is chosen for a pack;
@@ -243,6 +253,9 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         max_wait: int | None = 64,
         packing_buffer_bytes: int | None = None,
         min_fill: float = 0.999,
+        max_vision_tokens: int | None = None,
+        max_media: int | None = None,
+        vision_balance: bool = False,
         max_consecutive_skips: int = 100,
         decode: Decode = "lazy",
         monitor: MonitorConfig | None = None,
@@ -311,6 +324,9 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             "max_wait": max_wait,
             "min_fill": min_fill,
             "max_bytes": packing_buffer_bytes,
+            "max_vision_tokens": max_vision_tokens,
+            "max_media": max_media,
+            "vision_balance": vision_balance,
         }
         """:class:`~energon_pack.OnlineBinPacker` keywords (the buffer size is the loader's)."""
         self._make_packer(1)  # checks the packer settings now, not in a worker

@@ -2,7 +2,11 @@
 mRoPE position ids and the topology rules. Nothing here reads files or decodes media.
 
 * ``bins``: offline first/best fit decreasing, the fewest rows of a micro-batch, shared rules;
-* ``online``: :class:`OnlineBinPacker`, the bounded carry-over packer;
+* ``online``: :class:`OnlineBinPacker`, the bounded carry-over packer, and ``packer_state``,
+  what it holds and the check of its saved state;
+* ``vision_budget``: caps on vision tokens and media per row, and the balance rule;
+* ``subset_sums``: subset sums as big-integer bitsets (the online packer's search);
+* ``micro_batch``: the rows of one collator micro-batch within every budget;
 * ``row_layout``: :class:`RowLayout`, every row rule checked once;
 * ``row``: :class:`PackedRow` and :func:`build_packed_row` (THD form, ``cu_seqlens``);
 * ``packed``: :class:`EncodedSample` in, :class:`PackedSample` (row + media) out;

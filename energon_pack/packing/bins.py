@@ -156,6 +156,10 @@ class Bin:
     used: int
     """Sum of the aligned lengths."""
     capacity: int
+    vision_tokens: int = 0
+    """Vision tokens of its items (what :meth:`OnlineBinPacker.push` was told)."""
+    media: int = 0
+    """Images and videos of its items."""
 
     @property
     def fill(self) -> float:
@@ -177,24 +181,37 @@ _SEARCH_BUDGET = 10_000
 """Nodes the exact search of :func:`fewest_bins` may visit before falling back to BFD."""
 
 
+Limit = tuple[Sequence[int], int]
+"""Another budget of a row for :func:`fewest_bins`: each item's size in it, and the row's cap
+(e.g. vision tokens and ``max_vision_tokens``)."""
+
+
 def fewest_bins(
-    sizes: Sequence[int], capacity: int, *, max_items: int | None = None
+    sizes: Sequence[int],
+    capacity: int,
+    *,
+    max_items: int | None = None,
+    limits: Sequence[Limit] = (),
 ) -> list[list[int]]:
     """Groups of indices of ``sizes`` into the fewest bins of ``capacity`` (and at most
-    ``max_items`` items each), for small inputs such as one micro-batch.
+    ``max_items`` items and every one of ``limits`` each), for small inputs such as one
+    micro-batch. Every item must fit a bin alone.
 
     Exact (depth-first search with symmetry pruning) while the search visits at most
     ``_SEARCH_BUDGET`` nodes; otherwise best-fit decreasing. Deterministic.
     """
-    greedy = [
-        group[start : start + (max_items or len(group))]
-        for group in best_fit_decreasing(sizes, capacity)
-        for start in range(0, len(group), max_items or len(group))
-    ]
-    lower = math.ceil(sum(sizes) / capacity)
-    if max_items is not None:
-        lower = max(lower, math.ceil(len(sizes) / max_items))
-    search = _BinSearch(sizes, capacity, max_items or len(sizes))
+    dims = [(list(sizes), capacity), *((list(s), cap) for s, cap in limits)]
+    most = max_items or len(sizes)
+    if limits:
+        greedy = _best_fit_decreasing(dims, most)
+    else:
+        greedy = [
+            group[start : start + most]
+            for group in best_fit_decreasing(sizes, capacity)
+            for start in range(0, len(group), most)
+        ]
+    lower = max([math.ceil(sum(s) / cap) for s, cap in dims] + [math.ceil(len(sizes) / most)])
+    search = _BinSearch(dims, most)
     for bins in range(lower, len(greedy)):
         found = search.run(bins)
         if found is None:
@@ -204,23 +221,49 @@ def fewest_bins(
     return greedy
 
 
+def _best_fit_decreasing(dims: list[tuple[list[int], int]], max_items: int) -> list[list[int]]:
+    """Best fit decreasing by the first budget, within every budget and ``max_items``."""
+    sizes = dims[0][0]
+    groups: list[list[int]] = []
+    loads: list[list[int]] = []
+    for item in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        fitting = [
+            b
+            for b, load in enumerate(loads)
+            if len(groups[b]) < max_items
+            and all(load[d] + s[item] <= cap for d, (s, cap) in enumerate(dims))
+        ]
+        if fitting:
+            slot = max(fitting, key=lambda b: (loads[b][0], -b))
+        else:
+            slot = len(groups)
+            groups.append([])
+            loads.append([0] * len(dims))
+        groups[slot].append(item)
+        for d, (s, _) in enumerate(dims):
+            loads[slot][d] += s[item]
+    return groups
+
+
 class _BinSearch:
     """Exact bin packing by depth-first search, items largest first, within a node budget."""
 
-    def __init__(self, sizes: Sequence[int], capacity: int, max_items: int) -> None:
-        self.sizes = list(sizes)
-        self.capacity = capacity
+    def __init__(self, dims: list[tuple[list[int], int]], max_items: int) -> None:
+        self.dims = dims
+        sizes = dims[0][0]
         self.max_items = max_items
         self.order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
-        self.remaining = [sum(self.sizes[i] for i in self.order[j:]) for j in range(len(sizes))]
+        self.remaining = [
+            [sum(s[i] for i in self.order[j:]) for s, _ in dims] for j in range(len(sizes))
+        ]
         self.budget = _SEARCH_BUDGET
         self.groups: list[list[int]] = []
-        self.loads: list[int] = []
+        self.loads: list[list[int]] = []
 
     def run(self, bins: int) -> list[list[int]] | None:
         """A packing into ``bins`` bins, ``[]`` if there is none, None if the budget ran out."""
         self.groups = [[] for _ in range(bins)]
-        self.loads = [0] * bins
+        self.loads = [[0] * len(self.dims) for _ in range(bins)]
         try:
             return self.groups if self._place(0) else []
         except _BudgetSpent:
@@ -232,24 +275,30 @@ class _BinSearch:
         self.budget -= 1
         if self.budget < 0:
             raise _BudgetSpent
-        if self.remaining[j] > len(self.loads) * self.capacity - sum(self.loads):
-            return False
+        bins = len(self.loads)
+        for d, (_, cap) in enumerate(self.dims):
+            if self.remaining[j][d] > bins * cap - sum(load[d] for load in self.loads):
+                return False
         item = self.order[j]
-        size = self.sizes[item]
-        tried: set[tuple[int, int]] = set()
+        tried: set[tuple[int, ...]] = set()
         for b, group in enumerate(self.groups):
-            state = (self.loads[b], len(group))
-            if self.loads[b] + size > self.capacity or len(group) >= self.max_items:
+            load = self.loads[b]
+            if len(group) >= self.max_items or any(
+                load[d] + s[item] > cap for d, (s, cap) in enumerate(self.dims)
+            ):
                 continue
+            state = (*load, len(group))
             if state in tried:  # an identical bin was tried already
                 continue
             tried.add(state)
-            self.loads[b] += size
+            for d, (s, _) in enumerate(self.dims):
+                load[d] += s[item]
             group.append(item)
             if self._place(j + 1):
                 return True
             group.pop()
-            self.loads[b] -= size
+            for d, (s, _) in enumerate(self.dims):
+                load[d] -= s[item]
         return False
 
 

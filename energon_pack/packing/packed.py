@@ -69,6 +69,11 @@ class EncodedSample:
         return int(self.input_ids.numel())
 
     @property
+    def vision_tokens(self) -> int:
+        """Image and video pad tokens among :attr:`length` (from the media probe)."""
+        return sum(m.tokens for m in self.media)
+
+    @property
     def is_materialized(self) -> bool:
         return self.vision is not None or not self.media
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 
 DISTRIBUTIONS = ("vlm", "text_sft")
 
@@ -35,3 +36,55 @@ def lengths_for(distribution: str, count: int, *, seed: int = 0, cap: int = 8192
     if distribution == "text_sft":
         return text_sft_lengths(count, seed=seed, cap=cap)
     raise ValueError(f"unknown length distribution {distribution!r}; choose one of {DISTRIBUTIONS}")
+
+
+@dataclass(frozen=True)
+class VisionSample:
+    """One synthetic sample's size: tokens (vision tokens included), vision tokens, media."""
+
+    length: int
+    vision_tokens: int
+    media: int
+
+
+_ASPECTS = (1.0, 4 / 3, 3 / 2, 16 / 9, 3 / 4, 9 / 16)
+
+
+def _image_tokens(rng: random.Random, edge: tuple[int, int]) -> int:
+    """Qwen2.5-VL tokens of one image whose long edge is drawn from ``edge`` (28-px cells)."""
+    long_edge = rng.uniform(*edge)
+    aspect = rng.choice(_ASPECTS)
+    width, height = (
+        (long_edge, long_edge / aspect) if aspect >= 1 else (long_edge * aspect, long_edge)
+    )
+    return max(1, round(width / 28)) * max(1, round(height / 28))
+
+
+def vision_mix(
+    count: int,
+    *,
+    seed: int = 0,
+    cap: int = 8192,
+    image_share: float = 0.12,
+    max_images: int = 8,
+    edge: tuple[int, int] = (640, 1280),
+    text_median: int = 550,
+) -> list[VisionSample]:
+    """VLM SFT with uneven vision load: lognormal text (as :func:`text_sft_lengths`); a share
+    of the samples carries 1 to ``max_images`` images (more images rarer) whose long edge is
+    640-1280 px, each 2 tokens of markers plus its Qwen2.5-VL tokens. Images are dropped from a
+    sample until it fits ``cap``."""
+    rng = random.Random(seed)
+    weights = [1 / k for k in range(1, max_images + 1)]
+    out = []
+    for _ in range(count):
+        text = min(cap, 8 + int(rng.lognormvariate(math.log(text_median), 1.0)))
+        images: list[int] = []
+        if rng.random() < image_share:
+            wanted = rng.choices(range(1, max_images + 1), weights)[0]
+            images = [_image_tokens(rng, edge) for _ in range(wanted)]
+        while images and text + sum(images) + 2 * len(images) > cap:
+            images.pop()
+        vision = sum(images)
+        out.append(VisionSample(text + vision + 2 * len(images), vision, len(images)))
+    return out

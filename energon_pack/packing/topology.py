@@ -126,6 +126,9 @@ class PackingConfig:
     packing_buffer_size: int = 0
     finetuning: bool = False
     kernel_multiple: int | None = None
+    max_vision_tokens: int | None = None
+    max_media: int | None = None
+    vision_balance: bool = False
     online_packing: bool = False
     collate_packing: bool = False
     offline_packing: bool = False
@@ -322,6 +325,36 @@ class PackingConfig:
         )
         out += [problem for problem in problems if problem]
         out += self._cuda_graph_problems(modes)
+        out += self._vision_budget_problems(modes)
+        return out
+
+    def _vision_budget_problems(self, modes: list[Mode]) -> list[str]:
+        """The vision caps and balance: only where packs hold media, within a row."""
+        out: list[str] = []
+        budget = [
+            f"{name}={getattr(self, name)!r}"
+            for name in ("max_vision_tokens", "max_media", "vision_balance")
+            if getattr(self, name) not in (None, False)
+        ]
+        if budget and not {"online", "collate"} & set(modes):
+            out.append(
+                f"{', '.join(budget)} with packing mode {modes[0] if modes else 'none'}: the "
+                "vision budget is applied by online and collate packing (offline packs hold "
+                "text only); use mode online or collate, or drop it"
+            )
+        cap = self.max_vision_tokens
+        if cap is not None and cap > self.seq_length:
+            out.append(
+                f"max_vision_tokens={cap} is above seq_length={self.seq_length}: vision tokens "
+                "are among a row's tokens, so the cap never binds; set max_vision_tokens below "
+                "seq_length (e.g. what the vision encoder fits in memory) or drop it"
+            )
+        if self.vision_balance and modes == ["collate"] and not self.pad_to_max_length:
+            out.append(
+                "vision_balance=True with collate packing and pad_to_max_length=False: each "
+                "micro batch is one row, so there is nothing to balance; set "
+                "pad_to_max_length=True (rows split within the caps) or drop vision_balance"
+            )
         return out
 
     def _seq_length_mult_problem(self, modes: list[Mode]) -> str | None:
@@ -392,7 +425,9 @@ def _scope_problem(value: object) -> str | None:
 _POSITIVE_INTS = frozenset(
     {"seq_length", "micro_batch_size", "global_batch_size", "data_parallel_size", "tp", "cp", "pp"}
 )
-_OPTIONAL_POSITIVE_INTS = frozenset({"eval_cp", "kernel_multiple"})
+_OPTIONAL_POSITIVE_INTS = frozenset(
+    {"eval_cp", "kernel_multiple", "max_vision_tokens", "max_media"}
+)
 _BOOLS = frozenset(
     {
         "sp",
@@ -402,6 +437,7 @@ _BOOLS = frozenset(
         "pad_to_max_length",
         "pad_cu_seqlens",
         "finetuning",
+        "vision_balance",
         *LEGACY_MODE_FLAGS,
     }
 )

@@ -1,0 +1,309 @@
+"""Vision budget per pack: caps on vision tokens and media, and balance across data-parallel ranks.
+
+On a seeded VLM mix (energon_pack.packing.synthetic.vision_mix: lognormal text, 12% of samples
+with 1-8 images of 640-1280 px, Qwen2.5-VL token counts), each data-parallel rank r packs its
+own samples r, r+DP, r+2*DP, ... with its own packer. For each sequence length and buffer size:
+
+  none           OnlineBinPacker, packs chosen by LLM tokens alone
+  caps           max_vision_tokens = V, max_media = K
+  caps+balance   the caps and vision_balance=True
+  balance        vision_balance=True alone
+  greedy         an InternVL-style greedy packer under the same caps: each sample joins the first
+                 open pack it fits (tokens, V, K); a pack leaves once 99% full or at a cap; when
+                 the buffer holds `buffer` samples the fullest pack leaves
+
+V = 1.5x the uncapped mean vision tokens per pack and K = ceil(1.5x its mean media per pack).
+Figures: bin fill, vision tokens per pack (mean, max), the share of packs above 1.5x the
+uncapped mean, whether every pack is within the caps, and the straggler ratio at 8 and 64 ranks:
+per step the most loaded rank's vision tokens over the ranks' mean, averaged over steps (steps
+where every rank has a pack). Its floor is the same ratio with every pack at the mean, or at
+its largest single sample's vision tokens when that is more (whole samples cannot be split).
+The floor assumes every rank at least at the mean, but the packs' mean is fixed by the stream,
+so packs above it (a large single sample) force others below it. The ``bound`` column divides
+the floor's most loaded rank by the packs' true mean instead (averaged over steps): how far the
+large single samples alone put a step's most loaded rank above the mean.
+The figures are those of a stream in steady state: packs emitted by the end-of-stream flush (a
+few per rank, under-filled by nature) are left out of every scheme's figures, and the samples
+still held then count as neither packed nor skipped.
+Then the packer's cost per item with and without caps (interleaved rounds, median ratio).
+
+Usage: python benchmarks/vision_budget.py [--samples N] [--quick] [--out results/vision_budget.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from energon_pack import OnlineBinPacker
+from energon_pack.cli.tables import format_table
+from energon_pack.packing.synthetic import VisionSample, vision_mix
+from energon_pack.packing.vision_budget import straggler_ratio
+
+SEQ_LENGTHS = (8192, 16384)
+BUFFERS = (16, 64)
+RANKS = (8, 64)
+
+Pack = list[int]
+"""Indices into the stream of one pack."""
+Packer = Callable[[Sequence[VisionSample], int, int], tuple[list[Pack], int]]
+"""Packs a stream (samples, seq_length, buffer): its packs and how many samples it skipped."""
+
+
+def online(**budget: object) -> Packer:
+    """The online packer with ``budget`` keywords."""
+
+    def run(samples: Sequence[VisionSample], seq: int, buffer: int) -> tuple[list[Pack], int]:
+        packer = OnlineBinPacker(seq, buffer, overlong="skip", **budget)  # type: ignore[arg-type]
+        packs: list[Pack] = []
+        for index, s in enumerate(samples):
+            bins = packer.push(index, s.length, vision_tokens=s.vision_tokens, media=s.media)
+            packs += [[int(k) for k in b.keys] for b in bins]
+        return packs, packer.stats.rejected  # the end-of-stream flush is left out
+
+    return run
+
+
+def greedy(vision_cap: int, media_cap: int) -> Packer:
+    """InternVL-style greedy packing under the caps (see the module docstring)."""
+
+    def run(samples: Sequence[VisionSample], seq: int, buffer: int) -> tuple[list[Pack], int]:
+        open_packs: list[list[int]] = []  # per pack: [tokens, vision, media, *indices]
+        packs: list[Pack] = []
+        held = skipped = 0
+
+        def full(p: list[int]) -> bool:
+            return p[0] >= 0.99 * seq or p[1] >= 0.99 * vision_cap or p[2] >= media_cap
+
+        for index, s in enumerate(samples):
+            if s.vision_tokens > vision_cap or s.media > media_cap:
+                skipped += 1  # as the online packer does with overlong="skip"
+                continue
+            for p in open_packs:
+                if (
+                    p[0] + s.length <= seq
+                    and p[1] + s.vision_tokens <= vision_cap
+                    and p[2] + s.media <= media_cap
+                ):
+                    break
+            else:
+                p = [0, 0, 0]
+                open_packs.append(p)
+            p[0] += s.length
+            p[1] += s.vision_tokens
+            p[2] += s.media
+            p.append(index)
+            held += 1
+            if full(p):
+                open_packs.remove(p)
+                packs.append(p[3:])
+                held -= len(p) - 3
+            while held >= buffer:
+                fullest = max(open_packs, key=lambda q: q[0])
+                open_packs.remove(fullest)
+                packs.append(fullest[3:])
+                held -= len(fullest) - 3
+        return packs, skipped  # the packs still open at the end are left out, as the flush
+
+    return run
+
+
+def rank_packs(
+    packer: Packer, samples: Sequence[VisionSample], seq: int, buffer: int, ranks: int
+) -> tuple[list[list[Pack]], int]:
+    """Each rank's packs, in order, of its own share of the stream; samples skipped."""
+    out, skipped = [], 0
+    for rank in range(ranks):
+        mine = list(range(rank, len(samples), ranks))
+        packs, dropped = packer([samples[i] for i in mine], seq, buffer)
+        out.append([[mine[i] for i in pack] for pack in packs])
+        skipped += dropped
+    return out, skipped
+
+
+def figures(
+    per_rank: list[list[Pack]], samples: Sequence[VisionSample], seq: int, reference: float
+) -> dict[str, float]:
+    """Fill, vision per pack, share over 1.5x ``reference`` and the straggler ratio (+ floor)."""
+    packs = [p for rank in per_rank for p in rank]
+    vision = [sum(samples[i].vision_tokens for i in p) for p in packs]
+    media = [sum(samples[i].media for i in p) for p in packs]
+    tokens = sum(samples[i].length for p in packs for i in p)
+    mean = statistics.fmean(vision)
+    steps = min(len(rank) for rank in per_rank)
+
+    def load(pack: Pack) -> int:
+        return sum(samples[i].vision_tokens for i in pack)
+
+    def floor_load(pack: Pack) -> float:
+        return max(mean, max(samples[i].vision_tokens for i in pack))
+
+    loads = [[load(rank[s]) for rank in per_rank] for s in range(steps)]
+    floors = [[floor_load(rank[s]) for rank in per_rank] for s in range(steps)]
+    return {
+        "fill": tokens / (len(packs) * seq),
+        "packs": len(packs),
+        "vision_mean": mean,
+        "vision_max": max(vision),
+        "media_mean": statistics.fmean(media),
+        "media_max": max(media),
+        "over_1.5x": sum(v > 1.5 * reference for v in vision) / len(packs),
+        "straggler": straggler_ratio(loads),
+        "floor": straggler_ratio(floors),
+        "bound": statistics.fmean(max(step) for step in floors) / mean,
+    }
+
+
+def cost_per_item(
+    samples: Sequence[VisionSample], seq: int, buffer: int, budgets: dict[str, dict[str, object]]
+) -> dict[str, float]:
+    """Median microseconds per item of each budget, and of each one's ratio to the first, over
+    rounds that run every budget in turn (interleaved)."""
+    times: dict[str, list[float]] = {name: [] for name in budgets}
+    for _ in range(7):
+        for name, budget in budgets.items():
+            run = online(**budget)
+            start = time.perf_counter()
+            run(samples, seq, buffer)
+            times[name].append((time.perf_counter() - start) / len(samples) * 1e6)
+    first = next(iter(budgets))
+    out = {name: statistics.median(values) for name, values in times.items()}
+    for name, values in times.items():
+        ratios = [value / base for value, base in zip(values, times[first], strict=True)]
+        out[f"{name}/{first}"] = statistics.median(ratios)
+    return out
+
+
+def goals(records: dict[str, dict[str, float]]) -> dict[str, bool]:
+    """The acceptance figures of one configuration (see docs/concepts/vision-budget.md)."""
+    none, kept = records["none"], records["none (kept samples)"]
+    out = {}
+    for name in ("caps", "caps+balance"):
+        got = records[name]
+        out[f"{name}: within caps"] = bool(got["within_caps@8"] and got["within_caps@64"])
+        out[f"{name}: fill >= 0.99x uncapped (same samples)"] = (
+            got["fill@8"] >= 0.99 * kept["fill@8"]
+        )
+        out[f"{name}: fill >= greedy"] = got["fill@8"] >= records["greedy"]["fill@8"]
+    for name in ("caps+balance", "balance"):
+        got = records[name]
+        reference = kept if name == "caps+balance" else none
+        out[f"{name}: fill >= 0.99x uncapped"] = got["fill@8"] >= 0.99 * reference["fill@8"]
+        for ranks, slack, least in ((8, 0.10, 1.10), (64, 0.20, 1.20)):
+            goal = max(least, got[f"floor@{ranks}"] + slack)
+            out[f"{name}: straggler@{ranks} <= {goal:.3f}"] = got[f"straggler@{ranks}"] <= goal
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=64 * 3000)
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--text-median", type=int, default=150, help="text tokens (median)")
+    parser.add_argument("--quick", action="store_true", help="seq 16384 and buffer 64 only")
+    parser.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "vision_budget.json")
+    )
+    args = parser.parse_args()
+    logging.getLogger("energon_pack.packing").setLevel(logging.ERROR)  # skips are counted here
+
+    records = []
+    checks = {}
+    for seq in SEQ_LENGTHS[1:] if args.quick else SEQ_LENGTHS:
+        samples = vision_mix(args.samples, seed=args.seed, cap=seq, text_median=args.text_median)
+        for buffer in BUFFERS[1:] if args.quick else BUFFERS:
+            base = rank_packs(online(), samples, seq, buffer, 1)[0][0]
+            mean_vision = statistics.fmean(sum(samples[i].vision_tokens for i in p) for p in base)
+            mean_media = statistics.fmean(sum(samples[i].media for i in p) for p in base)
+            cap_v, cap_k = int(1.5 * mean_vision), math.ceil(1.5 * mean_media)
+            caps = {"max_vision_tokens": cap_v, "max_media": cap_k}
+            kept = [s for s in samples if s.vision_tokens <= cap_v and s.media <= cap_k]
+            schemes: dict[str, tuple[Packer, Sequence[VisionSample]]] = {
+                "none": (online(), samples),
+                "none (kept samples)": (online(), kept),
+                "caps": (online(**caps), samples),
+                "caps+balance": (online(**caps, vision_balance=True), samples),
+                "balance": (online(vision_balance=True), samples),
+                "greedy": (greedy(cap_v, cap_k), samples),
+            }
+            rows = []
+            by_name: dict[str, dict[str, float]] = {}
+            for name, (packer, stream) in schemes.items():
+                record: dict[str, object] = {
+                    "seq_length": seq,
+                    "buffer": buffer,
+                    "scheme": name,
+                    "max_vision_tokens": cap_v,
+                    "max_media": cap_k,
+                }
+                for ranks in RANKS:
+                    per_rank, skipped = rank_packs(packer, stream, seq, buffer, ranks)
+                    got = figures(per_rank, stream, seq, mean_vision)
+                    got["skipped"] = skipped / len(stream)
+                    got["within_caps"] = got["vision_max"] <= cap_v and got["media_max"] <= cap_k
+                    record.update({f"{k}@{ranks}": v for k, v in got.items()})
+                records.append(record)
+                by_name[name] = record  # type: ignore[assignment]
+                rows.append(
+                    [
+                        name,
+                        f"{record['fill@8']:.4f}",
+                        f"{record['skipped@8']:.1%}",
+                        f"{record['vision_mean@8']:.0f}",
+                        f"{record['vision_max@8']:.0f}",
+                        f"{record['media_max@8']:.0f}",
+                        f"{record['over_1.5x@8']:.1%}",
+                        "yes" if record["within_caps@8"] and record["within_caps@64"] else "no",
+                        f"{record['straggler@8']:.3f} ({record['floor@8']:.3f}, "
+                        f"{record['bound@8']:.3f})",
+                        f"{record['straggler@64']:.3f} ({record['floor@64']:.3f}, "
+                        f"{record['bound@64']:.3f})",
+                    ]
+                )
+            print(
+                f"\nseq {seq}, buffer {buffer}: V={cap_v} vision tokens, K={cap_k} media "
+                f"({args.samples} samples, {args.samples // RANKS[-1]} per rank at 64 ranks)"
+            )
+            headers = [
+                *("scheme", "fill", "skipped", "vision mean", "max", "media max"),
+                *(">1.5x mean", "within caps"),
+                *("straggler@8 (floor, bound)", "straggler@64 (floor, bound)"),
+            ]
+            print(format_table(headers, rows))
+            checks[f"{seq}/{buffer}"] = goals(by_name)
+            for goal, met in checks[f"{seq}/{buffer}"].items():
+                print(f"  {'met ' if met else 'MISS'} {goal}")
+    cost_samples = vision_mix(20000, seed=args.seed, cap=8192, text_median=args.text_median)
+    last = records[-1]
+    budgets: dict[str, dict[str, object]] = {
+        "none": {},
+        "caps": {"max_vision_tokens": last["max_vision_tokens"], "max_media": last["max_media"]},
+        "caps+balance": {
+            "max_vision_tokens": last["max_vision_tokens"],
+            "max_media": last["max_media"],
+            "vision_balance": True,
+        },
+    }
+    cost = {buffer: cost_per_item(cost_samples, 8192, buffer, budgets) for buffer in BUFFERS}
+    print("\npacker cost per item (us; medians of 7 interleaved rounds, seq 8192)")
+    ratios = ("caps/none", "caps+balance/none")
+    cost_rows = [
+        [buffer, *(f"{c[name]:.1f}" for name in budgets), *(f"{c[r]:.2f}x" for r in ratios)]
+        for buffer, c in cost.items()
+    ]
+    print(format_table(["buffer", *budgets, *ratios], cost_rows))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"packs": records, "goals": checks, "us_per_item": cost}
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

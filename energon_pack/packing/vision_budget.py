@@ -1,0 +1,279 @@
+"""The vision budget of a packed row: caps on the vision tokens and media it holds, and the balance
+rule that keeps each row's vision tokens near the stream's mean. Pure Python, no I/O, no torch.
+
+A row's *vision tokens* are the image/video pad tokens its samples put in ``input_ids`` (known
+from the media probe, before any decode); its *media* are its images plus videos. Both packers
+(:class:`~energon_pack.OnlineBinPacker`, and through it the Energon task encoder, and the
+collator) take a :class:`VisionBudget`.
+
+The online packer holds its text-only candidates as a subset-sum bitset of units. With caps it
+searches the candidates that carry media depth-first within the caps (:func:`best_choice`) and
+fills the rest of the row with the fullest text-only subset. With ``balance`` it reads the
+media-carrying candidates' vision tokens from a second bitset instead: the subset whose sum is
+nearest to the row's *target* (the stream's vision tokens per token so far times the row
+capacity) without passing it by more than :data:`BALANCE_TOLERANCE`; the oldest of them goes
+alone when it alone passes that (a sample cannot be split). A full row leaves early only if it
+is at most :data:`BALANCE_SLACK` below its target; rows that must leave (full buffer, a
+``max_wait`` due, the end of the stream) take the nearest sum as it is. Where that sum breaks
+the row or ``max_media``, the search decides, trading fill against the distance from the
+target (:data:`BALANCE_WEIGHT`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+BALANCE_TOLERANCE = 0.05
+"""With ``balance``: how far above its target a row's vision tokens may be (a row above the mean
+delays the whole step)."""
+BALANCE_SLACK = 0.15
+"""With ``balance``: how far below its target a full row may be and still leave early (one
+below only lowers the step's mean)."""
+BALANCE_WEIGHT = 0.1
+"""With ``balance``: what one unit of relative deviation from the target costs, against one unit
+of unfilled capacity (0.1: 10% off the target weighs like 1% of the row left empty)."""
+SEARCH_NODES = 256
+"""Subsets of media-carrying samples one choice may visit (deterministic; oldest first)."""
+
+VISION_FIX = (
+    "raise the cap, lower the media's resolution or frame count (MediaConfig max_pixels, "
+    "video_max_frames), or pass overlong='skip' to count and skip such samples"
+)
+"""The fix a sample over a vision cap names (after :meth:`VisionBudget.excess`)."""
+
+
+class Weighed(Protocol):
+    """A candidate as the budget sees it: aligned units, vision tokens, media."""
+
+    @property
+    def units(self) -> int: ...
+    @property
+    def vision(self) -> int: ...
+    @property
+    def media(self) -> int: ...
+
+
+def _check_cap(name: str, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(
+            f"{name} must be None (no cap) or an int >= 1, got {value!r}; pass e.g. {name}="
+            f"{16384 if name == 'max_vision_tokens' else 8}"
+        )
+
+
+@dataclass(frozen=True)
+class VisionBudget:
+    """Per-row vision caps and the balance mode (all off by default).
+
+    Args:
+        max_vision_tokens: most vision tokens per row (None: no cap).
+        max_media: most images + videos per row (None: no cap).
+        balance: keep each row's vision tokens near the stream's running mean.
+    """
+
+    max_vision_tokens: int | None = None
+    max_media: int | None = None
+    balance: bool = False
+
+    def __post_init__(self) -> None:
+        _check_cap("max_vision_tokens", self.max_vision_tokens)
+        _check_cap("max_media", self.max_media)
+        if not isinstance(self.balance, bool):
+            raise ValueError(f"vision_balance must be True or False, got {self.balance!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether any cap or the balance is on (off: packs are chosen by tokens alone)."""
+        return self.max_vision_tokens is not None or self.max_media is not None or self.balance
+
+    def settings(self) -> dict[str, Any]:
+        """The settings that are on, by name (none when off, so states saved before the budget
+        existed keep their settings)."""
+        out: dict[str, Any] = {}
+        if self.max_vision_tokens is not None:
+            out["max_vision_tokens"] = self.max_vision_tokens
+        if self.max_media is not None:
+            out["max_media"] = self.max_media
+        if self.balance:
+            out["vision_balance"] = True
+        return out
+
+    def fits(self, vision: int, media: int) -> bool:
+        """Whether ``vision`` tokens and ``media`` are within the caps."""
+        cap, most = self.max_vision_tokens, self.max_media
+        return (cap is None or vision <= cap) and (most is None or media <= most)
+
+    def excess(self, key: object, vision: int, media: int) -> tuple[str, str] | None:
+        """``(reason, message)`` if one sample alone exceeds a cap, else None."""
+        cap = self.max_vision_tokens
+        if cap is not None and vision > cap:
+            return "vision_tokens", (
+                f"sample {key!r} has {vision} vision tokens, above max_vision_tokens={cap}"
+            )
+        if self.max_media is not None and media > self.max_media:
+            return "media", (
+                f"sample {key!r} has {media} images and videos, above max_media={self.max_media}"
+            )
+        return None
+
+
+def _count(key: object, name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"sample {key!r}: {name} must be an int >= 0, got {value!r}")
+    return value
+
+
+def check_vision(key: object, vision: object, media: object) -> tuple[int, int]:
+    """``(vision, media)`` if both are ints >= 0; ValueError naming the sample otherwise."""
+    return _count(key, "vision_tokens", vision), _count(key, "media", media)
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a row still has room for: aligned units, vision tokens, media (None: no cap)."""
+
+    units: int
+    vision: int | None
+    media: int | None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One candidate row: which media-carrying samples, how many units the text-only ones fill,
+    and what it weighs."""
+
+    visual: tuple[int, ...]
+    """Positions in the media-carrying candidates given to :func:`best_choice`."""
+    text_units: int
+    """Units the text-only samples fill (a sum their bitset reaches)."""
+    units: int
+    vision: int
+    media: int
+    deviation: float
+    """Relative distance of the row's vision tokens from its target (0 without balance)."""
+    largest: int = 0
+    """The largest single sample's vision tokens in the row."""
+
+    def cost(self, capacity_units: int) -> float:
+        """Unfilled fraction of the row plus the weighed deviation (lower is better)."""
+        return (capacity_units - self.units) / capacity_units + BALANCE_WEIGHT * self.deviation
+
+
+@dataclass
+class _Search:
+    visual: Sequence[Weighed]
+    reach: int
+    room: Room
+    base: Choice
+    target: float | None
+    capacity_units: int
+    fill_units: int
+    nodes: int = SEARCH_NODES
+    best: Choice | None = None
+    ready: Choice | None = None
+
+    def run(self) -> None:
+        self._visit(0, (), 0, 0, 0, 0)
+
+    def _visit(
+        self, start: int, chosen: tuple[int, ...], units: int, vision: int, media: int, big: int
+    ) -> None:
+        # Children first: among equally good rows the one with more (older) media-carrying
+        # samples wins, so they do not pile up in the buffer.
+        self.nodes -= 1
+        for index in range(start, len(self.visual)):
+            if self.nodes <= 0:
+                break
+            item = self.visual[index]
+            if (
+                units + item.units <= self.room.units
+                and (self.room.vision is None or vision + item.vision <= self.room.vision)
+                and (self.room.media is None or media + item.media <= self.room.media)
+            ):
+                self._visit(
+                    index + 1,
+                    (*chosen, index),
+                    units + item.units,
+                    vision + item.vision,
+                    media + item.media,
+                    max(big, item.vision),
+                )
+        self._consider(chosen, units, vision, media, big)
+
+    def _consider(
+        self, chosen: tuple[int, ...], units: int, vision: int, media: int, big: int
+    ) -> None:
+        room = self.room.units - units
+        text = (self.reach & ((1 << (room + 1)) - 1)).bit_length() - 1
+        base = self.base
+        total_vision = base.vision + vision
+        deviation = 0.0
+        if self.target is not None:
+            goal = max(self.target, big, base.largest)
+            deviation = abs(total_vision - goal) / max(self.target, 1.0)
+        choice = Choice(
+            visual=chosen,
+            text_units=text,
+            units=base.units + units + text,
+            vision=total_vision,
+            media=base.media + media,
+            deviation=deviation,
+            largest=max(big, base.largest),
+        )
+        cap = self.capacity_units
+        cost = choice.cost(cap)
+        if self.best is None or cost < self.best.cost(cap):
+            self.best = choice
+        if choice.units >= self.fill_units and (self.ready is None or cost < self.ready.cost(cap)):
+            self.ready = choice
+
+
+def best_choice(
+    visual: Sequence[Weighed],
+    reach: int,
+    room: Room,
+    *,
+    base: Choice,
+    target: float | None,
+    capacity_units: int,
+    fill_units: int,
+) -> tuple[Choice, Choice | None]:
+    """The best row of ``base`` (what the row already holds) plus a subset of ``visual`` within
+    ``room``, topped up with text-only samples whose subset sums are the bitset ``reach``; and
+    the best one that is full enough to leave early, if any. Ties go to the subset found first:
+    older candidates first."""
+    search = _Search(visual, reach, room, base, target, capacity_units, fill_units)
+    search.run()
+    assert search.best is not None
+    return search.best, search.ready
+
+
+def vision_target(vision: int, tokens: int, capacity: int) -> float:
+    """A row's vision-token target: the stream's vision tokens per token times the capacity."""
+    return vision / tokens * capacity if tokens else 0.0
+
+
+def base_choice(members: Sequence[Weighed]) -> Choice:
+    """What a row holds before the search: ``members`` (e.g. a deadline bin's)."""
+    return Choice(
+        visual=(),
+        text_units=0,
+        units=sum(m.units for m in members),
+        vision=sum(m.vision for m in members),
+        media=sum(m.media for m in members),
+        deviation=0.0,
+        largest=max((m.vision for m in members), default=0),
+    )
+
+
+def straggler_ratio(loads: Sequence[Sequence[float]]) -> float:
+    """Mean over steps of the most loaded rank's load over the ranks' mean load (``loads[step]``
+    lists one load per rank); 1.0 for steps where every load is 0."""
+    ratios = []
+    for step in loads:
+        mean = sum(step) / len(step)
+        ratios.append(max(step) / mean if mean > 0 else 1.0)
+    return sum(ratios) / len(ratios) if ratios else math.nan
