@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from energon_pack.checks import check_config, check_type
+from energon_pack.encoding.bounded import BoundedTemplate, RenderLimitError
 from energon_pack.formats import parse_any
 from energon_pack.formats.conversation import (
     check_media_order,
@@ -149,14 +150,28 @@ def template_system_prompt(tokenizer: object) -> str | None:
     """The system prompt a tokenizer's ChatML chat template inserts when a conversation has
     none (e.g. ``"You are a helpful assistant."`` for Qwen2-VL), or None.
 
-    Found by rendering a one-turn conversation with ``apply_chat_template``; tokenizers without
-    a chat template (or with one that adds no ChatML system turn) give None.
+    Found by rendering a one-turn conversation as ``apply_chat_template`` does, within the
+    render bounds of :class:`~energon_pack.encoding.bounded.BoundedTemplate` (a template over
+    them is a ValueError); tokenizers without a chat template (or with one that adds no ChatML
+    system turn) give None.
     """
-    render = getattr(tokenizer, "apply_chat_template", None)
-    if render is None or getattr(tokenizer, "chat_template", None) is None:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, Mapping):  # named templates: the default one renders
+        template = template.get("default")
+    if not isinstance(template, str):
         return None
+    special = getattr(tokenizer, "special_tokens_map", None)
     try:
-        text = render([{"role": "user", "content": "?"}], tokenize=False)
+        text, _ = BoundedTemplate(template).render(
+            [{"role": "user", "content": "?"}],
+            tools=None,
+            variables=dict(special) if isinstance(special, Mapping) else {},
+        )
+    except RenderLimitError as error:
+        raise ValueError(
+            f"the chat template of {type(tokenizer).__name__} went over a render bound while "
+            f"finding its default system prompt: {error}"
+        ) from None
     except Exception as exc:  # a template may reject string content; then it has no default
         logger.debug("chat template did not render a plain user turn: %s", exc)
         return None

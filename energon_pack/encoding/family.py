@@ -6,13 +6,23 @@ normalisation, resize budgets, the video rule: frame sampling, sizing and token 
 name of its position rule (:attr:`ModelFamily.rope`). :func:`model_family` builds one by name,
 from a transformers model or config (its ``model_type`` and vision geometry), or from a local
 model directory (``config.json``, ``preprocessor_config.json``,
-``video_preprocessor_config.json``: the checkpoint's own settings, not class defaults).
+``video_preprocessor_config.json``, ``processor_config.json``: the checkpoint's own settings,
+not class defaults).
+
+A model directory is data from disk: each JSON is read only if it is a regular file of at most
+:data:`MAX_JSON_BYTES` inside the directory (symlinks are resolved; one leading out of it is
+refused), and every value used is checked (type, finite, in range), naming the file and key.
+As in transformers 5.x, the image settings nested in ``processor_config.json``
+(``"image_processor"``) win over ``preprocessor_config.json``, and its ``"video_processor"``
+over ``video_preprocessor_config.json`` (then ``preprocessor_config.json``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,7 +30,22 @@ from typing import Any, Literal
 
 from energon_pack.media.config import RESCALE_FACTOR, MediaConfig
 
-__all__ = ["FAMILIES", "ModelFamily", "RopeRule", "family_media", "model_family"]
+__all__ = ["FAMILIES", "MAX_JSON_BYTES", "ModelFamily", "RopeRule", "family_media", "model_family"]
+
+MAX_JSON_BYTES = 4 * 2**20
+"""Largest model-directory JSON read (the released processor/config files are a few KB)."""
+_MAX_PIXELS = 1 << 26
+"""Largest pixel budget (``min/max_pixels``, ``size`` edges) accepted from a model directory:
+67,108,864, four times the largest released (Qwen3-VL video, 25,165,824)."""
+_INT_RANGES = {
+    "patch_size": 256,
+    "temporal_patch_size": 16,
+    "merge_size": 16,
+    "spatial_merge_size": 16,
+    "min_frames": 100_000,
+    "max_frames": 100_000,
+}
+"""Upper bounds of the integer settings read from a model directory (each is >= 1)."""
 
 RopeRule = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 """A family's mRoPE position rule: ``"qwen2_vl"`` (a video's temporal index per patch),
@@ -113,12 +138,15 @@ def model_family(source: ModelFamily | str | os.PathLike[str] | Any) -> ModelFam
     return _with_vision_config(family, vars(vision) if vision is not None else {})
 
 
-def _with_vision_config(family: ModelFamily, vision: Mapping[str, Any]) -> ModelFamily:
+def _with_vision_config(
+    family: ModelFamily, vision: Mapping[str, Any], where: str = "vision_config."
+) -> ModelFamily:
     """``family`` with the patch geometry and ``tokens_per_second`` of a model's
     ``vision_config``."""
-    media = replace(family.media, **_geometry(vision, vision_config=True))
+    media = replace(family.media, **_geometry(vision, where, vision_config=True))
     rate = vision.get("tokens_per_second")
-    if family.tokens_per_second is not None and isinstance(rate, (int, float)):
+    if family.tokens_per_second is not None and rate is not None:
+        rate = _number(rate, f"{where}tokens_per_second", high=1e4)
         return replace(family, media=media, tokens_per_second=float(rate))
     return replace(family, media=media)
 
@@ -167,32 +195,107 @@ def _family_of(model_type: str, where: str) -> ModelFamily:
         ) from None
 
 
-def _geometry(values: Mapping[str, Any], *, vision_config: bool = False) -> dict[str, Any]:
+def _geometry(
+    values: Mapping[str, Any], where: str, *, vision_config: bool = False
+) -> dict[str, Any]:
     """Patch geometry from a processor JSON (``merge_size``) or a ``vision_config``
-    (``spatial_merge_size``)."""
+    (``spatial_merge_size``), each checked (``where`` prefixes the key in errors)."""
     names = {
         "patch_size": "patch_size",
         "temporal_patch_size": "temporal_patch_size",
         "spatial_merge_size" if vision_config else "merge_size": "merge_size",
     }
-    return {ours: values[theirs] for theirs, ours in names.items() if theirs in values}
+    return {
+        ours: _integer(values[theirs], f"{where}{theirs}", _INT_RANGES[theirs])
+        for theirs, ours in names.items()
+        if theirs in values
+    }
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
+_FIX = "fix the file, or pass a MediaConfig of your own"
+
+
+def _integer(value: Any, where: str, high: int) -> int:
+    """``value`` as an int in ``[1, high]``, else a ValueError naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise ValueError(f"{where}={value!r:.80}: expected an int from 1 to {high:,}; {_FIX}")
+    return value
+
+
+def _number(value: Any, where: str, *, low: float = 0.0, high: float, above: bool = True) -> float:
+    """``value`` as a finite float in ``(low, high]`` (``[low, high]`` unless ``above``)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not ((low < value if above else low <= value) and value <= high)
+    ):
+        bound = "(" if above else "["
+        raise ValueError(
+            f"{where}={value!r:.80}: expected a finite number in {bound}{low:g}, {high:g}]; {_FIX}"
+        )
+    return float(value)
+
+
+def _read_json(directory: Path, name: str) -> dict[str, Any] | None:
+    """The JSON object ``directory/name``, or None when there is none: a regular file inside
+    the directory (symlinks resolved) of at most :data:`MAX_JSON_BYTES`."""
+    path = directory / name
+    if not os.path.lexists(path):
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        real = path.resolve(strict=True)
+        root = directory.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise ValueError(f"{path}: cannot be resolved ({exc}); fix or remove it") from exc
+    if not real.is_relative_to(root):
+        raise ValueError(
+            f"{path}: a symlink to {real}, outside the model directory {root}; model files "
+            "are read only inside it: copy the file into the directory"
+        )
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO does not block the open
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be opened ({exc}); fix or remove it") from exc
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a regular file; replace it with the JSON file")
+        if info.st_size > MAX_JSON_BYTES:
+            raise ValueError(
+                f"{path}: {info.st_size:,} bytes, over the limit of {MAX_JSON_BYTES:,} for a "
+                "model directory JSON (the released ones are a few KB); fix or remove it"
+            )
+        raw = handle.read(MAX_JSON_BYTES + 1)
+    if len(raw) > MAX_JSON_BYTES:
+        raise ValueError(f"{path}: grew over {MAX_JSON_BYTES:,} bytes while read; fix it")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
         raise ValueError(f"{path}: not a readable JSON file ({exc}); fix or remove it") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
 
 
+def _nested(
+    processor: dict[str, Any] | None, key: str, path: Path
+) -> tuple[dict[str, Any], str] | None:
+    """The settings transformers 5.x nests in ``processor_config.json`` under ``key``."""
+    if processor is None or key not in processor:
+        return None
+    values = processor[key]
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"{path}: {key}={values!r:.80}; expected a JSON object of processor settings"
+        )
+    return values, f"{path}: {key}."
+
+
 def _from_directory(directory: Path) -> ModelFamily:
-    """The family of a model directory, its media settings read from the processor JSONs."""
-    config = _read_json(directory / "config.json")
+    """The family of a model directory, its media settings read from the processor JSONs
+    (transformers 5.x's precedence: see the module docstring)."""
+    config = _read_json(directory, "config.json")
     if config is None or not isinstance(config.get("model_type"), str):
         raise ValueError(
             f"{directory}: no config.json with a model_type; pass the directory of a "
@@ -200,16 +303,23 @@ def _from_directory(directory: Path) -> ModelFamily:
             "video_preprocessor_config.json) or a family name"
         )
     family = _family_of(config["model_type"], f"{directory / 'config.json'} model_type")
+    processor_path = directory / "processor_config.json"
+    processor = _read_json(directory, "processor_config.json")
     image_path = directory / "preprocessor_config.json"
+    image_file = _read_json(directory, "preprocessor_config.json")
+    file_source = None if image_file is None else (image_file, f"{image_path}: ")
+    image = _nested(processor, "image_processor", processor_path) or file_source
     video_path = directory / "video_preprocessor_config.json"
-    image = _read_json(image_path)
-    video = _read_json(video_path)
-    changes = _processor_settings(image, image_path) if image is not None else {}
+    video_file = _read_json(directory, "video_preprocessor_config.json")
+    video = _nested(processor, "video_processor", processor_path) or (
+        None if video_file is None else (video_file, f"{video_path}: ")
+    )
+    changes = _processor_settings(*image) if image is not None else {}
     if video is not None:
         video_changes = (
-            _video_settings(video, video_path)
+            _video_settings(*video)
             if family.media.video_rule == "qwen3_vl"
-            else _qwen2_video_settings(video, video_path)
+            else _qwen2_video_settings(*video)
         )
         clash = {k: (changes[k], v) for k, v in video_changes.items() if changes.get(k, v) != v}
         if clash:
@@ -218,18 +328,23 @@ def _from_directory(directory: Path) -> ModelFamily:
                 "video); energon_pack uses one geometry and normalisation for both"
             )
         changes.update(video_changes)
-    elif image is not None and family.media.video_rule == "qwen3_vl":
-        changes.update(_video_settings(image, image_path))  # transformers' fallback file
+    elif file_source is not None and family.media.video_rule == "qwen3_vl":
+        changes.update(_video_settings(*file_source))  # transformers' fallback file
     vision = config.get("vision_config")
     vision = vision if isinstance(vision, dict) else {}
-    geometry = _geometry(vision, vision_config=True)
+    where = f"{directory / 'config.json'}: vision_config."
+    geometry = _geometry(vision, where, vision_config=True)
     clash = {k: (v, changes[k]) for k, v in geometry.items() if changes.get(k, v) != v}
     if clash:
         raise ValueError(
             f"{directory}: config.json's vision_config and the processor JSONs disagree on "
             f"{clash} (model, processor); fix the checkpoint's files"
         )
-    return _with_vision_config(replace(family, media=replace(family.media, **changes)), vision)
+    try:
+        media = replace(family.media, **changes)
+    except ValueError as exc:  # e.g. min_pixels over max_pixels
+        raise ValueError(f"{directory}: the processor JSONs give invalid settings: {exc}") from None
+    return _with_vision_config(replace(family, media=media), vision, where)
 
 
 _UNSUPPORTED = {
@@ -245,75 +360,88 @@ _UNSUPPORTED = {
 """Processor settings energon_pack follows only at these values (the released checkpoints')."""
 
 
-def _check_supported(values: Mapping[str, Any], path: Path) -> None:
+def _check_supported(values: Mapping[str, Any], where: str) -> None:
     for name, supported in _UNSUPPORTED.items():
         if name in values and values[name] != supported and values[name] is not None:
             raise ValueError(
-                f"{path}: {name}={values[name]!r} is not supported (energon_pack processes "
+                f"{where}{name}={values[name]!r:.80} is not supported (energon_pack processes "
                 f"media as with {name}={supported!r}); remove the setting or pass a "
                 "MediaConfig of your own"
             )
-    factor = values.get("rescale_factor", RESCALE_FACTOR)
+    if "rescale_factor" not in values:
+        return
+    factor = _number(values["rescale_factor"], f"{where}rescale_factor", high=1.0)
     if abs(factor - RESCALE_FACTOR) > 1e-12:
         raise ValueError(
-            f"{path}: rescale_factor={factor!r} is not supported (only 1/255); remove it"
+            f"{where}rescale_factor={factor!r} is not supported (only 1/255); remove it"
         )
 
 
-def _size(values: Mapping[str, Any]) -> tuple[int | None, int | None]:
+def _size(values: Mapping[str, Any], where: str) -> tuple[int | None, int | None]:
     """``(min, max)`` pixels: ``size`` (shortest/longest edge) or legacy min/max_pixels."""
     size = values.get("size")
-    low = values.get("min_pixels")
-    high = values.get("max_pixels")
-    if isinstance(size, dict):
-        low = size.get("shortest_edge", low)
-        high = size.get("longest_edge", high)
-    return low, high
+    bounds: dict[str, int | None] = {}
+    for ours, legacy, edge in (
+        ("low", "min_pixels", "shortest_edge"),
+        ("high", "max_pixels", "longest_edge"),
+    ):
+        value, key = values.get(legacy), legacy
+        if isinstance(size, dict) and edge in size:
+            value, key = size[edge], f"size.{edge}"
+        bounds[ours] = None if value is None else _integer(value, f"{where}{key}", _MAX_PIXELS)
+    return bounds["low"], bounds["high"]
 
 
-def _processor_settings(values: Mapping[str, Any], path: Path) -> dict[str, Any]:
-    """Image settings of a ``preprocessor_config.json``."""
-    _check_supported(values, path)
-    out: dict[str, Any] = dict(_geometry(values))
-    low, high = _size(values)
+def _processor_settings(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Image settings of a ``preprocessor_config.json`` (``where`` prefixes keys in errors)."""
+    _check_supported(values, where)
+    out: dict[str, Any] = dict(_geometry(values, where))
+    low, high = _size(values, where)
     if low is not None:
         out["min_pixels"] = low
     if high is not None:
         out["max_pixels"] = high
     for name in ("image_mean", "image_std"):
         if name in values:
-            out[name] = _triple(values[name], name, path)
+            out[name] = _triple(values[name], name, where)
     return out
 
 
-def _video_settings(values: Mapping[str, Any], path: Path) -> dict[str, Any]:
+def _video_settings(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Settings of a Qwen3-VL ``video_preprocessor_config.json`` (``size`` over ``t*h*w``)."""
-    out = _processor_settings(values, path)
+    out = _processor_settings(values, where)
     out.pop("min_pixels", None)
     out.pop("max_pixels", None)
-    low, high = _size(values)
+    low, high = _size(values, where)
     if low is not None:
         out["video_min_pixels"] = low
     if high is not None:
         out["video_max_pixels"] = out["video_total_pixels"] = high
     if "fps" in values:
-        out["video_fps"] = float(values["fps"])
+        out["video_fps"] = _number(values["fps"], f"{where}fps", high=1000.0)
     for theirs, ours in (("min_frames", "video_min_frames"), ("max_frames", "video_max_frames")):
         if theirs in values:
-            out[ours] = values[theirs]
+            out[ours] = _integer(values[theirs], f"{where}{theirs}", _INT_RANGES[theirs])
     return out
 
 
-def _qwen2_video_settings(values: Mapping[str, Any], path: Path) -> dict[str, Any]:
+def _qwen2_video_settings(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Settings of a Qwen2-VL ``video_preprocessor_config.json`` (``size`` per frame)."""
-    out = _video_settings(values, path)
+    out = _video_settings(values, where)
     out.pop("video_total_pixels", None)
     return out
 
 
-def _triple(value: Any, name: str, path: Path) -> tuple[float, float, float]:
-    if isinstance(value, (int, float)):
-        return (float(value),) * 3
-    if isinstance(value, list) and len(value) == 3:
-        return (float(value[0]), float(value[1]), float(value[2]))
-    raise ValueError(f"{path}: {name}={value!r}; expected 3 numbers (R, G, B)")
+def _triple(value: Any, name: str, where: str) -> tuple[float, float, float]:
+    """3 finite numbers (R, G, B); a standard deviation > 0."""
+    items = (
+        [value] * 3 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    )
+    if not isinstance(items, list) or len(items) != 3:
+        raise ValueError(f"{where}{name}={value!r:.80}; expected 3 numbers (R, G, B)")
+    std = name == "image_std"
+    a, b, c = (
+        _number(item, f"{where}{name}[{i}]", low=0.0 if std else -1e3, high=1e3, above=std)
+        for i, item in enumerate(items)
+    )
+    return (a, b, c)

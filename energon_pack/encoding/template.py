@@ -1,6 +1,6 @@
 """Encoding through a tokenizer's own chat template: ids equal ``apply_chat_template``'s.
 
-:class:`TemplateEncoder` renders each conversation with ``tokenizer.apply_chat_template``
+:class:`TemplateEncoder` renders each conversation as ``tokenizer.apply_chat_template`` does
 (``tools=`` from the sample, tool and ``tool_calls`` messages and ``reasoning_content`` passed
 through), tokenises the text once, and takes the loss mask from the assistant spans:
 
@@ -35,6 +35,12 @@ from typing import Any, Literal
 import numpy as np
 
 from energon_pack.checks import check_choice
+from energon_pack.encoding.bounded import (
+    RENDER_CHARS,
+    RENDER_SECONDS,
+    BoundedTemplate,
+    RenderLimitError,
+)
 from energon_pack.encoding.chatml import (
     ConversationEncoder,
     LossOn,
@@ -145,13 +151,22 @@ class TemplateEncoder(SampleEncoder):
                 "AutoTokenizer.from_pretrained(..., use_fast=True)"
             )
         self._backend = backend
-        self._render_tokenizer: Any = tokenizer
         self.chat_template = template
         self.template_sha256 = template_sha256(template)
         self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         self.masking: Literal["markers", "chatml"] = (
             "markers" if _GENERATION.search(template) else "chatml"
         )
+        try:
+            self._bounded = BoundedTemplate(template)
+        except Exception as error:  # a syntax error, ...
+            raise ValueError(
+                f"the chat template (sha256 {self.template_sha256[:12]}) does not compile: "
+                f"{type(error).__name__}: {error}; fix tokenizer.chat_template or pass "
+                "chat_template="
+            ) from None
+        special = getattr(tokenizer, "special_tokens_map", None)
+        self._special_tokens: dict[str, Any] = dict(special) if isinstance(special, Mapping) else {}
         self._check_masking()
 
     @property
@@ -205,27 +220,23 @@ class TemplateEncoder(SampleEncoder):
     ) -> tuple[list[int], list[int]]:
         """Ids and assistant mask of the rendered conversation (before media expansion)."""
         assistants = sum(message["role"] == "assistant" for message in messages)
+        markers = self.masking == "markers"
         try:
-            if self.masking == "markers":
-                out = self._render_tokenizer.apply_chat_template(
-                    messages,
-                    tools=None if tools is None else list(tools),
-                    chat_template=self.chat_template,
-                    tokenize=True,
-                    return_dict=True,
-                    return_assistant_tokens_mask=True,
-                    **self.template_kwargs,
-                )
-                return list(out["input_ids"]), list(out["assistant_masks"])
-            text = self._render_tokenizer.apply_chat_template(
+            text, generation = self._bounded.render(
                 messages,
-                tools=None if tools is None else list(tools),
-                chat_template=self.chat_template,
-                tokenize=False,
-                **self.template_kwargs,
+                tools=tools,
+                variables={**self._special_tokens, **self.template_kwargs},
+                track_generation=markers,
             )
         except MemoryError:
             raise
+        except RenderLimitError as error:
+            raise MediaError(
+                key,
+                "json",
+                "bad_sample",
+                f"{self.template_name} went over a render bound: {error}",
+            ) from None
         except Exception as error:  # jinja errors, raise_exception(...) in templates, ...
             raise MediaError(
                 key,
@@ -234,6 +245,8 @@ class TemplateEncoder(SampleEncoder):
                 f"{self.template_name} cannot render or tokenise the conversation: "
                 f"{_why_unencodable(_text_of(messages), error)}; fix the sample or the template",
             ) from error
+        if markers:
+            return self._tokenised(key, text, generation)
         spans = chatml_spans(text)
         if len(spans) != assistants:
             raise MediaError(
@@ -245,6 +258,12 @@ class TemplateEncoder(SampleEncoder):
                 "mask cannot be placed; remove ChatML control-token text (<|im_start|>, "
                 "<|im_end|>) from the conversation",
             )
+        return self._tokenised(key, text, spans)
+
+    def _tokenised(
+        self, key: str, text: str, spans: Sequence[tuple[int, int]]
+    ) -> tuple[list[int], list[int]]:
+        """Ids of the rendered text and the mask of the tokens overlapping ``spans``."""
         try:
             encoding = self._backend.encode(text, add_special_tokens=False)
         except MemoryError:
@@ -310,6 +329,12 @@ class TemplateEncoder(SampleEncoder):
         try:
             ids, mask = self._render("probe", [dict(m) for m in _PROBE], None)
         except MediaError as error:
+            if "render bound" in error.cause:
+                raise ValueError(
+                    f"{self.template_name} goes over a render bound on a two-turn probe "
+                    f"conversation: {error.cause.split('render bound: ', 1)[1]} (bounds: "
+                    f"{RENDER_SECONDS:g} s, {RENDER_CHARS:,} characters per conversation)"
+                ) from None
             raise ValueError(
                 f"{self.template_name} has no generation markers and does not render "
                 f"assistant turns as ChatML ({_HEADER!r} ... {_END!r}), so the loss mask "
