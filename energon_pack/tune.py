@@ -9,12 +9,16 @@ Token counts come from the tokenizer the user trains with (``TuneSettings.tokeni
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+import signal
+import sys
+import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -111,6 +115,105 @@ class TuneError(ValueError):
     def __init__(self, message: str, details: str) -> None:
         super().__init__(message)
         self.details = details
+
+
+class CtrlC:
+    """Ctrl-C (SIGINT) in the main thread while active: the first one raises KeyboardInterrupt,
+    unless :meth:`hold` was called; every later one, and any while held, is only counted, so
+    stopping the workers and writing what was measured is never cut short (no traceback)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.held = False
+        self._previous: Any = None
+
+    def __enter__(self) -> CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def hold(self) -> None:
+        """From now on a Ctrl-C is only counted."""
+        self.held = True
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        self.count += 1
+        if self.count == 1 and not self.held:
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[list[int]]:
+    """Hold Ctrl-C off while the block runs (in the main thread); the list it yields gets one
+    entry per SIGINT that came meanwhile."""
+    came: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stop_workers(loader: Any) -> None:
+    """Stop the worker processes of a savable ``loader`` now (none started: nothing to do).
+
+    Energon's loader keeps its torch iterator (persistent workers) in a reference cycle, so
+    without this the workers live until gc finalizes it, at a random later point and about 5 s
+    per worker; torch has no public call for it, so this is the one that finalizer makes.
+    """
+    iterator = getattr(loader, "_iterator", None)
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def _quiet_on_reset(hook: Callable[..., object], kind: type[BaseException], *rest: Any) -> None:
+    """``sys.excepthook`` of a loader worker: a connection the main process dropped is no
+    error of the worker's."""
+    if not issubclass(kind, ConnectionError):
+        hook(kind, *rest)
+
+
+def start_workers_whole(loader: Any) -> None:
+    """Let no Ctrl-C cut the starting of a savable ``loader``'s workers in half.
+
+    Torch makes the iterator that starts the workers before the loader keeps it; a Ctrl-C in
+    between would leave those workers to gc, whose finalizer then fails on the half-made
+    iterator (a traceback on stderr). Here a Ctrl-C while they start is raised once the loader
+    keeps the iterator, so :func:`stop_workers` stops them. The workers ignore Ctrl-C, and so
+    do the decoder processes they start (:mod:`energon_pack.media.guard`; from their first
+    line): this process stops them, and none prints a traceback of its own.
+    """
+    make = getattr(loader, "_get_iterator", None)
+    if make is None or not (loader.persistent_workers and loader.num_workers > 0):
+        return
+    init = loader.worker_init_fn
+
+    def init_worker(worker_id: int) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec
+        # A Ctrl-C can cut the main process off while it fetches a batch's shared memory from
+        # this worker; the worker's sharing thread then reports the reset connection.
+        sys.excepthook = functools.partial(_quiet_on_reset, sys.excepthook)
+        if init is not None:
+            init(worker_id)
+
+    def get_iterator() -> Any:
+        with sigint_held() as came:
+            iterator = loader._iterator = make()
+        if came:
+            raise KeyboardInterrupt
+        return iterator
+
+    loader.worker_init_fn = init_worker
+    loader._get_iterator = get_iterator
 
 
 def default_dataset() -> Path:
@@ -263,10 +366,14 @@ def run_once(
     interrupted = False
     start = time.perf_counter()
     first_pack = steady_start = 0.0
+    loader: Any = None
+    failure: TuneError | None = None
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "'pin_memory' argument is set as true")
-            for batch in get_savable_loader(dataset):
+            loader = get_savable_loader(dataset)
+            start_workers_whole(loader)
+            for batch in loader:
                 if packs == 0:
                     first_pack = steady_start = time.perf_counter() - start
                 packs += 1
@@ -283,9 +390,14 @@ def run_once(
         interrupted = True
     except Exception as error:
         details = "".join(traceback.format_exception(error))
-        raise TuneError(f"{decode} buffer {buffer_size}: {error_line(error)}", details) from None
+        failure = TuneError(f"{decode} buffer {buffer_size}: {error_line(error)}", details)
     elapsed = time.perf_counter() - start - steady_start
-    workers = summarize(load_report(report_dir)) if packs else []
+    with sigint_held() as came:  # a second Ctrl-C must not leave workers running
+        stop_workers(loader)
+        if failure is not None:
+            raise failure
+        workers = summarize(load_report(report_dir)) if packs else []
+    interrupted = interrupted or bool(came)
     skipped: dict[str, int] = {}
     for stats in worker_stats.values():
         for kind, count in stats.skipped.items():
@@ -392,154 +504,3 @@ def recommend(
     if not fitting:
         return None
     return max(fitting, key=lambda r: (r.decode == "lazy", round(r.bin_fill, 3), -r.buffer_size))
-
-
-def rss_axis(values: Sequence[float], budget: float) -> tuple[float, float, bool]:
-    """Y range ``(bottom, top)`` of the RSS plot and whether the budget line is inside it.
-
-    The range fits the runs with a margin (from 0 while they are near it) and takes the budget
-    in only while the runs keep at least half of the plot's height; a budget far above or below
-    them is named instead of drawn, so their differences stay visible.
-    """
-    low, high = (min(values), max(values)) if values else (budget, budget)
-    margin = max(high - low, 0.05 * high, 1.0) * 0.15
-    bottom = 0.0 if low < 3 * (high - low) else low - margin
-    top = high + margin
-    wide_bottom, wide_top = min(bottom, budget - margin), max(top, budget + margin)
-    if top - bottom < 0.5 * (wide_top - wide_bottom):
-        return bottom, top, False
-    return max(wide_bottom, 0.0), wide_top, True
-
-
-def plot_results(
-    results: Sequence[TuneResult],
-    out_dir: Path,
-    settings: TuneSettings,
-    *,
-    rss_budget_mb: float,
-    best: TuneResult | None,
-) -> list[Path]:
-    """``bin_fill.png`` and ``rss.png`` over buffer size, one line per decode mode.
-
-    Both are titled with the dataset, seq_length, workers and tokenizer and mark the
-    recommended run. ``rss.png`` shows projected worker memory with the budget as a horizontal
-    line; ``bin_fill.png`` crosses out the runs over the budget. Interrupted runs are left out.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    done = [r for r in results if not r.interrupted]
-    workers = settings.num_workers
-    over = [r for r in done if projected_rss_mb(r, workers) > rss_budget_mb]
-    title = (
-        f"{Path(settings.dataset).name}: seq_length {settings.seq_length}, "
-        f"{workers} workers, tokenizer {tokenizer_label(settings.tokenizer)}"
-    )
-    budget_label = f"budget {rss_budget_mb:.0f} MiB"
-    charts: list[tuple[str, Callable[[TuneResult], float], str]] = [
-        ("bin_fill", lambda r: r.bin_fill, "bin fill"),
-        (
-            "rss",
-            lambda r: projected_rss_mb(r, workers),
-            f"worker RSS: {workers} x (peak + decoder) (MiB)",
-        ),
-    ]
-    written = []
-    for name, value, label in charts:
-        figure, axis = plt.subplots(figsize=(7, 4.5))
-        for decode in ("lazy", "eager"):
-            own = sorted((r for r in done if r.decode == decode), key=lambda r: r.buffer_size)
-            if own:
-                axis.plot([r.buffer_size for r in own], [value(r) for r in own], "o-", label=decode)
-        if name == "rss":
-            bottom, top, budget_shown = rss_axis([value(r) for r in done], rss_budget_mb)
-            axis.set_ylim(bottom, top)
-            if budget_shown:
-                axis.axhline(rss_budget_mb, color="red", linestyle="--", label=budget_label)
-            else:  # a budget far above or below would squash the runs into one flat line
-                where = "above" if rss_budget_mb > top else "below"
-                axis.plot(
-                    [], [], color="red", linestyle="--", label=f"{budget_label} (far {where})"
-                )
-        else:
-            axis.plot(
-                [r.buffer_size for r in over],
-                [value(r) for r in over],
-                "x",
-                color="red",
-                markersize=12,
-                markeredgewidth=2,
-                label=f"over the {budget_label}",
-            )
-        if best is None:
-            axis.text(
-                0.5, 0.5, "no completed run fits the budget", transform=axis.transAxes, ha="center"
-            )
-        else:
-            axis.plot(
-                [best.buffer_size],
-                [value(best)],
-                "*",
-                color="gold",
-                markeredgecolor="black",
-                markersize=18,
-                label=f"recommended: {best.buffer_size} ({best.decode})",
-            )
-        axis.set_xscale("log", base=2)
-        sizes = sorted({r.buffer_size for r in done})
-        axis.set_xticks(sizes, labels=[str(size) for size in sizes])
-        axis.set_xlabel("packing_buffer_size")
-        axis.set_ylabel(label)
-        axis.set_title(title, fontsize="medium")
-        axis.legend(fontsize="small")
-        figure.tight_layout()
-        path = out_dir / f"{name}.png"
-        figure.savefig(path, dpi=100)
-        plt.close(figure)
-        written.append(path)
-    return written
-
-
-def plot_vision_caps(results: Sequence[TuneResult], out_dir: Path, settings: TuneSettings) -> Path:
-    """``vision_caps.png``: bin fill and vision tokens per pack (mean, max) over the swept
-    ``max_vision_tokens``, one line per buffer size (lazy runs; interrupted ones left out)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    done = [r for r in results if not r.interrupted and r.max_vision_tokens is not None]
-    figure, (fill_axis, vision_axis) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for buffer_size in sorted({r.buffer_size for r in done}):
-        own = sorted(
-            (r for r in done if r.buffer_size == buffer_size and r.decode == "lazy"),
-            key=lambda r: r.max_vision_tokens or 0,
-        )
-        caps = [r.max_vision_tokens for r in own]
-        fill_axis.plot(caps, [r.bin_fill for r in own], "o-", label=f"buffer {buffer_size}")
-        line = vision_axis.plot(caps, [r.vision_tokens_mean for r in own], "o-")[0]
-        vision_axis.plot(
-            caps,
-            [r.vision_tokens_max for r in own],
-            "^--",
-            color=line.get_color(),
-            label=f"buffer {buffer_size}: mean (o), max (^)",
-        )
-    swept = sorted({r.max_vision_tokens for r in done if r.max_vision_tokens is not None})
-    vision_axis.plot(swept, swept, ":", color="gray", label="the cap")
-    for axis, label in ((fill_axis, "bin fill"), (vision_axis, "vision tokens per pack")):
-        axis.set_xlabel("max_vision_tokens")
-        axis.set_ylabel(label)
-        axis.legend(fontsize="small")
-    figure.suptitle(
-        f"{Path(settings.dataset).name}: seq_length {settings.seq_length}, "
-        f"max_media {settings.max_media}, vision_balance {settings.vision_balance}",
-        fontsize="medium",
-    )
-    figure.tight_layout()
-    path = out_dir / "vision_caps.png"
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path

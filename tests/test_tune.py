@@ -3,6 +3,7 @@ errors from loader workers, and Ctrl-C."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 from helpers import fixture_maker, image_bytes
 from PIL import Image
 
 from energon_pack.cli import main
+from energon_pack.cli.tune_plots import rss_axis
 from energon_pack.encoding.chatml import SPECIAL_TOKENS
-from energon_pack.tune import rss_axis
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far"]
@@ -198,45 +200,104 @@ def test_an_error_in_a_worker_is_one_line_with_the_fix(
     assert "DataLoader worker process" in (tmp_path / "tune-error.log").read_text()
 
 
-def test_ctrl_c_exits_130_and_marks_the_interrupted_run(dataset: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    # --max-samples far beyond the data: the run repeats the dataset until interrupted.
-    args = tune(dataset, out, "--max-samples", "100000000", "--rss-budget-mb", "100000")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+EXIT_SECONDS = 10.0
+"""From Ctrl-C to the exit of a tune (it prints and writes what it measured): a few seconds, also
+on a loaded machine; a run once hung for minutes."""
+# The progress bar on stderr counts the samples of the packs the main process has received.
+RECEIVED = r"lazy buffer 8:.*?\b[1-9]\d*(?:/\d+ | samples)"  # n/total or n
+ENDLESS = ("--max-samples", "100000000")  # far beyond the data: repeat it until interrupted
+
+
+def _read(fd: int, into: list[bytes]) -> None:
+    while chunk := os.read(fd, 65536):  # not by lines: the progress bar redraws with \r
+        into.append(chunk)
+
+
+def left_in_group(group: int, grace_s: float) -> list[str]:
+    """The live processes of a process group (its loader workers, their decoder processes)
+    that are still there after ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = []
+        for proc in psutil.process_iter(["name", "status"]):
+            with contextlib.suppress(OSError, psutil.Error):
+                if os.getpgid(proc.pid) == group and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    left.append(f"{proc.pid} {proc.info['name']}")
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def interrupt_tune(
+    dataset: Path, out: Path, *extra: str, when: tuple[str, str], again: bool = False
+) -> tuple[int | None, float, str, str]:
+    """Run ``energon-pack tune`` in a child process and press Ctrl-C (SIGINT to its process
+    group, as a terminal does) once its ``when = (stream, regex)`` output appears (``again``:
+    once more 0.3 s later). Returns the exit status (None: no exit within ``EXIT_SECONDS``),
+    the seconds from the first Ctrl-C to the exit, stdout and stderr."""
+    args = tune(dataset, out, "--rss-budget-mb", "100000", *extra)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "energon_pack.cli", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
         start_new_session=True,  # its own process group, as in a terminal
     )
-    errors, output = process.stderr, process.stdout
-    assert errors is not None
-    assert output is not None
-    # The progress bar on stderr counts the samples of the packs the main process has received:
-    # interrupt only once the run has some (before its first pack a run has measured nothing).
-    progress: list[str] = []
-    reader = threading.Thread(
-        target=lambda: progress.extend(iter(errors.readline, "")), daemon=True
-    )
-    reader.start()
-    received = re.compile(r"lazy buffer 8:.*?\b[1-9]\d*(?:/\d+ | samples)")  # n/total or n
+    assert process.stdout is not None
+    assert process.stderr is not None
+    streams: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+    readers = [
+        threading.Thread(target=_read, args=(pipe.fileno(), streams[name]), daemon=True)
+        for name, pipe in (("stdout", process.stdout), ("stderr", process.stderr))
+    ]
+    for reader in readers:
+        reader.start()
+
+    def text(name: str) -> str:
+        return b"".join(streams[name]).decode(errors="replace")
+
+    stream, pattern = when
     deadline = time.monotonic() + 300
     try:
-        while not received.search("".join(progress)):
-            assert process.poll() is None, "".join(progress)
-            assert time.monotonic() < deadline, f"tune received no pack: {''.join(progress)}"
-            time.sleep(0.2)
-        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
-        process.wait(timeout=120)
+        while not re.search(pattern, text(stream)):
+            assert process.poll() is None, text("stderr")
+            assert time.monotonic() < deadline, f"no {pattern!r} in {stream}: {text(stream)}"
+            time.sleep(0.05)
+        interrupted = time.monotonic()
+        os.killpg(process.pid, signal.SIGINT)
+        if again:
+            time.sleep(0.3)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=EXIT_SECONDS)
+        seconds = time.monotonic() - interrupted
+        left = left_in_group(process.pid, grace_s=2.0)
+        assert not left, f"processes outlived tune: {left}"
     finally:
-        if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):  # the workers too, if any is left
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    reader.join(timeout=10)
-    stdout, stderr = output.read(), "".join(progress)
-    assert process.returncode == 130, stderr
+        process.wait()
+    for reader in readers:
+        reader.join(timeout=10)
+    print(f"exit {seconds:.2f} s after Ctrl-C")  # shown with -s
+    return process.returncode if seconds < EXIT_SECONDS else None, seconds, *map(text, streams)
+
+
+def assert_interrupted_exit(status: int | None, seconds: float, stderr: str) -> None:
+    assert status is not None, f"no exit {seconds:.1f} s after Ctrl-C: {stderr}"
+    assert status == 130, stderr
+    assert "Traceback" not in stderr
+
+
+def test_ctrl_c_exits_130_and_marks_the_interrupted_run(dataset: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    # Interrupt once the run has received a pack (before it a run has measured nothing).
+    status, seconds, stdout, stderr = interrupt_tune(
+        dataset, out, *ENDLESS, when=("stderr", RECEIVED)
+    )
+    assert_interrupted_exit(status, seconds, stderr)
     report = json.loads((out / "tune.json").read_text())
     assert report["interrupted"] is True
     (run,) = report["results"]  # buffer 32 never started
@@ -248,6 +309,42 @@ def test_ctrl_c_exits_130_and_marks_the_interrupted_run(dataset: Path, tmp_path:
     assert row.endswith(" interrupted")
     assert "no run completed" in stdout
     assert "no measured buffer fits" not in stdout
+
+
+@pytest.mark.parametrize(
+    ("phase", "extra", "when", "again"),
+    [
+        # The bar is up: the run opens the dataset and starts its workers.
+        ("starting", ENDLESS, ("stderr", r"lazy buffer 8:"), False),
+        ("packing, pressed twice", ENDLESS, ("stderr", RECEIVED), True),
+        # Both runs are done: the table is printed, the plots and tune.json being written.
+        ("writing", ("--max-samples", "10"), ("stdout", r"recommended: "), False),
+    ],
+)
+def test_ctrl_c_in_every_phase_exits_130_within_seconds(
+    dataset: Path,
+    tmp_path: Path,
+    phase: str,
+    extra: tuple[str, ...],
+    when: tuple[str, str],
+    again: bool,
+) -> None:
+    """Ctrl-C stops the workers (and their decoder processes), a second one is ignored, and one
+    while writing lets the writing finish: always exit 130, the report of what was measured,
+    no traceback."""
+    out = tmp_path / "out"
+    status, seconds, stdout, stderr = interrupt_tune(dataset, out, *extra, when=when, again=again)
+    assert_interrupted_exit(status, seconds, stderr)
+    report = json.loads((out / "tune.json").read_text())
+    runs = [(r["buffer_size"], r["interrupted"]) for r in report["results"]]
+    if phase == "writing":
+        assert runs == [(8, False), (32, False)]
+        assert report["recommendation"] is not None
+        assert all((out / name).is_file() for name in ("bin_fill.png", "rss.png"))
+    else:
+        assert runs == [(8, True)]
+        assert report["interrupted"] is True
+        assert "interrupted (Ctrl-C) during the lazy buffer 8 run" in stdout
 
 
 def test_tune_reads_a_bridge_dataset_through_another_description(tmp_path: Path) -> None:

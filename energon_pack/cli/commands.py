@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from energon_pack.cli.args import CONFIG_FLAGS
 from energon_pack.cli.tables import format_table
+from energon_pack.cli.tune_plots import plot_results, plot_vision_caps
 from energon_pack.encoding.family import model_family
 from energon_pack.formats.dataset_trust import check_dataset_code
 from energon_pack.memory.monitor import MB
@@ -40,14 +41,13 @@ from energon_pack.packing.synthetic import DISTRIBUTIONS, lengths_for
 from energon_pack.packing.topology import PackingConfig
 from energon_pack.tune import (
     TUNE_HEADERS,
+    CtrlC,
     TuneError,
     TuneResult,
     TuneSettings,
     default_dataset,
     describe_tokenizer,
     load_tokenizer,
-    plot_results,
-    plot_vision_caps,
     projected_rss_mb,
     recommend,
     run_once,
@@ -314,77 +314,87 @@ def cmd_tune(args: argparse.Namespace) -> int:
         vision_balance=args.vision_balance,
         trust_dataset_code=args.trust_dataset_code,
     )
-    if not settings.trust_dataset_code:  # before anything is loaded: one line, exit 2
-        check_dataset_code(dataset, args.dataset_config)
-    family = model_family(args.family) if args.family else None  # a bad one fails here, early
-    # Forked loader workers use the tokenizer after the main process did: no Rust thread pool.
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    tokenizer = describe_tokenizer(settings.tokenizer)
-    budget = args.rss_budget_mb or psutil.virtual_memory().total / MB / 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    results: list[TuneResult] = []
-    try:
-        with _log_to(out / "tune.log"):
-            caps = args.max_vision_tokens or [None]
-            _measure(settings, decodes, args.buffer_sizes, caps, out, results)
-    except KeyboardInterrupt:
-        pass
-    except TuneError as error:
-        log = out / "tune-error.log"
-        with name_os_errors(log):
-            log.write_text(error.details)
-        raise ValueError(f"{error} (traceback: {log})") from None
-    interrupted = next((r for r in results if r.interrupted), None)
-    print(
-        f"\n{dataset}: seq_length {settings.seq_length}, {settings.num_workers} workers, "
-        f"{settings.pixel_dtype} pixels, tokenizer {tokenizer['name']} ({tokenizer['class']}, "
-        f"{tokenizer['vocab_size']} tokens), overlong samples: {settings.overlong}, "
-        f"model family: {family.name if family else 'none (MediaConfig defaults)'}"
-        + _vision_budget_note(settings)
-    )
-    print(format_table(TUNE_HEADERS, [tune_row(r) for r in results]))
-    if any(r.skipped for r in results):
-        print(f"\nskipped samples are logged with their keys in {out / 'tune.log'}")
-    if interrupted is not None:
+    # Ctrl-C: the first one ends the measuring, the later ones (and any while writing) only
+    # make the exit status 130; what was measured is always printed and written.
+    with CtrlC() as ctrl_c:
+        try:
+            if not settings.trust_dataset_code:  # before anything is loaded: one line, exit 2
+                check_dataset_code(dataset, args.dataset_config)
+            # A bad family fails here, early.
+            family = model_family(args.family) if args.family else None
+            # Forked loader workers use the tokenizer after the main process did: no Rust pool.
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            tokenizer = describe_tokenizer(settings.tokenizer)
+            budget = args.rss_budget_mb or psutil.virtual_memory().total / MB / 2
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+        except KeyboardInterrupt:
+            print("\ninterrupted (Ctrl-C) before the first run: nothing was measured")
+            return 130
+        results: list[TuneResult] = []
+        try:
+            with _log_to(out / "tune.log"):
+                caps = args.max_vision_tokens or [None]
+                _measure(settings, decodes, args.buffer_sizes, caps, out, results)
+        except KeyboardInterrupt:
+            pass
+        except TuneError as error:
+            ctrl_c.hold()
+            log = out / "tune-error.log"
+            with name_os_errors(log):
+                log.write_text(error.details)
+            raise ValueError(f"{error} (traceback: {log})") from None
+        ctrl_c.hold()
+        interrupted = next((r for r in results if r.interrupted), None)
         print(
-            f"\ninterrupted (Ctrl-C) during the {interrupted.decode} buffer "
-            f"{interrupted.buffer_size} run: its row holds what was measured until then and is "
-            "not used for the recommendation; runs after it were not measured"
+            f"\n{dataset}: seq_length {settings.seq_length}, {settings.num_workers} workers, "
+            f"{settings.pixel_dtype} pixels, tokenizer {tokenizer['name']} ({tokenizer['class']}, "
+            f"{tokenizer['vocab_size']} tokens), overlong samples: {settings.overlong}, "
+            f"model family: {family.name if family else 'none (MediaConfig defaults)'}"
+            + _vision_budget_note(settings)
         )
-    best = recommend(results, num_workers=args.num_workers, rss_budget_mb=budget)
-    if best is not None:
-        projected = projected_rss_mb(best, args.num_workers)
-        print(
-            f"\nrecommended: packing_buffer_size={best.buffer_size} ({best.decode} decode): "
-            f"bin fill {best.bin_fill:.4f}, {args.num_workers} workers x "
-            f"{worker_total_mb(best):.0f} MiB (worker + decoder) = {projected:.0f} MiB of "
-            f"{budget:.0f} MiB"
-        )
-    elif any(not r.interrupted for r in results):
-        print(
-            f"\nno measured buffer fits {budget:.0f} MiB for {args.num_workers} workers; "
-            "lower --num-workers or the image/video pixel limits"
-        )
-    else:
-        print("\nno run completed, so there is no recommendation")
-    with name_os_errors(out):
-        plots = plot_results(results, out, settings, rss_budget_mb=budget, best=best)
-        if args.max_vision_tokens and any(not r.interrupted for r in results):
-            plots.append(plot_vision_caps(results, out, settings))
-    report = {
-        "settings": asdict(settings),
-        "tokenizer": tokenizer,
-        "rss_budget_mb": budget,
-        "results": [asdict(r) for r in results],
-        "recommendation": None if best is None else asdict(best),
-        "interrupted": interrupted is not None,
-        "plots": [str(p) for p in plots],
-    }
-    with name_os_errors(out / "tune.json"):
-        (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out / 'tune.json'} and {', '.join(str(p) for p in plots)}")
-    return 130 if interrupted is not None else 0
+        print(format_table(TUNE_HEADERS, [tune_row(r) for r in results]))
+        if any(r.skipped for r in results):
+            print(f"\nskipped samples are logged with their keys in {out / 'tune.log'}")
+        if interrupted is not None:
+            print(
+                f"\ninterrupted (Ctrl-C) during the {interrupted.decode} buffer "
+                f"{interrupted.buffer_size} run: its row holds what was measured until then and is "
+                "not used for the recommendation; runs after it were not measured"
+            )
+        best = recommend(results, num_workers=args.num_workers, rss_budget_mb=budget)
+        if best is not None:
+            projected = projected_rss_mb(best, args.num_workers)
+            print(
+                f"\nrecommended: packing_buffer_size={best.buffer_size} ({best.decode} decode): "
+                f"bin fill {best.bin_fill:.4f}, {args.num_workers} workers x "
+                f"{worker_total_mb(best):.0f} MiB (worker + decoder) = {projected:.0f} MiB of "
+                f"{budget:.0f} MiB"
+            )
+        elif any(not r.interrupted for r in results):
+            print(
+                f"\nno measured buffer fits {budget:.0f} MiB for {args.num_workers} workers; "
+                "lower --num-workers or the image/video pixel limits"
+            )
+        else:
+            print("\nno run completed, so there is no recommendation")
+        with name_os_errors(out):
+            plots = plot_results(results, out, settings, rss_budget_mb=budget, best=best)
+            if args.max_vision_tokens and any(not r.interrupted for r in results):
+                plots.append(plot_vision_caps(results, out, settings))
+        report = {
+            "settings": asdict(settings),
+            "tokenizer": tokenizer,
+            "rss_budget_mb": budget,
+            "results": [asdict(r) for r in results],
+            "recommendation": None if best is None else asdict(best),
+            "interrupted": interrupted is not None,
+            "plots": [str(p) for p in plots],
+        }
+        with name_os_errors(out / "tune.json"):
+            (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {out / 'tune.json'} and {', '.join(str(p) for p in plots)}")
+        return 130 if interrupted is not None or ctrl_c.count else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
