@@ -26,6 +26,7 @@ from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
 from energon_pack import MediaConfig, PackingTaskEncoder
 from energon_pack.cli.tables import format_table
+from energon_pack.tune import stop_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1024 * 1024
@@ -50,13 +51,6 @@ def slope(points: list[tuple[int, float]]) -> float:
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
     spread = sum((x - mean_x) ** 2 for x in xs)
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread * 1e4
-
-
-def stop_workers(loader: Any) -> None:
-    """Stop the loader's worker processes now (torch's own finalizer call)."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None:
-        iterator._shutdown_workers()
 
 
 def main() -> None:

@@ -91,6 +91,12 @@ def check_config(name: str, value: object, kind: type) -> None:
     check_type(name, value, kind, f"a {cls}", fix=fix or f"pass {name}={cls}(...)")
 
 
+def shown(value: object, limit: int = 200) -> str:
+    """``repr(value)`` for an error message, cut after ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _is_int(value: object) -> TypeGuard[int]:
     return not isinstance(value, bool) and isinstance(value, Integral)
 

@@ -27,6 +27,7 @@ from energon_pack.encoding.chatml import ConversationEncoder
 from energon_pack.energon import PackedBatch, PackingTaskEncoder
 from energon_pack.media import MediaConfig
 from energon_pack.packing.packed import pack_samples
+from energon_pack.tune import stop_workers
 
 # Small vision budgets keep decoding cheap; the token layout rules are the same.
 SMALL_MEDIA = MediaConfig(
@@ -193,17 +194,6 @@ def savable_loader(dataset: Any, **kwargs: Any) -> Any:
     loader = get_savable_loader(dataset, **kwargs)
     _loaders.append(loader)
     return loader
-
-
-def stop_workers(loader: Any) -> None:
-    """Stop the worker processes of a savable ``loader`` now (none: nothing to do)."""
-    # Neither Energon nor torch has a public call for it, so this is torch's private one, the
-    # call its iterator's finalizer makes. Energon's loader keeps that iterator (persistent
-    # workers) in a reference cycle: dropping the loader and running gc.collect() does finalize
-    # it, but the shutdown then takes about 5 s per worker; called here, milliseconds.
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None:
-        iterator._shutdown_workers()
 
 
 @contextmanager

@@ -56,6 +56,7 @@ from megatron.energon.tools.checkpoint import (
     natural_sort_key,
 )
 
+from energon_pack.checks import shown
 from energon_pack.energon.resume import packing_states, well_formed_worker_states
 from energon_pack.energon.workers import resumable_topologies, saved_index
 
@@ -234,13 +235,13 @@ def _load_rank(file: Path) -> tuple[bytes, SavableDataLoaderState, bool]:
     if not well_formed_worker_states(workers):
         raise ValueError(
             f"{file}: worker_states must be a non-empty list of SavableDatasetCheckpoint (one "
-            f"per worker) or one FlexState, got {_short(workers)}; {_FIX}"
+            f"per worker) or one FlexState, got {shown(workers, 77)}; {_FIX}"
         )
     for index, worker in enumerate(workers):
         if isinstance(worker, SavableDatasetCheckpoint) and _delivered(worker) is None:
             raise ValueError(
-                f"{file}: worker_states[{index}] has offset={_short(worker.offset)} and "
-                f"sample_index={_short(getattr(worker.state, 'sample_index', None))}, not ints "
+                f"{file}: worker_states[{index}] has offset={shown(worker.offset, 77)} and "
+                f"sample_index={shown(getattr(worker.state, 'sample_index', None), 77)}, not ints "
                 f">= 0; {_FIX}"
             )
     return data, state, megatron
@@ -300,12 +301,12 @@ def _check_one_save(files: Sequence[Path], states: Sequence[SavableDataLoaderSta
                 for name in settings.keys() | first_settings.keys()
                 if settings.get(name) != first_settings.get(name)
             )
-            shown = ", ".join(
-                f"{name}: {_short(first_settings.get(name))} vs {_short(settings.get(name))}"
+            listing = ", ".join(
+                f"{name}: {shown(first_settings.get(name), 77)} vs {shown(settings.get(name), 77)}"
                 for name in differ[:5]
             )
             raise ValueError(
-                f"{file}: packed under other settings than {files[0]} ({shown}"
+                f"{file}: packed under other settings than {files[0]} ({listing}"
                 f"{', ...' if len(differ) > 5 else ''}): these are not one run's checkpoint; "
                 f"{_FIX}"
             )
@@ -348,11 +349,6 @@ def _settings(worker_state: Any) -> Iterator[Mapping[str, Any]]:
 
 def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _short(value: object) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 # The restricted unpickler.

@@ -21,6 +21,7 @@ from megatron.energon import SavableDataLoader
 from megatron.energon.savable_loader import SavableDataLoaderState, SavableDatasetCheckpoint
 from megatron.energon.state import FlexState
 
+from energon_pack.checks import shown
 from energon_pack.energon.carry_over import CarryOverPackingDataset
 from energon_pack.energon.state_check import STATE_FIX
 from energon_pack.energon.workers import Topology, saved_index, topology_refusal
@@ -65,7 +66,7 @@ def check_loader_state(loader: SavableDataLoader[Any], state: SavableDataLoaderS
     kind = SavableDatasetCheckpoint if num_workers else FlexState
     if not well_formed_worker_states(worker_states):
         raise ValueError(
-            f"the loader state's worker_states={_short(worker_states)} must be a non-empty list "
+            f"the loader state's worker_states={shown(worker_states)} must be a non-empty list "
             f"of {kind.__name__} (one per worker, or one FlexState without workers); "
             f"{STATE_FIX}"
         )
@@ -154,11 +155,6 @@ def _workers_refusal(saved_workers: int, current: Topology) -> str:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _short(value: object) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 200 else shown[:200] + "..."
 
 
 def _packing_wrapper(dataset: Any) -> CarryOverPackingDataset[Any, Any]:

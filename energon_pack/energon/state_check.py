@@ -19,6 +19,7 @@ from megatron.energon.wrappers.buffer import SavableSampleBuffer
 from megatron.energon.wrappers.map_dataset import MapDataset
 from megatron.energon.wrappers.shuffle_buffer_dataset import ShuffleBufferDataset
 
+from energon_pack.checks import shown
 from energon_pack.packing.online import OnlineBinPacker
 
 STATE_FIX = (
@@ -140,10 +141,7 @@ class StateCheck:
         self.sizes: dict[int, int] = {}
 
     def fail(self, name: str, value: object, rule: str) -> NoReturn:
-        shown = repr(value)
-        if len(shown) > 200:
-            shown = shown[:200] + "..."
-        raise ValueError(f"cannot restore {self.what}: {name}={shown} {rule}; {STATE_FIX}")
+        raise ValueError(f"cannot restore {self.what}: {name}={shown(value)} {rule}; {STATE_FIX}")
 
     def int_field(self, name: str, value: object, low: int = 0) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _INT_MAX:

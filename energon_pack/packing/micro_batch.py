@@ -51,7 +51,8 @@ def row_groups(
     units = [w.units for w in weights]
     groups = fewest_bins(units, capacity, max_items=max_items, limits=limits)
     if budget.balance and len(groups) > 1:
-        groups = _balanced(weights, capacity, budget, groups, max_items)
+        media = [limit for limit, name in named if name == "max_media"]
+        groups = _balanced(weights, capacity, media, groups, max_items)
     return sorted(sorted(group) for group in groups)
 
 
@@ -93,14 +94,14 @@ def _check_one_row(
 def _balanced(
     weights: Sequence[Weight],
     capacity: int,
-    budget: VisionBudget,
+    media: list[Limit],
     groups: list[list[int]],
     max_items: int | None,
 ) -> list[list[int]]:
     """As many rows as ``groups``, with the most vision tokens in one row as low as a few
-    tighter vision caps find (from the even share up, by :data:`BALANCE_STEP`)."""
+    tighter vision caps find (from the even share up, by :data:`BALANCE_STEP`), within the
+    ``media`` limit."""
     vision = [w.vision_tokens for w in weights]
-    media = [(([w.media for w in weights], budget.max_media))] if budget.max_media else []
     units = [w.units for w in weights]
     most = max(sum(vision[i] for i in group) for group in groups)
     tight = max(math.ceil(sum(vision) / len(groups)), max(vision))

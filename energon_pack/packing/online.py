@@ -339,11 +339,10 @@ class OnlineBinPacker:
             capacity_units=self._cap_units,
             fill_units=self._fill_units,
         )
-        index = {id(c): i for i, c in enumerate(held)}
 
         def indices(choice: Choice) -> list[int]:
             picked = [visual[p] for p in choice.visual] + text.subset(choice.text_units)
-            return forced + [index[id(c)] for c in picked]
+            return forced + self._positions(picked)
 
         return indices(best), None if ready is None else indices(ready)
 
@@ -379,8 +378,12 @@ class OnlineBinPacker:
         text_units = reach.bit_length() - 1
         if early and units + text_units < self._fill_units:
             return None
-        index = {id(c): i for i, c in enumerate(held)}
-        return forced + [index[id(c)] for c in picked + text.subset(text_units)]
+        return forced + self._positions(picked + text.subset(text_units))
+
+    def _positions(self, cands: list[Candidate]) -> list[int]:
+        """Indices of ``cands`` among the held candidates."""
+        index = {id(c): i for i, c in enumerate(self._held)}
+        return [index[id(c)] for c in cands]
 
     def _without(self, members: list[Candidate]) -> tuple[SubsetSums, SubsetSums]:
         """The text-only and media-carrying sums without ``members`` (the kept ones where

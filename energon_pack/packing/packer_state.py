@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
+from energon_pack.checks import shown
 from energon_pack.packing.bins import Key, aligned_length
 from energon_pack.packing.vision_budget import VisionBudget
 
@@ -166,10 +167,7 @@ class PackerSettings(Protocol):
 
 def corrupt(name: str, value: object, rule: str) -> NoReturn:
     """Raise the ValueError of a bad field of a packer state."""
-    shown = repr(value)
-    if len(shown) > 200:
-        shown = shown[:200] + "..."
-    raise ValueError(f"packer state: {name}={shown} {rule}; {_FIX}")
+    raise ValueError(f"packer state: {name}={shown(value)} {rule}; {_FIX}")
 
 
 def checked_dict(value: object, what: str, names: Sequence[str]) -> dict[str, Any]:

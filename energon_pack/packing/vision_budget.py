@@ -174,6 +174,8 @@ class _Search:
     nodes: int = SEARCH_NODES
     best: Choice | None = None
     ready: Choice | None = None
+    best_cost: float = math.inf
+    ready_cost: float = math.inf
 
     def run(self) -> None:
         self._visit(0, (), 0, 0, 0, 0)
@@ -223,12 +225,11 @@ class _Search:
             deviation=deviation,
             largest=max(big, base.largest),
         )
-        cap = self.capacity_units
-        cost = choice.cost(cap)
-        if self.best is None or cost < self.best.cost(cap):
-            self.best = choice
-        if choice.units >= self.fill_units and (self.ready is None or cost < self.ready.cost(cap)):
-            self.ready = choice
+        cost = choice.cost(self.capacity_units)
+        if cost < self.best_cost:
+            self.best, self.best_cost = choice, cost
+        if choice.units >= self.fill_units and cost < self.ready_cost:
+            self.ready, self.ready_cost = choice, cost
 
 
 def best_choice(
