@@ -123,7 +123,8 @@ def _import_torchvision() -> None:
 
 def _video_job(processor: Any, job: dict[str, Any]) -> dict[str, Any]:
     """A clip from its file: all frames decoded by decord with decord's metadata, sampled by
-    the processor (or, with ``job["fps"]``, given frames taken as they are at that rate)."""
+    the processor (or, with ``job["fps"]``, given frames taken as they are at that rate). The
+    user turn is ``job["before"]`` (optional), the video, ``job["prompt"]``."""
     import decord
     import numpy as np
     from transformers.video_utils import VideoMetadata
@@ -139,8 +140,10 @@ def _video_job(processor: Any, job: dict[str, Any]) -> dict[str, Any]:
         total, fps = len(reader), float(reader.get_avg_fps())
         frames = reader.get_batch(list(range(total))).asnumpy()
         metadata = VideoMetadata(total_num_frames=total, fps=fps, duration=total / fps)
+    before = [{"type": "text", "text": job["before"]}] if job.get("before") else []
+    user = [*before, {"type": "video"}, {"type": "text", "text": job["prompt"]}]
     messages = [
-        {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": job["prompt"]}]},
+        {"role": "user", "content": user},
         {"role": "assistant", "content": [{"type": "text", "text": job["answer"]}]},
     ]
     text = processor.apply_chat_template(messages, tokenize=False)

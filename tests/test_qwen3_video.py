@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import tarfile
 from dataclasses import replace
 from fractions import Fraction
@@ -24,7 +25,7 @@ import numpy as np
 import pytest
 import qwen3_reference
 import torch
-from chat_templates import QWEN3_VL
+from chat_templates import MARKED, QWEN2_VL, QWEN3_VL
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from real_qwen import real_qwen_tokenizer
@@ -49,6 +50,19 @@ GENERATED = [  # (fps, seconds, width, height)
     (60, 1, 40, 40),
     (60, 5, 32, 32),
 ]
+FRAMED = [  # (text before the video, text after it) in the user turn
+    ("Watch this: ", " What happens?"),
+    ("Clip 2 -", " what?"),
+    ("(", ")"),
+    ("Describe ", "."),
+    ("Here it is:\n", "\nSummarise it."),
+    ("Look at the video, please! ", "Thanks"),
+    ("Q: what is in [", "]?"),
+    ("Video → ", " — explain"),
+    ("1.", " 2. ok"),
+    ("«", "» and more text after the video, which ends here"),
+]
+"""Text before (and after) the video: the first timestamp merges with the text before it."""
 PIXEL_TOLERANCE = 2 / 255 + 1e-6
 """Largest |difference| allowed between our normalised pixels (Pillow's bicubic resize) and the
 reference's (torchvision's): one 8-bit level (2/255 in the [-1, 1] normalisation). Measured on
@@ -167,6 +181,11 @@ def reference(
                 }
             )
             names.append((form, name))
+    fixture = [name for name in clips if not name.startswith("gen-")]
+    framed = [(fixture[4 * i], before, after) for i, (before, after) in enumerate(FRAMED)]
+    for name, before, after in framed:
+        job = {"kind": "video", "path": str(folder / f"{name}.mp4"), "before": before}
+        jobs.append({**job, "prompt": after, "answer": ANSWER})
     frames = np.stack([np.full((48, 64, 3), 40 * i, dtype=np.uint8) for i in range(5)])
     jobs.append({"kind": "video", "frames": frames, "fps": 3.0, "prompt": PROMPT, "answer": ANSWER})
     jobs.append({"kind": "rule", "pairs": sweep_pairs()})
@@ -180,9 +199,10 @@ def reference(
     rest = results[len(names) :]
     return {
         "videos": by_name,
-        "frames": (frames, rest[0]),
-        "rule": rest[1],
-        "images": dict(zip(images, rest[2:], strict=True)),
+        "framed": [(*job, ref) for job, ref in zip(framed, rest[: len(framed)], strict=True)],
+        "frames": (frames, rest[len(framed)]),
+        "rule": rest[len(framed) + 1],
+        "images": dict(zip(images, rest[len(framed) + 2 :], strict=True)),
     }
 
 
@@ -200,14 +220,20 @@ def _template_encoder(media: MediaConfig) -> TemplateEncoder:
     return TemplateEncoder(TOKENIZER, media=media)
 
 
+def _marked_template_encoder(media: MediaConfig) -> TemplateEncoder:
+    """The template encoder on the Qwen3-VL template with generation markers (its mask from
+    the rendered generation spans)."""
+    return TemplateEncoder(TOKENIZER, media=media, chat_template=MARKED["QWEN3_VL"])
+
+
 def without_outer_block(ids: list[int]) -> list[int]:
     """transformers 4.57's form of 5.24's ids: its processor replaced the template's
     ``<|vision_start|><|video_pad|><|vision_end|>`` by the blocks and then tokenised the text;
-    here the outer pair is cut from 5.24's text and the text tokenised again."""
+    here the outer pairs are cut from 5.24's text (a start before a timestamp, the second of
+    two ends) and the text tokenised again."""
     text = TOKENIZER.decode(ids, skip_special_tokens=False)
-    head = text.index("<|vision_start|><")
-    text = text[:head] + text[head + len("<|vision_start|>") :]
-    text = text.replace("<|vision_end|><|vision_end|>", "<|vision_end|>", 1)
+    text = re.sub(r"<\|vision_start\|>(?=<\d)", "", text)
+    text = text.replace("<|vision_end|><|vision_end|>", "<|vision_end|>")
     result: list[int] = TOKENIZER(text)["input_ids"]
     return result
 
@@ -241,6 +267,79 @@ def test_ids_grid_and_frames_equal_the_processor(
         (videos[("custom", n)], videos[("released", n)]) for n in clips if ("custom", n) in videos
     ]
     assert any(len(c["frames_indices"]) < len(r["frames_indices"]) for c, r in short)
+
+
+def test_text_before_the_video_is_tokenised_with_its_first_timestamp(
+    model_dirs: dict[str, Path], clips: dict[str, bytes], reference: dict[str, Any]
+) -> None:
+    """Ten user turns with text before and after the video (:data:`FRAMED`): the processor
+    tokenises the expanded text whole, so in the 4.57 form the first timestamp merges with the
+    text before it (``" <"``, ``"(<"``, ``".<"``); both encoders (the template one with and
+    without generation markers) give those ids, and 5.24's with ``video_outer_block=True``.
+    The loss stays on the answer alone."""
+    media = model_family(model_dirs["released"]).media
+    assert len(reference["framed"]) == len(FRAMED)
+    differing: dict[str, list[str]] = {}
+    for name, before, after, ref in reference["framed"]:
+        expanded = TOKENIZER.decode(ref["input_ids"], skip_special_tokens=False)
+        assert TOKENIZER(expanded)["input_ids"] == ref["input_ids"], name  # decoding is exact
+        assert f"{before}<|vision_start|><" in expanded, name
+        sample = _sample(f"{before}<video>{after}", "0.mp4", clips[name])
+        forms = {"4.57": (media, without_outer_block(ref["input_ids"]))}
+        forms["5.24"] = (replace(media, video_outer_block=True), ref["input_ids"])
+        for make in (_encoder, _template_encoder, _marked_template_encoder):
+            for form, (cfg, expected) in forms.items():
+                encoded = make(cfg).encode_sample(name, sample)
+                if encoded.input_ids.tolist() != expected:
+                    differing.setdefault(f"{make.__name__} {form}", []).append(before)
+                targets = encoded.input_ids[encoded.loss_mask.bool()].tolist()
+                assert TOKENIZER.decode(targets) == f"{ANSWER}<|im_end|>", (name, form)
+    assert not differing, "; ".join(
+        f"{case}: {len(b)} of {len(FRAMED)} differ {b}" for case, b in differing.items()
+    )
+
+
+def test_a_timestamp_is_no_target_where_it_merges_with_assistant_text() -> None:
+    """A video after text in an assistant turn (Qwen2-VL's template renders media there): the
+    ids of the expanded text tokenised whole, equal in both encoders (a template with and
+    without generation markers); a token holding assistant text and the timestamp (``" <"``)
+    is a target, the timestamp's own tokens are not. A hook's ids are placed as they are."""
+    turns = [
+        {"role": "user", "content": "Show me (<video>) now"},
+        {"role": "assistant", "content": "Look: <video> ok"},
+    ]
+    data = next(iter(fixture_clips().values()))
+    sample = {"json": json.dumps({"conversations": turns, "media": ["0.mp4", "1.mp4"]}).encode()}
+    sample |= {"0.mp4": data, "1.mp4": data}
+    system = "You are a helpful assistant."  # Qwen2-VL's default, for the ChatML encoder
+    media = model_family("qwen3_vl").media
+    targets = {False: "Look: < ok<|im_end|>", True: "Look:  ok<|im_end|>"}
+    found: dict[bool, list[int]] = {}
+    for outer, expected in targets.items():
+        cfg = replace(media, video_outer_block=outer)
+        encoders = [
+            ConversationEncoder(TOKENIZER, media=cfg, system_prompt=system),
+            TemplateEncoder(TOKENIZER, media=cfg, chat_template=QWEN2_VL),
+            TemplateEncoder(TOKENIZER, media=cfg, chat_template=MARKED["QWEN2_VL"]),
+        ]
+        encoded = [encoder.encode_sample("k", sample) for encoder in encoders]
+        for one in encoded:
+            assert one.input_ids.tolist() == encoded[0].input_ids.tolist()
+            assert one.loss_mask.tolist() == encoded[0].loss_mask.tolist()
+            assert TOKENIZER.decode(one.input_ids[one.loss_mask.bool()].tolist()) == expected
+        found[outer] = encoded[0].input_ids.tolist()
+    assert found[False] == without_outer_block(found[True])
+    default = ConversationEncoder(TOKENIZER, media=media, system_prompt=system)
+    hooked = ConversationEncoder(
+        TOKENIZER, media=media, system_prompt=system, media_block=default.media_block
+    )
+    encoded = hooked.encode_sample("k", sample)
+    ids = encoded.input_ids.tolist()
+    assert ids != found[False]  # " (<" merged by default; "(" and "<" apart with the hook
+    block = default.media_block(encoded.media[0])
+    start = TOKENIZER.convert_tokens_to_ids("<|vision_start|>")
+    at = ids.index(start) - block.index(start)
+    assert ids[at : at + len(block)] == block
 
 
 def test_pixels_within_tolerance(

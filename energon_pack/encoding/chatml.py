@@ -6,9 +6,10 @@ check); :class:`ConversationEncoder` is the hand-written ChatML (Qwen) encoder, 
 template. Each turns a conversation and its media members into an :class:`EncodedSample`: token
 ids with every medium expanded by one hook, :func:`~energon_pack.media.vision_tokens` by default
 (``<|vision_start|>`` + N pad tokens + ``<|vision_end|>``; a timestamped video: one such block per
-temporal patch), N taken from the media *probe* (header
-only). The media stay compressed bytes until :meth:`EncodedSample.materialize` decodes and
-patchifies them, which the packers call only for samples they selected.
+temporal patch, its first timestamp tokenised with the text before it as the processor does), N
+taken from the media *probe* (header only). The media stay compressed bytes until
+:meth:`EncodedSample.materialize` decodes and patchifies them, which the packers call only for
+samples they selected.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from energon_pack.media import (
     probe_video,
     vision_tokens,
 )
+from energon_pack.media.tokens import vision_parts
 from energon_pack.packing.packed import EncodedSample
 
 logger = logging.getLogger("energon_pack.encoding")
@@ -70,19 +72,26 @@ _ROLES = {
 LossOn = Literal["assistant", "all"]
 
 
-def _pieces(content: str | list[dict[str, Any]]) -> list[str | None]:
-    """Text pieces of a message's content with None where a medium stands: ``<image>`` /
-    ``<video>`` in a string, media parts in typed content (whose text stays text)."""
+def _texts(content: str | list[dict[str, Any]]) -> list[str]:
+    """Text pieces of a message's content, a medium between each two: split at ``<image>`` /
+    ``<video>`` in a string, at media parts in typed content (whose text stays text)."""
     if isinstance(content, str):
-        split = _PLACEHOLDER.split(content)  # text, kind, text, kind, ..., text
-        return [piece if index % 2 == 0 else None for index, piece in enumerate(split)]
-    pieces: list[str | None] = [""]
+        return _PLACEHOLDER.split(content)[::2]  # text, kind, text, kind, ..., text
+    texts = [""]
     for part in content:
         if part["type"] != "text":
-            pieces += [None, ""]
+            texts.append("")
         else:
-            pieces[-1] = f"{pieces[-1]}{part['text']}"
-    return pieces
+            texts[-1] = f"{texts[-1]}{part['text']}"
+    return texts
+
+
+def _shared(head: list[int], tokens: list[int]) -> int:
+    """How many tokens ``tokens`` and ``head`` begin with in common."""
+    shared = 0
+    while shared < min(len(head), len(tokens)) and head[shared] == tokens[shared]:
+        shared += 1
+    return shared
 
 
 def _why_unencodable(text: str, error: Exception) -> str:
@@ -183,7 +192,11 @@ def template_system_prompt(tokenizer: object) -> str | None:
 
 MediaBlock = Callable[[MediaItem], list[int]]
 """The hook that expands one medium into its ids (the ``<|vision_start|><|X_pad|><|vision_end|>``
-block a template renders is replaced by them)."""
+block a template renders is replaced by them). A hook's ids are placed as they are, the text
+before them tokenised on its own; only the default expansion (``media_block=None``) tokenises a
+timestamped video's first timestamp together with the text before it, as the processor does
+(:func:`~energon_pack.media.tokens.vision_parts`), so its ids can differ from
+``encoder.media_block(item)``'s at that one place."""
 
 
 class SampleEncoder(ABC):
@@ -197,8 +210,8 @@ class SampleEncoder(ABC):
             plain text (placeholders in it are not media).
         loss_on: ``"assistant"`` or ``"all"``.
         media_block: the hook that expands one medium into its ids (default
-            :func:`~energon_pack.media.vision_tokens`); picklable when the encoder goes to
-            loader workers.
+            :func:`~energon_pack.media.vision_tokens`, its first timestamp joined to the text
+            before: see :data:`MediaBlock`); picklable when the encoder goes to loader workers.
     """
 
     def __init__(
@@ -228,6 +241,7 @@ class SampleEncoder(ABC):
         self.media_block: MediaBlock = (
             media_block if media_block is not None else self._vision_tokens
         )
+        self._own_block = media_block is None
 
     def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
         """Encode a raw sample of any layout :func:`~energon_pack.formats.parse_any` reads
@@ -300,6 +314,14 @@ class SampleEncoder(ABC):
     def _vision_tokens(self, item: MediaItem) -> list[int]:
         """The default :attr:`media_block`: :func:`~energon_pack.media.vision_tokens`."""
         return vision_tokens(item, self.vision_ids, self._text, self.media)
+
+    def _media_parts(self, item: MediaItem) -> tuple[str, list[int]]:
+        """``item``'s lead text (tokenised with the text before the medium) and the ids after
+        it: :func:`~energon_pack.media.tokens.vision_parts` by default; with a hook, ``""`` and
+        the hook's ids."""
+        if self._own_block:
+            return vision_parts(item, self.vision_ids, self._text, self.media)
+        return "", self.media_block(item)
 
     def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
         """The sample's chat messages (derived from its turns when it was built from turns
@@ -435,26 +457,23 @@ class ConversationEncoder(SampleEncoder):
             flags = target if isinstance(target, list) else [int(target)] * len(tokens)
             mask.extend(flag | int(self.loss_on == "all") for flag in flags)
 
-        pieces = [(r, _pieces(m["content"])) for r, m in zip(roles, messages, strict=True)]
+        turns = [(r, _texts(m["content"])) for r, m in zip(roles, messages, strict=True)]
         system = self._system(raw.system, roles)
         if system is not None:  # plain text: a system prompt carries no media
-            pieces.insert(0, ("system", [system]))
+            turns.insert(0, ("system", [system]))
         pending = iter(media)  # as many as the placeholders (checked above)
         blocks: list[int] = []
-        for role, turn in pieces:
+        for role, texts in turns:
             target = role == "assistant"
             add([self._im_start], False)
-            first = True
-            for piece in turn:
-                if piece is None:  # the header went with the text piece before it
-                    block = self.media_block(next(pending))
-                    blocks.extend(block)
-                    add(block, False)
-                elif first:
-                    add(*self._text_after(raw.key, role, piece, target))
-                    first = False
-                elif piece:
-                    add(self._content(raw.key, role, piece), target)
+            for index, text in enumerate(texts):  # a medium after each but the last
+                last = index == len(texts) - 1
+                lead, block = ("", []) if last else self._media_parts(next(pending))
+                head = f"{role}\n" if index == 0 else ""
+                if head or text or lead:
+                    add(*self._text_run(raw.key, role, head, text, lead, target))
+                blocks.extend(block)
+                add(block, False)
             add([self._im_end], target)
             add(self._newline, False)
         return self._finished(raw.key, ids, mask, media, blocks)
@@ -468,17 +487,18 @@ class ConversationEncoder(SampleEncoder):
             return None
         return self.system_prompt if self.system_prompt is not None else self.default_system_prompt
 
-    def _text_after(
-        self, key: str, role: str, text: str, target: bool
+    def _text_run(
+        self, key: str, role: str, head: str, text: str, lead: str, target: bool
     ) -> tuple[list[int], list[int]]:
-        """Tokens of the turn header ``role\\n`` + ``text`` and their target flags (tokens
-        holding ``text`` chars)."""
-        tokens = self._content(key, role, f"{role}\n{text}")
-        head = self._headers[role]
-        shared = 0
-        while shared < min(len(head), len(tokens)) and head[shared] == tokens[shared]:
-            shared += 1
-        return tokens, [0] * shared + [int(target)] * (len(tokens) - shared)
+        """Tokens of ``head`` (the turn header or ``""``) + ``text`` + ``lead`` (a medium's
+        lead text or ``""``), tokenised together, and their target flags: the tokens holding
+        ``text`` chars, i.e. all but the header's and the lead's own tokens at the ends."""
+        tokens = self._content(key, role, f"{head}{text}{lead}")
+        if not target or not text:
+            return tokens, [0] * len(tokens)
+        before = _shared(self._headers[role], tokens) if head else 0
+        after = _shared(self._text(lead)[::-1], tokens[::-1]) if lead else 0
+        return tokens, [0] * before + [1] * (len(tokens) - before - after) + [0] * after
 
     def _content(self, key: str, role: str, text: str) -> list[int]:
         """Tokens of a sample's text; text the tokenizer cannot encode is a ``bad_sample``."""

@@ -17,7 +17,11 @@ through), tokenises the text once, and takes the loss mask from the assistant sp
 Media are expanded after rendering, as the model's processor expands them: each
 ``<|vision_start|><|image_pad|><|vision_end|>`` (or ``<|video_pad|>``) block the template
 renders is replaced by the ids of the encoder's media-block hook
-(:func:`~energon_pack.vision_block` by default). Media tokens are never targets.
+(:func:`~energon_pack.vision_tokens` by default). The processor tokenises the expanded text
+whole, so the default expansion's lead text (a timestamped video's first timestamp in the 4.57
+form, :func:`~energon_pack.media.tokens.vision_parts`) goes into the rendered text before its
+block and is tokenised with the text before it. Media tokens are never targets (a token holding
+text and a timestamp is a target where its text is).
 
 :func:`make_encoder` chooses the encoder explicitly: the template encoder for an HF tokenizer
 with a chat template, the hand-written ChatML :class:`~energon_pack.ConversationEncoder`
@@ -30,6 +34,7 @@ import hashlib
 import logging
 import re
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from typing import Any, Literal
 
 import numpy as np
@@ -63,6 +68,8 @@ Encoding = Literal["auto", "template", "chatml"]
 encoder when the tokenizer has a chat template, else ChatML)."""
 
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_PAD = re.compile(r"<\|(?:image|video)_pad\|>")
+_VISION_START = "<|vision_start|>"
 _HEADER = "<|im_start|>assistant\n"
 _END = "<|im_end|>"
 _PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
@@ -196,10 +203,11 @@ class TemplateEncoder(SampleEncoder):
         """
         messages = self._messages(raw)
         media = self._probed_media(raw)
-        ids, mask = self._render(raw.key, messages, raw.tools)
+        parts = [self._media_parts(item) for item in media]
+        ids, mask = self._render(raw.key, messages, raw.tools, [lead for lead, _ in parts])
         if self.loss_on == "all":
             mask = [1] * len(ids)
-        ids, mask, blocks = self._expand(raw.key, ids, mask, media)
+        ids, mask, blocks = self._expand(raw.key, ids, mask, media, [b for _, b in parts])
         return self._finished(raw.key, ids, mask, media, blocks)
 
     def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
@@ -217,8 +225,10 @@ class TemplateEncoder(SampleEncoder):
         key: str,
         messages: list[dict[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
+        leads: Sequence[str] = (),
     ) -> tuple[list[int], list[int]]:
-        """Ids and assistant mask of the rendered conversation (before media expansion)."""
+        """Ids and assistant mask of the rendered conversation (before media expansion), each
+        medium's lead text (``leads``, in media order) put before its rendered block."""
         assistants = sum(message["role"] == "assistant" for message in messages)
         markers = self.masking == "markers"
         try:
@@ -245,10 +255,8 @@ class TemplateEncoder(SampleEncoder):
                 f"{self.template_name} cannot render or tokenise the conversation: "
                 f"{_why_unencodable(_text_of(messages), error)}; fix the sample or the template",
             ) from error
-        if markers:
-            return self._tokenised(key, text, generation)
-        spans = chatml_spans(text)
-        if len(spans) != assistants:
+        spans = generation if markers else chatml_spans(text)
+        if not markers and len(spans) != assistants:
             raise MediaError(
                 key,
                 "json",
@@ -258,6 +266,8 @@ class TemplateEncoder(SampleEncoder):
                 "mask cannot be placed; remove ChatML control-token text (<|im_start|>, "
                 "<|im_end|>) from the conversation",
             )
+        if any(leads):
+            text, spans = _with_leads(text, spans, leads)
         return self._tokenised(key, text, spans)
 
     def _tokenised(
@@ -279,10 +289,16 @@ class TemplateEncoder(SampleEncoder):
         return list(encoding.ids), _span_mask(encoding.offsets, spans)
 
     def _expand(
-        self, key: str, ids: list[int], mask: list[int], media: Sequence[MediaItem]
+        self,
+        key: str,
+        ids: list[int],
+        mask: list[int],
+        media: Sequence[MediaItem],
+        ids_of: Sequence[list[int]],
     ) -> tuple[list[int], list[int], list[int]]:
-        """Each rendered ``<|vision_start|><|X_pad|><|vision_end|>`` replaced by the media
-        block of the next medium (placeholder order); also gives the blocks' ids."""
+        """Each rendered ``<|vision_start|><|X_pad|><|vision_end|>`` replaced by the ids of
+        the next medium (placeholder order; ``ids_of``: each medium's ids after its lead
+        text); also gives the blocks' ids."""
         vision = self.vision_ids
         pads = {vision.image_pad: "image", vision.video_pad: "video"}
         where = [i for i, token in enumerate(ids) if token in pads]
@@ -307,8 +323,7 @@ class TemplateEncoder(SampleEncoder):
         blocks: list[int] = []
         media_flag = int(self.loss_on == "all")
         last = 0
-        for i, item in zip(where, media, strict=True):
-            block = self.media_block(item)
+        for i, block in zip(where, ids_of, strict=True):
             out_ids += ids[last : i - 1]
             out_mask += mask[last : i - 1]
             out_ids += block
@@ -362,6 +377,38 @@ def chatml_spans(text: str) -> list[tuple[int, int]]:
         spans.append((begin, end + len(_END)))
         start = text.find(_HEADER, end)
     return spans
+
+
+def _with_leads(
+    text: str, spans: Sequence[tuple[int, int]], leads: Sequence[str]
+) -> tuple[str, list[tuple[int, int]]]:
+    """``text`` with each medium's lead text put before the ``<|vision_start|>`` of its
+    rendered block, and ``spans`` moved with the text, the leads no part of them. Blocks that
+    do not line up with the media leave the text as it is (the expansion names the mismatch)."""
+    pads = [found.start() - len(_VISION_START) for found in _PAD.finditer(text)]
+    if len(pads) != len(leads) or any(
+        lead and (at < 0 or not text.startswith(_VISION_START, at))
+        for at, lead in zip(pads, leads, strict=True)
+    ):
+        return text, list(spans)
+    points = [(at, lead) for at, lead in zip(pads, leads, strict=True) if lead]
+    pieces, last = [], 0
+    for at, lead in points:
+        pieces += [text[last:at], lead]
+        last = at
+    pieces.append(text[last:])
+
+    def moved(at: int, after_lead: bool) -> int:
+        """Where ``text[at:]`` starts once the leads are in (after a lead put at ``at``)."""
+        return at + sum(len(lead) for p, lead in points if p < at or (after_lead and p == at))
+
+    moved_spans = []
+    for begin, end in spans:
+        edges = [begin, *(p for p, _ in points if begin < p < end), end]
+        moved_spans += [
+            (moved(a, after_lead=True), moved(b, after_lead=False)) for a, b in pairwise(edges)
+        ]
+    return "".join(pieces), moved_spans
 
 
 def _span_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[int]:

@@ -6,6 +6,10 @@ temporal patch, each preceded by the text ``<{t:.1f} seconds>``, as ``Qwen3VLPro
 transformers 4.57 (the release the Qwen3-VL checkpoints came with) writes it: the blocks replace
 the template's ``<|vision_start|><|video_pad|><|vision_end|>`` whole. transformers 5.x keeps that
 outer pair around the blocks; ``MediaConfig(video_outer_block=True)`` writes that form.
+
+The processor tokenises the expanded text whole, so in the 4.57 form the first timestamp is
+tokenised together with the text before the medium (``"Watch this: <0.3 seconds>"`` may merge
+``" <"``): :func:`vision_parts` gives that text apart for the encoders to join.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Literal, Protocol
 from energon_pack.media.assembly import MediaItem
 from energon_pack.media.config import MediaConfig
 
-__all__ = ["VisionIds", "timestamp_text", "vision_block", "vision_tokens"]
+__all__ = ["VisionIds", "timestamp_text", "vision_block", "vision_parts", "vision_tokens"]
 
 
 class _SpecialTokens(Protocol):
@@ -61,14 +65,15 @@ def timestamp_text(seconds: float) -> str:
     return f"<{seconds:.1f} seconds>"
 
 
-def vision_tokens(
+def vision_parts(
     item: MediaItem, ids: VisionIds, text: Callable[[str], list[int]], cfg: MediaConfig
-) -> list[int]:
-    """The token ids of ``item``: its vision block(s) with ``t*h*w / merge_size**2`` pads in
-    all (``merge_size`` of ``cfg``), timestamps tokenised by ``text`` (each on its own,
-    between special tokens)."""
+) -> tuple[str, list[int]]:
+    """``item``'s vision tokens as ``(lead, ids)``: ``lead`` is the text they begin with that
+    the processor tokenises together with the text before the medium (the first timestamp of a
+    timestamped video in the 4.57 form, else ``""``), ``ids`` the tokens after it (the other
+    timestamps tokenised by ``text``, each on its own between special tokens)."""
     if item.timestamps is None:
-        return vision_block(item, ids)
+        return "", vision_block(item, ids)
     t, h, w = item.grid_thw
     if len(item.timestamps) != t:
         raise ValueError(
@@ -76,9 +81,20 @@ def vision_tokens(
             "temporal patches; probe it with the config it is encoded with"
         )
     block = [ids.start, *[ids.video_pad] * (h * w // cfg.merge_size**2), ids.end]
-    out: list[int] = []
-    for seconds in item.timestamps:
+    first, *rest = item.timestamps
+    out = block.copy()
+    for seconds in rest:
         out += text(timestamp_text(seconds)) + block
-    if cfg.video_outer_block:
-        out = [ids.start, *out, ids.end]
-    return out
+    if cfg.video_outer_block:  # the first timestamp follows the outer <|vision_start|>
+        return "", [ids.start, *text(timestamp_text(first)), *out, ids.end]
+    return timestamp_text(first), out
+
+
+def vision_tokens(
+    item: MediaItem, ids: VisionIds, text: Callable[[str], list[int]], cfg: MediaConfig
+) -> list[int]:
+    """The token ids of ``item``: its vision block(s) with ``t*h*w / merge_size**2`` pads in
+    all (``merge_size`` of ``cfg``), timestamps tokenised by ``text`` each on its own (the
+    first one too: an encoder joins it to the text before, see :func:`vision_parts`)."""
+    lead, out = vision_parts(item, ids, text, cfg)
+    return [*text(lead), *out] if lead else out
