@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_pack.encoding.chatml import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
-from energon_pack.encoding.family import model_family
+from energon_pack.encoding.family import preset_family
 from energon_pack.encoding.template import chat_template_of, template_sha256
 from energon_pack.formats.dataset_trust import check_dataset_code
 from energon_pack.media import MediaConfig, PixelDtype
@@ -326,7 +326,7 @@ def run_once(
 
     if not settings.trust_dataset_code:
         check_dataset_code(settings.dataset, settings.dataset_config)
-    family = model_family(settings.family) if settings.family else None
+    family = preset_family(settings.family, "--family") if settings.family else None
     base_media = family.media if family is not None else MediaConfig()
     encoder = PackingTaskEncoder(
         load_tokenizer(settings.tokenizer) if settings.tokenizer else None,

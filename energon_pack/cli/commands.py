@@ -21,7 +21,8 @@ from tqdm import tqdm
 from energon_pack.cli.args import CONFIG_FLAGS
 from energon_pack.cli.tables import format_table
 from energon_pack.cli.tune_plots import plot_results, plot_vision_caps
-from energon_pack.encoding.family import model_family
+from energon_pack.encoding.families import ProcessorFamily
+from energon_pack.encoding.family import model_family, preset_family
 from energon_pack.formats.dataset_trust import check_dataset_code
 from energon_pack.memory.monitor import MB
 from energon_pack.memory.report import (
@@ -125,6 +126,11 @@ def _load_config(args: argparse.Namespace) -> PackingConfig:
 def _family_rows(source: str) -> list[list[object]]:
     """The settings of a model family preset (a bad name or directory raises ValueError)."""
     family = model_family(source)
+    if isinstance(family, ProcessorFamily):
+        return [
+            ["model family", f"{family.name} (through {type(family.processor).__name__})"],
+            ["packing", family.packing if family.refusal is None else f"refused: {family.refusal}"],
+        ]
     media = family.media
     return [
         ["model family", f"{family.name} (rope rule {family.rope})"],
@@ -321,7 +327,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             if not settings.trust_dataset_code:  # before anything is loaded: one line, exit 2
                 check_dataset_code(dataset, args.dataset_config)
             # A bad family fails here, early.
-            family = model_family(args.family) if args.family else None
+            family = preset_family(args.family, "--family") if args.family else None
             # Forked loader workers use the tokenizer after the main process did: no Rust pool.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             tokenizer = describe_tokenizer(settings.tokenizer)

@@ -1,39 +1,27 @@
-"""Collate-time packing: a picklable ``collate_fn`` that packs each micro-batch into THD rows.
-
-:class:`VLMPackingCollator` takes the items a ``torch.utils.data.DataLoader`` batches together
-(encoded samples, raw WebDataset samples, chat rows as ``transformers`` / TRL trainers hand them
-over, or an already padded HF batch dict) and returns a
-:class:`CollatedBatch`: ``R`` rows of ``T`` tokens in the Megatron Core / Transformer Engine THD
-form, with the media of all rows concatenated in row-then-segment order. Every row is built by
-:func:`~energon_pack.pack_samples`.
-
-* Default (``pad_to_max_length=False``): the whole micro-batch becomes one row (``R == 1``), the
-  samples in micro-batch order (Megatron-Bridge's in-batch packing). If it does not fit
-  ``seq_length`` that is an error.
-* ``pad_to_max_length=True``: rows are exactly ``seq_length`` wide; a micro-batch that does not fit
-  one row is split into the fewest rows (an exact search for small micro-batches, bounded by a
-  fixed node budget, else best-fit decreasing). Within a row the samples keep their micro-batch
-  order; rows are ordered by their first sample.
-
-The collator keeps no state across batches (its output depends on the micro-batch alone), so
-resuming a ``DataLoader`` is exact by construction. Nothing is dropped silently: samples skipped by
-the ``overlong`` / ``on_media_error`` policies are listed in :attr:`CollatedBatch.skipped_keys` and
-logged (``energon_pack.collate``) with their key.
-"""
+"""The collate-time packer :class:`VLMPackingCollator` (see :mod:`energon_pack.collate`)."""
 
 from __future__ import annotations
 
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from typing import Any, Literal, TypeAlias
 
 import torch
 
 from energon_pack.checks import check_choice, check_config, check_type
+from energon_pack.collate.batch import CollatedBatch, assemble_batch
 from energon_pack.encoding.chatml import ConversationEncoder, SampleEncoder
+from energon_pack.encoding.families import ProcessorFamily
+from energon_pack.encoding.families.materialise import (
+    FamilyInputs,
+    family_inputs,
+    model_side_inputs,
+)
 from energon_pack.encoding.family import ModelFamily, family_media, model_family
+from energon_pack.encoding.processor_encoder import ProcessorEncoder
+from energon_pack.encoding.template import make_encoder
 from energon_pack.formats.chat_rows import is_chat_row
 from energon_pack.formats.trainer_rows import check_media_columns, row_key, unreadable_item
 from energon_pack.media import MediaError, VisionInputs
@@ -50,9 +38,7 @@ from energon_pack.packing.packed import (
     padding_pack,
 )
 from energon_pack.packing.row import (
-    hf_varlen_kwargs,
     loss_mask_from_labels,
-    packed_seq_params_kwargs,
 )
 from energon_pack.packing.row_layout import (
     OverlongPolicy,
@@ -61,7 +47,7 @@ from energon_pack.packing.row_layout import (
     default_pad_token_id,
 )
 from energon_pack.packing.vision_budget import VISION_FIX, VisionBudget
-from energon_pack.train.hf import HFTarget, batch_model_inputs, check_position_ids
+from energon_pack.train.hf import HFTarget, check_position_ids
 from energon_pack.train.loss import LOSS_SEGMENTS, hf_loss_segments
 
 logger = logging.getLogger("energon_pack.collate")
@@ -73,92 +59,6 @@ CollateItem: TypeAlias = "EncodedSample | Mapping[str, Any] | tuple[str, Mapping
 with ``messages`` or ``conversations``), or ``(key, raw)``."""
 
 _PADDED_FIELDS = frozenset({"input_ids", "attention_mask", "labels"})
-
-
-@dataclass(frozen=True, eq=False)
-class CollatedBatch:
-    """``R`` packed THD rows of ``T`` tokens each (``R == 1`` unless a micro-batch was split).
-
-    Per-row tensors are stacked ``[R, T]``. ``cu_seqlens[r]`` / ``cu_seqlens_padded[r]`` are row
-    ``r``'s boundaries (see :class:`~energon_pack.PackedRow`). The ``*_flat`` forms index
-    the flattened ``R*T`` token dimension (``input_ids.view(1, -1)``): the real segments of all
-    rows one after another, so one THD call covers the whole batch; with ``pad_cu_seqlens`` they
-    are padded to ``R * max_segments + 1`` entries by repeating the last boundary.
-    """
-
-    input_ids: torch.Tensor
-    """``[R, T]`` long."""
-    labels: torch.Tensor
-    """``[R, T]`` long, shifted within each segment, ``-100`` where there is no target."""
-    loss_mask: torch.Tensor
-    """``[R, T]`` float32, aligned with ``labels``."""
-    position_ids: torch.Tensor
-    """``[R, T]`` long, restarting at 0 per segment."""
-    seq_idx: torch.Tensor
-    """``[R, T]`` int32 segment index of each position within its row."""
-    cu_seqlens: tuple[torch.Tensor, ...]
-    """Per row: ``[N_r + 1]`` int32 cumulative real lengths."""
-    cu_seqlens_padded: tuple[torch.Tensor, ...]
-    """Per row: ``[N_r + 1]`` int32 cumulative physical lengths (offsets in the row)."""
-    cu_seqlens_flat: torch.Tensor
-    """``[N + 1]`` int32 cumulative real lengths of all rows' segments, in row order."""
-    cu_seqlens_padded_flat: torch.Tensor
-    """``[N + 1]`` int32 offsets of all rows' segments in the flattened ``R*T`` dimension."""
-    row_offsets: torch.Tensor
-    """``[R + 1]`` int32: row ``r``'s segments are flat segments ``row_offsets[r]`` up to
-    ``row_offsets[r+1]`` (row ``r`` itself starts at token ``r * T`` of the flattened batch)."""
-    max_seqlen: int
-    """Largest physical segment length over all rows (``seq_length`` with static metadata)."""
-    vision: VisionInputs
-    """Media of all rows, concatenated in row-then-segment order. With the encoder's
-    ``MediaConfig(pixel_dtype="uint8")`` its pixel tensors are uint8 raw pixels: the training
-    step calls :func:`~energon_pack.media.normalize_pixels` on them (same values as float32)."""
-    mrope_position_ids: torch.Tensor | None
-    """``[3, R, T]`` long Qwen-VL mRoPE ids (with ``position_ids="mrope"``)."""
-    rope_deltas: torch.Tensor | None
-    """``[N]`` long rope deltas of all rows' real segments, in flat order (with mRoPE): entry ``i``
-    belongs to the segment that ``cu_seqlens_flat[i:i+2]`` bounds (static slots have none)."""
-    target_counts: torch.Tensor
-    """``[N]`` long: the training targets (``loss_mask`` ones) of each real segment, in flat order
-    (the per-sample counts that :mod:`energon_pack.train.loss` weights samples by)."""
-    keys: tuple[tuple[str, ...], ...]
-    """Sample keys of each row, in segment order."""
-    skipped_keys: tuple[str, ...] = ()
-    """Keys of this micro-batch's samples that were skipped (``overlong`` / ``on_media_error``)."""
-    truncated_keys: tuple[str, ...] = ()
-    """Keys of samples cut to fit ``seq_length`` (``overlong="truncate"``)."""
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def num_real_tokens(self) -> int:
-        """Tokens of the packed samples, padding excluded."""
-        return int(self.cu_seqlens_flat[-1])
-
-    def to_packed_seq_params_kwargs(self) -> dict[str, Any]:
-        """Megatron Core ``PackedSeqParams`` kwargs (``qkv_format="thd"``), flattened batch."""
-        return packed_seq_params_kwargs(
-            self.cu_seqlens_flat, self.cu_seqlens_padded_flat, self.max_seqlen
-        )
-
-    def to_hf_varlen_kwargs(self) -> dict[str, Any]:
-        """transformers varlen flash-attention kwargs for ``input_ids.view(1, -1)`` (1-D
-        ``position_ids``; for a whole forward, mRoPE included, use :meth:`hf_model_inputs`)."""
-        return hf_varlen_kwargs(self.position_ids, self.cu_seqlens_padded_flat, self.max_seqlen)
-
-    def hf_model_inputs(self, model: Any = None) -> dict[str, Any]:
-        """Keyword arguments for ``model(**batch.hf_model_inputs(model))`` of a transformers
-        causal LM or Qwen2-VL / Qwen2.5-VL model (``model``: the model, its config, an
-        :class:`~energon_pack.HFTarget`, or None for sdpa/eager); see
-        :func:`energon_pack.hf_model_inputs`."""
-        return batch_model_inputs(self, self.cu_seqlens_padded_flat, self.vision.tensors(), model)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Flat mapping: every field except ``vision``, plus the media tensors that are set."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "vision"}
-        return {**out, **self.vision.tensors()}
 
 
 class VLMPackingCollator:
@@ -184,9 +84,13 @@ class VLMPackingCollator:
             Default: ``ConversationEncoder()`` (with ``family``: with the family's media); for an
             HF tokenizer with a chat template pass ``make_encoder(tokenizer)``
             (:class:`~energon_pack.TemplateEncoder`).
-        family: a model family preset, its name, a model directory or a transformers
-            model/config (:func:`~energon_pack.model_family`); the encoder's media
-            settings must fit it (:func:`~energon_pack.encoding.family.family_media`).
+        family: a model family preset, its name, a model directory, a transformers
+            processor, model or config (:func:`~energon_pack.model_family`); the encoder's
+            media settings must fit a Qwen preset
+            (:func:`~energon_pack.encoding.family.family_media`). With a processor family the
+            default encoder is ``make_encoder(family=family)``, and the rows carry the
+            processor's media outputs and token-level inputs
+            (:attr:`CollatedBatch.family_inputs`).
         overlong: a sample longer than ``seq_length`` (after alignment): ``"error"`` raises,
             ``"skip"`` skips it, ``"truncate"`` cuts text tokens after its last vision block
             (all media kept); if the cut would enter a vision block the sample is skipped.
@@ -258,10 +162,7 @@ class VLMPackingCollator:
             fix="pass encoder=make_encoder(tokenizer) or ConversationEncoder(...)",
         )
         self.family = None if family is None else model_family(family)
-        if encoder is None:
-            encoder = ConversationEncoder(media=family_media(self.family, None))
-        family_media(self.family, encoder.media)  # the encoder's media must fit the family
-        self.encoder = encoder
+        self.encoder = self._encoder_for(encoder)
         tokenizer = self.encoder.tokenizer
         if layout is None:
             if seq_length is None:
@@ -281,19 +182,56 @@ class VLMPackingCollator:
         """The per-row vision caps and balance mode."""
         self.overlong: OverlongPolicy = overlong
         self.on_media_error: OnMediaError = on_media_error
-        self.mrope = mrope_setting(position_ids, mrope, tokenizer, self.family)
+        self.mrope = mrope_setting(position_ids, mrope, tokenizer, self._preset)
         self._vision_end = tokenizer.convert_tokens_to_ids("<|vision_end|>")
         self.output: Output = output
         self.hf_target = HFTarget.of(hf_model)
-        check_position_ids(self.hf_target, mrope=self.mrope is not None)
-        if output == "hf" and self.family is not None and self.mrope is None:
+        self.hf_model = hf_model
+        served = self.family if isinstance(self.family, ProcessorFamily) else None
+        needs_model = served is not None and served.packing in ("block_mask", "mrope")
+        if (
+            served is not None
+            and output == "hf"
+            and needs_model
+            and not hasattr(hf_model, "config")
+        ):
             raise ValueError(
-                f"output='hf' with family={self.family.name!r} and position_ids='1d': the "
+                f"output='hf' with family={served.name!r} needs hf_model=the transformers "
+                f"model: its packed rows take {served.packing} inputs built by the model's "
+                "own rules"
+            )
+        check_position_ids(self.hf_target, mrope=self.mrope is not None)
+        if output == "hf" and self._preset is not None and self.mrope is None:
+            raise ValueError(
+                f"output='hf' with family={self._preset.name!r} and position_ids='1d': the "
                 "family's transformers models take mRoPE positions, so 1-D ones train on "
                 "wrong positions; pass position_ids='mrope'"
             )
         self.loss_segments = loss_segments
         self._warned_single = False
+
+    @property
+    def _preset(self) -> ModelFamily | None:
+        """The family when it is a Qwen preset."""
+        return self.family if isinstance(self.family, ModelFamily) else None
+
+    def _encoder_for(self, encoder: SampleEncoder | None) -> SampleEncoder:
+        """``encoder``, checked against the family, or the family's default encoder."""
+        family = self.family
+        if isinstance(family, ProcessorFamily):
+            if encoder is None:
+                return make_encoder(family=family)
+            if not isinstance(encoder, ProcessorEncoder) or encoder.family.name != family.name:
+                raise ValueError(
+                    f"family={family.name!r} needs the family's encoder; pass "
+                    f"encoder=make_encoder(tokenizer, family=family), not "
+                    f"{type(encoder).__name__}"
+                )
+            return encoder
+        if encoder is None:
+            encoder = ConversationEncoder(media=family_media(family, None))
+        family_media(family, encoder.media)  # the encoder's media must fit the family
+        return encoder
 
     def __call__(
         self, batch: Sequence[CollateItem] | Mapping[str, Any]
@@ -302,7 +240,17 @@ class VLMPackingCollator:
         collated = self.collate(batch)
         if self.output == "batch":
             return collated
-        inputs = collated.hf_model_inputs(self.hf_target)
+        inputs = collated.model_inputs(self.hf_target)
+        if isinstance(self.family, ProcessorFamily) and collated.family_inputs is not None:
+            inputs.update(
+                model_side_inputs(
+                    self.family,
+                    self.hf_model,
+                    collated.input_ids,
+                    collated.cu_seqlens_padded,
+                    collated.family_inputs,
+                )
+            )
         if self.loss_segments:
             inputs[LOSS_SEGMENTS] = hf_loss_segments(collated, self.hf_target.flash)
         return inputs
@@ -406,8 +354,8 @@ class VLMPackingCollator:
         packed = pack_dropping_failures(ready, self._rows, dropped)
         if packed is None:
             return self._all_skipped(skipped, truncated)
-        packs, vision = packed[0]
-        return _assemble(packs, vision, self.layout.static_segments, skipped, truncated)
+        packs, vision, extra = packed[0]
+        return assemble_batch(packs, vision, self.layout.static_segments, skipped, truncated, extra)
 
     def _all_skipped(self, skipped: list[str], truncated: list[str]) -> CollatedBatch:
         """Every sample was skipped: one padding row with an all-zero loss mask, and a warning."""
@@ -420,13 +368,24 @@ class VLMPackingCollator:
             stacklevel=4,
         )
         pack = padding_pack(self.layout, self.mrope)
-        return _assemble([pack], pack.vision, self.layout.static_segments, skipped, truncated)
+        return assemble_batch([pack], pack.vision, self.layout.static_segments, skipped, truncated)
 
-    def _rows(self, ready: list[EncodedSample]) -> tuple[list[PackedSample], VisionInputs]:
+    def _rows(
+        self, ready: list[EncodedSample]
+    ) -> tuple[list[PackedSample], VisionInputs, FamilyInputs | None]:
         """The rows of ``ready`` and their media, decoded once straight into the batch tensors
-        (several rows: all rows' pixels in row order). A failing sample is raised as
-        :class:`~energon_pack.packing.packed.SkippedSample` at its position in ``ready``."""
+        (several rows: all rows' pixels in row order), or with a processor family its inputs.
+        A failing sample is raised as :class:`~energon_pack.packing.packed.SkippedSample` at
+        its position in ``ready``."""
         groups = self._groups(ready)
+        if isinstance(self.family, ProcessorFamily):
+            packs = [
+                pack_samples([ready[i] for i in group], self.layout, with_pixels=False)
+                for group in groups
+            ]
+            rows = [[(i, ready[i]) for i in group] for group in groups]
+            inputs = family_inputs(self.family, packs, rows, self.encoder.media)
+            return packs, VisionInputs(), inputs
         single_row = len(groups) == 1
         packs = [
             pack_samples(
@@ -439,13 +398,13 @@ class VLMPackingCollator:
             for group in groups
         ]
         if single_row:
-            return packs, packs[0].vision
+            return packs, packs[0].vision, None
         order = [i for group in groups for i in group]
         try:
             vision = decode_pixels([ready[i] for i in order], self.encoder.media)
         except SkippedSample as failure:
             raise SkippedSample(order[failure.position], failure.error) from failure.error
-        return packs, vision
+        return packs, vision, None
 
     def _fit(
         self, sample: EncodedSample, skipped: list[str], truncated: list[str]
@@ -491,6 +450,9 @@ class VLMPackingCollator:
         """Tokens up to the end of the sample's last vision block (0 without media)."""
         if not sample.media and sample.vision is None:
             return 0
+        if isinstance(self.encoder, ProcessorEncoder):
+            found = torch.isin(sample.input_ids, self.encoder.vision_ids_tensor).nonzero()
+            return int(found[-1, 0]) + 1
         ends = (sample.input_ids == self._vision_end).nonzero()
         if ends.numel() == 0:
             raise ValueError(
@@ -523,65 +485,3 @@ class VLMPackingCollator:
             max_items=layout.static_segments,
             align=align,
         )
-
-
-def _assemble(
-    packs: list[PackedSample],
-    vision: VisionInputs,
-    static_segments: int | None,
-    skipped: list[str],
-    truncated: list[str],
-) -> CollatedBatch:
-    """Stack the rows and build the flattened boundaries (real segments only, then padding)."""
-    width = int(packs[0].row.input_ids.shape[0])
-    real: list[torch.Tensor] = [torch.zeros(1, dtype=torch.int32)]
-    physical: list[torch.Tensor] = [torch.zeros(1, dtype=torch.int32)]
-    row_offsets = [0]
-    real_total = 0
-    targets: list[torch.Tensor] = []
-    for index, pack in enumerate(packs):
-        count = len(pack.keys) or 1  # a padding row has one segment and no keys
-        on_target = pack.row.loss_mask != 0
-        targets.append(torch.bincount(pack.row.seq_idx[on_target].long(), minlength=count))
-        real.append(pack.row.cu_seqlens[1 : count + 1] + real_total)
-        physical.append(pack.row.cu_seqlens_padded[1 : count + 1] + index * width)
-        real_total += int(pack.row.cu_seqlens[count])
-        row_offsets.append(row_offsets[-1] + count)
-    cu_flat, cu_padded_flat = torch.cat(real), torch.cat(physical)
-    if static_segments is not None:
-        fill = len(packs) * static_segments + 1 - cu_flat.numel()
-        cu_flat = torch.cat((cu_flat, cu_flat[-1:].expand(fill)))
-        cu_padded_flat = torch.cat((cu_padded_flat, cu_padded_flat[-1:].expand(fill)))
-    rows = [pack.row for pack in packs]
-    return CollatedBatch(
-        input_ids=torch.stack([r.input_ids for r in rows]),
-        labels=torch.stack([r.labels for r in rows]),
-        loss_mask=torch.stack([r.loss_mask for r in rows]),
-        position_ids=torch.stack([r.position_ids for r in rows]),
-        seq_idx=torch.stack([r.seq_idx for r in rows]),
-        cu_seqlens=tuple(r.cu_seqlens for r in rows),
-        cu_seqlens_padded=tuple(r.cu_seqlens_padded for r in rows),
-        cu_seqlens_flat=cu_flat,
-        cu_seqlens_padded_flat=cu_padded_flat,
-        row_offsets=torch.tensor(row_offsets, dtype=torch.int32),
-        max_seqlen=max(r.max_seqlen for r in rows),
-        vision=vision,
-        mrope_position_ids=_stack_optional([p.mrope_position_ids for p in packs], dim=1),
-        rope_deltas=_cat_optional(
-            [None if p.rope_deltas is None else p.rope_deltas[: len(p.keys)] for p in packs]
-        ),
-        target_counts=torch.cat(targets),
-        keys=tuple(pack.keys for pack in packs),
-        skipped_keys=tuple(skipped),
-        truncated_keys=tuple(truncated),
-    )
-
-
-def _stack_optional(tensors: list[torch.Tensor | None], dim: int) -> torch.Tensor | None:
-    present = [t for t in tensors if t is not None]
-    return torch.stack(present, dim=dim) if present else None
-
-
-def _cat_optional(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
-    present = [t for t in tensors if t is not None]
-    return torch.cat(present) if present else None

@@ -4,18 +4,27 @@
   and :class:`ByteTokenizer`;
 * ``template``: :class:`TemplateEncoder`, token-exact through a tokenizer's chat template, and
   :func:`make_encoder`, which picks the encoder for a tokenizer;
-* ``family``: :class:`ModelFamily` presets (geometry, normalisation, frames, token layout, rope);
+* ``family``: :class:`ModelFamily` presets (geometry, normalisation, frames, token layout, rope)
+  and :func:`model_family`, which also serves processor-backed families;
+* ``families``: :class:`ProcessorFamily`, one per transformers processor family (Gemma 3/4,
+  Pixtral, GLM-4V, InternVL, LLaVA-OneVision, Idefics3/SmolVLM): token layout from the image
+  size, media through the processor, the packing rule;
+* ``processor_encoder``: :class:`ProcessorEncoder`, token-exact with a family's processor;
 * ``fingerprint``: the identities and settings records that saved states carry.
 """
 
 from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder, SampleEncoder
+from energon_pack.encoding.families import ProcessorFamily
 from energon_pack.encoding.family import ModelFamily, model_family
+from energon_pack.encoding.processor_encoder import ProcessorEncoder
 from energon_pack.encoding.template import TemplateEncoder, make_encoder
 
 __all__ = [
     "ByteTokenizer",
     "ConversationEncoder",
     "ModelFamily",
+    "ProcessorEncoder",
+    "ProcessorFamily",
     "SampleEncoder",
     "TemplateEncoder",
     "make_encoder",

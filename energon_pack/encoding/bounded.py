@@ -16,6 +16,8 @@ A render over a bound raises :class:`RenderLimitError` naming the bound and the 
 
 from __future__ import annotations
 
+import hashlib
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -25,12 +27,32 @@ from jinja2 import nodes, pass_context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-__all__ = ["RENDER_CHARS", "RENDER_SECONDS", "BoundedTemplate", "RenderLimitError"]
+__all__ = [
+    "RENDER_CHARS",
+    "RENDER_SECONDS",
+    "BoundedTemplate",
+    "RenderLimitError",
+    "has_generation_markers",
+    "template_sha256",
+]
 
 RENDER_SECONDS = 5.0
 """Longest render of one sample's chat template (a normal conversation takes milliseconds)."""
 RENDER_CHARS = 16 * 1024 * 1024
 """Most characters one render may produce, and the largest string or list it may build."""
+
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def has_generation_markers(template: str) -> bool:
+    """Whether ``template`` marks the assistant replies with ``{% generation %}``."""
+    return _GENERATION.search(template) is not None
+
+
+def template_sha256(template: str) -> str:
+    """The SHA-256 of a chat template's UTF-8 text (what the settings fingerprint records)."""
+    return hashlib.sha256(template.encode("utf-8")).hexdigest()
+
 
 _LOOP = "energon_pack_bounded_loop"
 _SIZED = "energon_pack_bounded_size"

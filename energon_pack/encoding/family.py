@@ -28,9 +28,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from energon_pack.encoding.families import (
+    ProcessorFamily,
+    family_class,
+    processor_family,
+    served_processors,
+)
 from energon_pack.media.config import RESCALE_FACTOR, MediaConfig
 
-__all__ = ["FAMILIES", "MAX_JSON_BYTES", "ModelFamily", "RopeRule", "family_media", "model_family"]
+__all__ = [
+    "FAMILIES",
+    "MAX_JSON_BYTES",
+    "Family",
+    "ModelFamily",
+    "RopeRule",
+    "family_media",
+    "model_family",
+    "preset_family",
+]
 
 MAX_JSON_BYTES = 4 * 2**20
 """Largest model-directory JSON read (the released processor/config files are a few KB)."""
@@ -108,12 +123,32 @@ FAMILIES: dict[str, ModelFamily] = {
 _BY_MODEL_TYPE = {model_type: f for f in FAMILIES.values() for model_type in f.model_types}
 
 
-def model_family(source: ModelFamily | str | os.PathLike[str] | Any) -> ModelFamily:
-    """The family of ``source``: a :class:`ModelFamily`, a family name or model type
-    (``"qwen3_vl"``, ``"qwen3_vl_moe"``), a local model directory, or a transformers model or
-    config (``config.model_type``; the vision geometry of its ``vision_config``)."""
-    if isinstance(source, ModelFamily):
+Family = ModelFamily | ProcessorFamily
+"""What :func:`model_family` gives: a Qwen preset or a processor-backed family."""
+
+_QWEN_PROCESSORS = {
+    "Qwen2VLProcessor": "qwen2_vl",
+    "Qwen2_5_VLProcessor": "qwen2_5_vl",
+    "Qwen3VLProcessor": "qwen3_vl",
+}
+"""transformers processor classes of the Qwen presets."""
+
+
+def model_family(source: Family | str | os.PathLike[str] | Any) -> Family:
+    """The family of ``source``: a family object, a family name or model type (``"qwen3_vl"``,
+    ``"qwen3_vl_moe"``), a local model directory (a checkpoint, or what
+    ``processor.save_pretrained(dir)`` writes), a transformers processor instance, or a
+    transformers model or config (``config.model_type``; the vision geometry of its
+    ``vision_config``). A processor's family follows its own settings.
+
+    Raises:
+        ValueError: ``source`` is of no supported family (the message names it and the
+            supported ones), or a model directory's files are invalid.
+    """
+    if isinstance(source, (ModelFamily, ProcessorFamily)):
         return source
+    if _is_processor(source):
+        return _from_processor(source)
     if isinstance(source, os.PathLike) or (isinstance(source, str) and os.sep in source):
         return _from_directory(Path(source))
     if isinstance(source, str):
@@ -136,6 +171,50 @@ def model_family(source: ModelFamily | str | os.PathLike[str] | Any) -> ModelFam
     family = _family_of(model_type, "config.model_type")
     vision = getattr(config, "vision_config", None)
     return _with_vision_config(family, vars(vision) if vision is not None else {})
+
+
+def preset_family(source: Family | str | os.PathLike[str] | Any, where: str) -> ModelFamily:
+    """:func:`model_family` of ``source`` where only a Qwen preset serves (``where`` names the
+    setting in the error for a processor-backed family)."""
+    family = model_family(source)
+    if isinstance(family, ProcessorFamily):
+        raise ValueError(
+            f"{where}: the {family.name!r} family is served through its processor, which "
+            f"{where} does not take; use it with make_encoder(..., family=) and "
+            "VLMPackingCollator(family=), or pass a Qwen family"
+        )
+    return family
+
+
+def _is_processor(source: Any) -> bool:
+    """A transformers processor instance (a ``ProcessorMixin``)."""
+    return any(cls.__name__ == "ProcessorMixin" for cls in type(source).__mro__)
+
+
+def _from_processor(processor: Any) -> Family:
+    """The family of a processor instance: a served processor family, or a Qwen preset with
+    the processor's image (and video) settings."""
+    served = processor_family(processor)
+    if served is not None:
+        return served
+    names = [cls.__name__ for cls in type(processor).__mro__]
+    preset = next((_QWEN_PROCESSORS[n] for n in names if n in _QWEN_PROCESSORS), None)
+    if preset is None:
+        raise ValueError(
+            f"{type(processor).__name__} is of no supported model family; supported "
+            f"processors: {sorted([*served_processors(), *_QWEN_PROCESSORS])}"
+        )
+    label = type(processor).__name__
+    family = FAMILIES[preset]
+    sources: dict[str, Source | None] = {}
+    for name in ("image_processor", "video_processor"):
+        part = getattr(processor, name, None)
+        values = None if part is None else json.loads(part.to_json_string())
+        sources[name] = None if values is None else (values, f"{label}.{name}.")
+    changes = _media_changes(
+        family, sources["image_processor"], sources["video_processor"], None, label
+    )
+    return _with_media(family, changes, label)
 
 
 def _with_vision_config(
@@ -292,21 +371,27 @@ def _nested(
     return values, f"{path}: {key}."
 
 
-def _from_directory(directory: Path) -> ModelFamily:
+Source = tuple[dict[str, Any], str]
+"""Settings read from a processor JSON (or a processor) and the prefix naming them in errors."""
+
+
+def _from_directory(directory: Path) -> Family:
     """The family of a model directory, its media settings read from the processor JSONs
-    (transformers 5.x's precedence: see the module docstring)."""
+    (transformers 5.x's precedence: see the module docstring); a directory without a
+    ``config.json`` model type is a saved processor, its family by ``processor_class``."""
     config = _read_json(directory, "config.json")
-    if config is None or not isinstance(config.get("model_type"), str):
-        raise ValueError(
-            f"{directory}: no config.json with a model_type; pass the directory of a "
-            "transformers checkpoint (config.json, preprocessor_config.json, "
-            "video_preprocessor_config.json) or a family name"
-        )
-    family = _family_of(config["model_type"], f"{directory / 'config.json'} model_type")
     processor_path = directory / "processor_config.json"
     processor = _read_json(directory, "processor_config.json")
     image_path = directory / "preprocessor_config.json"
     image_file = _read_json(directory, "preprocessor_config.json")
+    if config is None or not isinstance(config.get("model_type"), str):
+        name = _processor_class(directory, processor, image_file)
+        if name not in _QWEN_PROCESSORS:
+            return _saved_processor(directory, name)
+        family = FAMILIES[_QWEN_PROCESSORS[name]]
+        config = {}
+    else:
+        family = _family_of(config["model_type"], f"{directory / 'config.json'} model_type")
     file_source = None if image_file is None else (image_file, f"{image_path}: ")
     image = _nested(processor, "image_processor", processor_path) or file_source
     video_path = directory / "video_preprocessor_config.json"
@@ -314,22 +399,7 @@ def _from_directory(directory: Path) -> ModelFamily:
     video = _nested(processor, "video_processor", processor_path) or (
         None if video_file is None else (video_file, f"{video_path}: ")
     )
-    changes = _processor_settings(*image) if image is not None else {}
-    if video is not None:
-        video_changes = (
-            _video_settings(*video)
-            if family.media.video_rule == "qwen3_vl"
-            else _qwen2_video_settings(*video)
-        )
-        clash = {k: (changes[k], v) for k, v in video_changes.items() if changes.get(k, v) != v}
-        if clash:
-            raise ValueError(
-                f"{directory}: the image and video processor JSONs disagree on {clash} (image, "
-                "video); energon_pack uses one geometry and normalisation for both"
-            )
-        changes.update(video_changes)
-    elif file_source is not None and family.media.video_rule == "qwen3_vl":
-        changes.update(_video_settings(*file_source))  # transformers' fallback file
+    changes = _media_changes(family, image, video, file_source, str(directory))
     vision = config.get("vision_config")
     vision = vision if isinstance(vision, dict) else {}
     where = f"{directory / 'config.json'}: vision_config."
@@ -340,11 +410,74 @@ def _from_directory(directory: Path) -> ModelFamily:
             f"{directory}: config.json's vision_config and the processor JSONs disagree on "
             f"{clash} (model, processor); fix the checkpoint's files"
         )
+    return _with_vision_config(_with_media(family, changes, str(directory)), vision, where)
+
+
+def _media_changes(
+    family: ModelFamily,
+    image: Source | None,
+    video: Source | None,
+    fallback: Source | None,
+    label: str,
+) -> dict[str, Any]:
+    """The media settings of the image and video processor settings (``fallback``: the image
+    file transformers reads video settings from when there is no video file)."""
+    changes = _processor_settings(*image) if image is not None else {}
+    if video is not None:
+        video_changes = (
+            _video_settings(*video)
+            if family.media.video_rule == "qwen3_vl"
+            else _qwen2_video_settings(*video)
+        )
+        clash = {k: (changes[k], v) for k, v in video_changes.items() if changes.get(k, v) != v}
+        if clash:
+            raise ValueError(
+                f"{label}: the image and video processor settings disagree on {clash} (image, "
+                "video); energon_pack uses one geometry and normalisation for both"
+            )
+        changes.update(video_changes)
+    elif fallback is not None and family.media.video_rule == "qwen3_vl":
+        changes.update(_video_settings(*fallback))  # transformers' fallback file
+    return changes
+
+
+def _with_media(family: ModelFamily, changes: Mapping[str, Any], label: str) -> ModelFamily:
     try:
         media = replace(family.media, **changes)
     except ValueError as exc:  # e.g. min_pixels over max_pixels
-        raise ValueError(f"{directory}: the processor JSONs give invalid settings: {exc}") from None
-    return _with_vision_config(replace(family, media=media), vision, where)
+        raise ValueError(f"{label}: the processor settings are invalid: {exc}") from None
+    return replace(family, media=media)
+
+
+def _processor_class(
+    directory: Path, processor: dict[str, Any] | None, image: dict[str, Any] | None
+) -> str:
+    """The ``processor_class`` a saved processor directory names."""
+    for values in (processor, image):
+        name = None if values is None else values.get("processor_class")
+        if isinstance(name, str):
+            return name
+    raise ValueError(
+        f"{directory}: no config.json with a model_type and no processor_config.json with a "
+        "processor_class; pass the directory of a transformers checkpoint or of "
+        "processor.save_pretrained(), or a family name"
+    )
+
+
+def _saved_processor(directory: Path, name: str) -> ProcessorFamily:
+    """The family of a directory written by ``processor.save_pretrained``, loaded by
+    transformers' own class of that name."""
+    if family_class(name) is None:
+        raise ValueError(
+            f"{directory}: processor_class {name!r} is of no supported model family; "
+            f"supported processors: {sorted([*served_processors(), *_QWEN_PROCESSORS])}"
+        )
+    import transformers
+
+    processor = getattr(transformers, name).from_pretrained(directory)
+    family = processor_family(processor)
+    assert family is not None  # family_class(name) serves it
+    return family
 
 
 _UNSUPPORTED = {

@@ -30,7 +30,6 @@ for the built-in byte tokenizer, a tokenizer without a template, or ``encoding="
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -44,7 +43,8 @@ from energon_pack.encoding.bounded import (
     RENDER_CHARS,
     RENDER_SECONDS,
     BoundedTemplate,
-    RenderLimitError,
+    has_generation_markers,
+    template_sha256,
 )
 from energon_pack.encoding.chatml import (
     ConversationEncoder,
@@ -52,8 +52,11 @@ from energon_pack.encoding.chatml import (
     MediaBlock,
     SampleEncoder,
     Tokenizer,
-    _why_unencodable,
 )
+from energon_pack.encoding.families import ProcessorFamily
+from energon_pack.encoding.family import Family, family_media, model_family
+from energon_pack.encoding.processor_encoder import ProcessorEncoder
+from energon_pack.encoding.rendering import render_sample, tokenise_text, with_system
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import MediaConfig, MediaError, MediaItem
 from energon_pack.packing.packed import EncodedSample
@@ -67,17 +70,11 @@ Encoding = Literal["auto", "template", "chatml"]
 ``"chatml"`` (:class:`~energon_pack.ConversationEncoder`) or ``"auto"`` (the template
 encoder when the tokenizer has a chat template, else ChatML)."""
 
-_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _PAD = re.compile(r"<\|(?:image|video)_pad\|>")
 _VISION_START = "<|vision_start|>"
 _HEADER = "<|im_start|>assistant\n"
 _END = "<|im_end|>"
 _PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
-
-
-def template_sha256(template: str) -> str:
-    """The SHA-256 of a chat template's UTF-8 text (what the settings fingerprint records)."""
-    return hashlib.sha256(template.encode("utf-8")).hexdigest()
 
 
 def chat_template_of(tokenizer: object) -> str | None:
@@ -162,7 +159,7 @@ class TemplateEncoder(SampleEncoder):
         self.template_sha256 = template_sha256(template)
         self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         self.masking: Literal["markers", "chatml"] = (
-            "markers" if _GENERATION.search(template) else "chatml"
+            "markers" if has_generation_markers(template) else "chatml"
         )
         try:
             self._bounded = BoundedTemplate(template)
@@ -212,13 +209,7 @@ class TemplateEncoder(SampleEncoder):
 
     def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
         """The sample's chat messages, its system prompt (or ``system_prompt``) first."""
-        messages = super()._messages(raw)
-        system = raw.system
-        if system is None and messages[0]["role"] != "system":
-            system = self.system_prompt
-        if system is not None:  # plain text: a system prompt carries no media
-            messages.insert(0, {"role": "system", "content": system})
-        return messages
+        return with_system(super()._messages(raw), raw.system, self.system_prompt)
 
     def _render(
         self,
@@ -231,30 +222,15 @@ class TemplateEncoder(SampleEncoder):
         medium's lead text (``leads``, in media order) put before its rendered block."""
         assistants = sum(message["role"] == "assistant" for message in messages)
         markers = self.masking == "markers"
-        try:
-            text, generation = self._bounded.render(
-                messages,
-                tools=tools,
-                variables={**self._special_tokens, **self.template_kwargs},
-                track_generation=markers,
-            )
-        except MemoryError:
-            raise
-        except RenderLimitError as error:
-            raise MediaError(
-                key,
-                "json",
-                "bad_sample",
-                f"{self.template_name} went over a render bound: {error}",
-            ) from None
-        except Exception as error:  # jinja errors, raise_exception(...) in templates, ...
-            raise MediaError(
-                key,
-                "json",
-                "bad_sample",
-                f"{self.template_name} cannot render or tokenise the conversation: "
-                f"{_why_unencodable(_text_of(messages), error)}; fix the sample or the template",
-            ) from error
+        text, generation = render_sample(
+            self._bounded,
+            key,
+            messages,
+            tools,
+            variables={**self._special_tokens, **self.template_kwargs},
+            track_generation=markers,
+            name=self.template_name,
+        )
         spans = generation if markers else chatml_spans(text)
         if not markers and len(spans) != assistants:
             raise MediaError(
@@ -274,19 +250,8 @@ class TemplateEncoder(SampleEncoder):
         self, key: str, text: str, spans: Sequence[tuple[int, int]]
     ) -> tuple[list[int], list[int]]:
         """Ids of the rendered text and the mask of the tokens overlapping ``spans``."""
-        try:
-            encoding = self._backend.encode(text, add_special_tokens=False)
-        except MemoryError:
-            raise
-        except Exception as error:  # a lone surrogate, ...
-            raise MediaError(
-                key,
-                "json",
-                "bad_sample",
-                f"the rendered conversation cannot be tokenised: "
-                f"{_why_unencodable(text, error)}; fix or drop the sample",
-            ) from error
-        return list(encoding.ids), _span_mask(encoding.offsets, spans)
+        ids, offsets = tokenise_text(self._backend, key, text, add_special_tokens=False)
+        return ids, _span_mask(offsets, spans)
 
     def _expand(
         self,
@@ -423,17 +388,6 @@ def _span_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, in
     return flags
 
 
-def _text_of(value: Any) -> str:
-    """Every string in ``value`` (messages, their parts), joined."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping):
-        return "".join(_text_of(item) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return "".join(_text_of(item) for item in value)
-    return ""
-
-
 def make_encoder(
     tokenizer: Tokenizer | None = None,
     *,
@@ -442,14 +396,25 @@ def make_encoder(
     system_prompt: str | None = None,
     loss_on: LossOn = "assistant",
     media_block: MediaBlock | None = None,
+    family: Family | str | Any = None,
 ) -> SampleEncoder:
     """The encoder for ``tokenizer``: see :data:`Encoding`. ``"auto"`` takes the template
     encoder for an HF tokenizer with a chat template and the ChatML encoder otherwise (the byte
     tokenizer, a tokenizer without a template: each turn ``<|im_start|>{role}\\n{content}
-    <|im_end|>\\n``, loss on the assistant content and its ``<|im_end|>``)."""
+    <|im_end|>\\n``, loss on the assistant content and its ``<|im_end|>``).
+
+    ``family`` (anything :func:`~energon_pack.model_family` takes: a processor, its saved
+    directory, a preset name, ...): a Qwen preset gives the encoder its media settings
+    (``media`` must fit them); a processor-backed family gives its
+    :class:`~energon_pack.ProcessorEncoder`, whose ids equal the family's processor.
+    """
     check_choice("encoding", encoding, ("auto", "template", "chatml"))
+    chosen = None if family is None else model_family(family)
+    if isinstance(chosen, ProcessorFamily):
+        _check_processor_options(chosen, tokenizer, encoding, media_block)
+        return ProcessorEncoder(chosen, media=media, system_prompt=system_prompt, loss_on=loss_on)
     options: dict[str, Any] = {
-        "media": media,
+        "media": family_media(chosen, media),
         "system_prompt": system_prompt,
         "loss_on": loss_on,
         "media_block": media_block,
@@ -466,3 +431,25 @@ def make_encoder(
         return TemplateEncoder(tokenizer, **options)
     logger.debug("ChatML encoder: %s", "chosen" if encoding == "chatml" else "no chat template")
     return ConversationEncoder(tokenizer, **options)
+
+
+def _check_processor_options(
+    family: ProcessorFamily, tokenizer: object, encoding: str, media_block: object
+) -> None:
+    """What a processor-backed family's encoder takes: its processor's tokenizer (or None),
+    its processor's own expansion, its chat template."""
+    if tokenizer is not None and tokenizer is not family.tokenizer:
+        raise ValueError(
+            f"family={family.name!r} encodes with its processor's tokenizer; pass "
+            "processor.tokenizer (or None)"
+        )
+    if media_block is not None:
+        raise ValueError(
+            f"family={family.name!r} expands media as its processor does; media_block= is "
+            "for the Qwen encoders"
+        )
+    if encoding == "chatml":
+        raise ValueError(
+            f"family={family.name!r} renders its processor's chat template; "
+            "encoding='chatml' is for the Qwen tokenizers"
+        )

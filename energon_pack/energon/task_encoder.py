@@ -30,7 +30,9 @@ from megatron.energon.wrappers import MapDataset
 
 from energon_pack.checks import check_choice, check_config, check_int, check_number
 from energon_pack.encoding.chatml import LossOn, Tokenizer
-from energon_pack.encoding.family import ModelFamily, family_media, model_family
+from energon_pack.encoding.families import ProcessorFamily
+from energon_pack.encoding.families.materialise import FamilyInputs, family_inputs
+from energon_pack.encoding.family import Family, ModelFamily, family_media, model_family
 from energon_pack.encoding.fingerprint import family_identity, tokenizer_identity
 from energon_pack.encoding.template import Encoding, make_encoder
 from energon_pack.energon.carry_over import (
@@ -126,6 +128,9 @@ class PackedBatch(Sample):
     """``[N]`` per-segment rope deltas (with ``position_ids="mrope"``)."""
     packing_stats: PackingStats | None = None
     """This worker's packing figures when the batch left it."""
+    family_inputs: FamilyInputs | None = None
+    """With a processor family: its processor's media outputs and token-level inputs
+    ``[1, T]`` (:meth:`hf_model_inputs` passes them on)."""
 
     def row(self) -> PackedRow:
         """The packed row without the micro-batch dimension (shares the tensors)."""
@@ -153,7 +158,10 @@ class PackedBatch(Sample):
     def hf_model_inputs(self, model: Any = None) -> dict[str, Any]:
         """Keyword arguments for ``model(**batch.hf_model_inputs(model))`` of a transformers
         model; see :meth:`energon_pack.collate.CollatedBatch.hf_model_inputs`."""
-        return batch_model_inputs(self, self.cu_seqlens_padded, self.media(), model)
+        out = batch_model_inputs(self, self.cu_seqlens_padded, self.media(), model)
+        if self.family_inputs is not None:
+            out.update(self.family_inputs.tensors())
+        return out
 
     def to_bridge_batch(self, media: MediaConfig | None = None) -> dict[str, Any]:
         """The dict Megatron-Bridge's ``vlm_step.get_batch`` reads (see
@@ -248,7 +256,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         pad_to_multiple_of: int = 1,
         pad_to_max_length: bool = False,
         media: MediaConfig | None = None,
-        family: ModelFamily | str | Any = None,
+        family: Family | str | Any = None,
         overlong: Overlong = "error",
         max_wait: int | None = 64,
         packing_buffer_bytes: int | None = None,
@@ -290,7 +298,9 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             fix="pass e.g. max_consecutive_skips=100, or 0 to never stop",
         )
         self.family = None if family is None else model_family(family)
-        self.media = family_media(self.family, media) or MediaConfig()
+        if isinstance(self.family, ProcessorFamily):
+            _check_processor_family(self.family, output, decode, position_ids)
+        self.media = family_media(self._preset, media) or MediaConfig()
         if output == "bridge" and self.media.pixel_dtype == "uint8":
             raise ValueError(
                 "output='bridge' with MediaConfig(pixel_dtype='uint8'): Megatron-Bridge's "
@@ -307,6 +317,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             media=self.media,
             system_prompt=system_prompt,
             loss_on=loss_on,
+            family=self.family,
         )
         self.layout = RowLayout(
             seq_length,
@@ -318,7 +329,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         self.max_consecutive_skips = max_consecutive_skips
         self.decode: Decode = decode
         self.monitor = monitor
-        self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer, self.family)
+        self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer, self._preset)
         self.packer_options: dict[str, Any] = {
             "align": self.layout.pad_to_multiple_of,
             "max_wait": max_wait,
@@ -331,6 +342,11 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         """:class:`~energon_pack.OnlineBinPacker` keywords (the buffer size is the loader's)."""
         self._make_packer(1)  # checks the packer settings now, not in a worker
         self._warned_unbuffered = False
+
+    @property
+    def _preset(self) -> ModelFamily | None:
+        """The family when it is a Qwen preset."""
+        return self.family if isinstance(self.family, ModelFamily) else None
 
     def _make_packer(self, buffer_size: int) -> functools.partial[OnlineBinPacker]:
         make = functools.partial(
@@ -356,7 +372,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
                 if f.name not in _DECODE_RUNTIME_FIELDS
                 and _ADDED_LATER.get(f.name, _RECORD) != getattr(self.media, f.name)
             },
-            **({} if self.family is None else {"family": family_identity(self.family)}),
+            **({} if self._preset is None else {"family": family_identity(self._preset)}),
             "tokenizer": tokenizer_identity(self.encoder.tokenizer),
             **self.encoder.settings(),
             "position_ids": "1d" if self.mrope is None else "mrope",
@@ -400,9 +416,15 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         :class:`~energon_pack.packing.packed.SkippedSample` (the wrapper then packs the others). No
         samples give a padding row with an all-zero loss mask (it carries the stats of samples
         skipped at the end)."""
+        extra = None
         if samples:
             encoded = [s.encoded for s in samples]
-            packed = pack_samples(encoded, self.layout, media=self.media, mrope=self.mrope)
+            if isinstance(self.family, ProcessorFamily):
+                packed = pack_samples(encoded, self.layout, with_pixels=False)
+                rows = [list(enumerate(encoded))]
+                extra = family_inputs(self.family, [packed], rows, self.media)
+            else:
+                packed = pack_samples(encoded, self.layout, media=self.media, mrope=self.mrope)
         else:
             packed = padding_pack(self.layout, self.mrope)
         row = packed.row
@@ -421,7 +443,8 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             seq_idx=row.seq_idx.unsqueeze(0),
             mrope_position_ids=None if mrope is None else mrope.unsqueeze(1),
             rope_deltas=packed.rope_deltas,
-            **packed.vision.tensors(),
+            family_inputs=extra,
+            **({} if extra is not None else packed.vision.tensors()),
         )
 
     @stateless(failure_tolerance=1)  # a failure here is a bug, not bad data: stop at once
@@ -489,3 +512,26 @@ class PackingTaskEncoder(DefaultTaskEncoder):
                 self.encode_batch, self.__default_failure_tolerance__
             ),
         )
+
+
+def _check_processor_family(
+    family: ProcessorFamily, output: str, decode: str, position_ids: str
+) -> None:
+    """The settings a processor family takes: lazy decoding, ``"batch"`` output and 1-D
+    positions (its tokenizer is checked by :func:`~energon_pack.make_encoder`)."""
+    if family.packing != "position_ids":
+        raise ValueError(
+            f"family={family.name!r} packs with {family.packing!r} inputs built by the model "
+            "(4-D masks or per-segment positions), which the Energon path does not carry yet; "
+            "pack it with VLMPackingCollator(family=..., output='hf', hf_model=model)"
+        )
+    for name, value, supported in (
+        ("output", output, "batch"),
+        ("decode", decode, "lazy"),
+        ("position_ids", position_ids, "1d"),
+    ):
+        if value != supported:
+            raise ValueError(
+                f"family={family.name!r} takes {name}={supported!r}, got {value!r} (the "
+                f"processor families are served with lazy decoding into transformers inputs)"
+            )

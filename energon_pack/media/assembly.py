@@ -69,6 +69,9 @@ class MediaItem:
     timestamps: tuple[float, ...] | None = None
     """Seconds written before each temporal patch's vision block (``video_rule="qwen3_vl"``);
     None: the medium is one block (see :func:`energon_pack.media.vision_tokens`)."""
+    size: tuple[int, int] | None = None
+    """``(height, width)`` as displayed, for a processor family's image (its processor resizes
+    it at materialisation; ``grid_thw`` is then ``(1, height, width)``)."""
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,185 @@
+"""What a processor-backed model family is: one object per transformers processor that knows
+the family's token layout, model inputs and packing rule.
+
+A :class:`ProcessorFamily` is built from a processor instance (its own settings, never class
+defaults). It
+
+* names the text the chat template renders for each image (:attr:`image_placeholder`) and the
+  text the processor writes in its place (:meth:`expansions`), computed from each image's
+  displayed ``(height, width)`` alone, so a sample is tokenised before any decode;
+* names the token ids that count as vision tokens (:attr:`vision_token_ids`);
+* finds the assistant replies in a rendered conversation when the template has no generation
+  markers (:meth:`assistant_spans`);
+* materialises one sample's media through the processor itself (:meth:`media_inputs`: exact
+  by construction), derives the token-level model inputs from the ids (:meth:`token_inputs`)
+  and joins the inputs of several samples into one packed row (:meth:`row_inputs`);
+* says how a packed row trains exactly (:attr:`packing`), or why it is refused.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from PIL import Image
+
+__all__ = ["TEXT_KEYS", "PackingRule", "ProcessorFamily", "delimited_spans"]
+
+PackingRule = Literal["position_ids", "mrope", "block_mask", "refused"]
+"""How a packed row trains exactly: ``"position_ids"`` (positions restart per segment; the
+model derives its per-segment mask from them), ``"mrope"`` (positions from the model's own
+rope index, per segment: :meth:`ProcessorFamily.position_ids`), ``"block_mask"`` (4-D masks
+per layer type: :meth:`ProcessorFamily.attention_masks`) or ``"refused"``
+(:attr:`ProcessorFamily.refusal` says why)."""
+
+TEXT_KEYS = frozenset({"input_ids", "attention_mask"})
+"""Processor outputs that come from the text, not the media."""
+
+
+def delimited_spans(text: str, header: str, end: str) -> list[tuple[int, int]]:
+    """Character spans of the replies in ``text``: from after each ``header`` through its
+    ``end``; a reply without an end is no span (so a count check refuses it)."""
+    spans = []
+    start = text.find(header)
+    while start >= 0:
+        begin = start + len(header)
+        stop = text.find(end, begin)
+        if stop < 0:
+            break
+        spans.append((begin, stop + len(end)))
+        start = text.find(header, stop)
+    return spans
+
+
+class ProcessorFamily(ABC):
+    """A model family served through its transformers processor (see the module docstring).
+
+    Subclasses set the class attributes and implement :meth:`expansions`; the defaults of the
+    other methods suit a processor whose media outputs are per-image tensors joined along the
+    first dimension.
+    """
+
+    name: ClassVar[str]
+    """The family's name (``"pixtral"``, ``"glm4v"``, ...)."""
+    processor_classes: ClassVar[tuple[str, ...]]
+    """transformers processor class names of the family."""
+    packing: ClassVar[PackingRule] = "position_ids"
+    refusal: ClassVar[str | None] = None
+    """Why packing is refused (``packing == "refused"``)."""
+    add_special_tokens: ClassVar[bool] = True
+    """Whether the processor's tokenizer call adds special tokens (a BOS) to the text."""
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        merge = getattr(processor, "_merge_kwargs", None)
+        merged = merge(tokenizer_init_kwargs=self.tokenizer.init_kwargs) if merge else {}
+        self._image_kwargs: dict[str, Any] = dict(merged.get("images_kwargs", {}))
+
+    def image_setting(self, key: str) -> Any:
+        """An image setting as the processor's call passes it: the processor's merged image
+        kwargs (its own defaults, which override the image processor's attributes), else the
+        image processor's attribute (None without either)."""
+        found = self._image_kwargs.get(key)
+        return getattr(self.processor.image_processor, key, None) if found is None else found
+
+    def image_processor_inputs(
+        self, images: Sequence[np.ndarray[Any, Any]], *, drop: Sequence[str] = ()
+    ) -> dict[str, torch.Tensor]:
+        """The image processor's outputs for ``images`` with the processor's merged image
+        kwargs (what the processor's call computes from them), without the keys in ``drop``
+        (those the processor does not return)."""
+        kwargs = {**self._image_kwargs, "return_tensors": "pt"}
+        out = self.processor.image_processor([Image.fromarray(i) for i in images], **kwargs)
+        return {k: v for k, v in out.items() if k not in drop}
+
+    @property
+    def image_placeholder(self) -> str:
+        """The text the chat template renders for each image: ``processor.image_token``."""
+        return str(self.processor.image_token)
+
+    @property
+    def vision_token_ids(self) -> frozenset[int]:
+        """Ids that count as vision tokens (the image pads the model's vision features fill):
+        the placeholder's id, which the processor repeats in its expansion."""
+        return frozenset({int(self.tokenizer.convert_tokens_to_ids(self.image_placeholder))})
+
+    @abstractmethod
+    def expansions(self, sizes: Sequence[tuple[int, int]]) -> list[str]:
+        """The text the processor writes in place of each image's placeholder, for the images
+        of one sample with displayed sizes ``(height, width)``, in order."""
+
+    def settings(self) -> dict[str, Any]:
+        """The family's settings for a settings fingerprint (JSON-able): by default its name
+        and the processor's image-processor settings."""
+        image_processor = getattr(self.processor, "image_processor", None)
+        values = image_processor.to_dict() if image_processor is not None else {}
+        return {"family": self.name, "image_processor": _jsonable(values)}
+
+    def assistant_spans(self, text: str) -> list[tuple[int, int]] | None:
+        """Character spans of the assistant replies in a rendered conversation, for templates
+        without generation markers; None when the family has no rule of its own."""
+        return None
+
+    def media_inputs(self, images: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
+        """The processor's media outputs for the images of one sample (HWC uint8 RGB, EXIF
+        transposed), from the processor's own call on the images."""
+        if not images:
+            return {}
+        pil = [Image.fromarray(image) for image in images]
+        out = self.processor(images=[pil], return_tensors="pt")
+        return {k: v for k, v in out.items() if k not in TEXT_KEYS and k not in self.token_keys}
+
+    token_keys: ClassVar[frozenset[str]] = frozenset()
+    """Processor outputs derived from the ids (:meth:`token_inputs` gives them)."""
+
+    def token_inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Model inputs derived from a sample's ids (e.g. ``token_type_ids``), ``[L]`` each."""
+        return {}
+
+    def row_inputs(self, samples: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The media inputs of several samples' :meth:`media_inputs`, joined for one packed row
+        (each key concatenated along dim 0, in sample order)."""
+        keys = [k for sample in samples for k in sample]
+        return {
+            key: torch.cat([sample[key] for sample in samples if key in sample])
+            for key in dict.fromkeys(keys)
+        }
+
+    segment_keys: ClassVar[frozenset[str]] = frozenset()
+    """Media outputs :meth:`position_ids` reads per segment (kept per sample in a row)."""
+
+    def position_ids(
+        self, model: Any, input_ids: torch.Tensor, media: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """One segment's position ids (``packing == "mrope"``), from the model's own rope
+        index on the segment's ids ``[L]`` and its :attr:`segment_keys` media."""
+        raise NotImplementedError(f"the {self.name} family packs with {self.packing!r}")
+
+    def attention_masks(
+        self, model: Any, segment_lengths: Sequence[int], input_ids: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The ``attention_mask`` dict (per layer type, ``[1, 1, T, T]``) of a packed row of
+        ``input_ids`` ``[T]`` split into ``segment_lengths`` (``packing == "block_mask"``)."""
+        raise NotImplementedError(f"the {self.name} family packs with {self.packing!r}")
+
+    def image_tokens(self, sizes: Sequence[tuple[int, int]]) -> list[int]:
+        """Vision tokens of each image (the :attr:`vision_token_ids` in its expansion)."""
+        vision = self.vision_token_ids
+        return [
+            sum(i in vision for i in self.tokenizer.encode(text, add_special_tokens=False))
+            for text in self.expansions(sizes)
+        ]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in sorted(value.items())}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return repr(value)

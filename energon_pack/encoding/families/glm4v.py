@@ -1,0 +1,148 @@
+"""GLM-4.1V (``Glm4vProcessor``): template writes ``<|begin_of_image|><|image|><|end_of_image|>``
+per image; the processor widens ``<|image|>`` to ``(h/14)*(w/14)/2**2`` pads, on the size smart-
+resized to multiples of ``patch * merge = 28`` within the pixel budget (over 2 temporal copies).
+Inputs: ``pixel_values [sum h*w/196, 1176]``, ``image_grid_thw [images, 3]``,
+``mm_token_type_ids [1, L]`` (1 on image pads). Packed rows: ``[4, 1, T]`` positions, a text row
+restarting per segment over the model's own per-segment mRoPE rows (``get_rope_index``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from energon_pack.encoding.families.base import PackingRule, ProcessorFamily
+
+__all__ = ["Glm4vFamily"]
+
+_ASSISTANT = "<|assistant|>\n"
+"""The released GLM-4.1V template's generation prompt: a reply starts after it."""
+_STOPS = ("<|user|>", "<|observation|>")
+"""Tokens that end a reply and that the model generates (GLM's generation-config stop ids,
+with the tokenizer's EOS): kept in the span."""
+_HEADERS = ("<|system|>", "<|assistant|>")
+"""Role headers that end a reply without being part of it."""
+_MAX_RATIO = 200
+"""Largest aspect ratio the image processor accepts."""
+
+
+class Glm4vFamily(ProcessorFamily):
+    """GLM-4V family: Qwen2-VL-like smart resize with ``[4, 1, T]`` packed mRoPE positions."""
+
+    name: ClassVar[str] = "glm4v"
+    processor_classes: ClassVar[tuple[str, ...]] = ("Glm4vProcessor",)
+    packing: ClassVar[PackingRule] = "mrope"
+    segment_keys: ClassVar[frozenset[str]] = frozenset({"image_grid_thw"})
+    token_keys: ClassVar[frozenset[str]] = frozenset({"mm_token_type_ids"})
+
+    def expansions(self, sizes: Sequence[tuple[int, int]]) -> list[str]:
+        """``<|image|>`` repeated ``grid_h * grid_w / merge**2`` times per image."""
+        image_processor = self.processor.image_processor
+        patch = int(image_processor.patch_size)
+        merge = int(image_processor.merge_size)
+        out = []
+        for height, width in sizes:
+            resized_h, resized_w = self._resized(height, width)
+            tokens = (resized_h // patch) * (resized_w // patch) // merge**2
+            out.append(self.image_placeholder * tokens)
+        return out
+
+    def _resized(self, height: int, width: int) -> tuple[int, int]:
+        """The size the image processor resizes ``(height, width)`` to (its smart resize:
+        multiples of ``patch * merge``, ``temporal * h * w`` within the size's
+        ``[shortest_edge, longest_edge]`` pixel budget)."""
+        image_processor = self.processor.image_processor
+        if not image_processor.do_resize:
+            return height, width
+        factor = int(image_processor.patch_size) * int(image_processor.merge_size)
+        frames = int(image_processor.temporal_patch_size)
+        size = image_processor.size
+        if isinstance(size, Mapping):
+            min_pixels, max_pixels = size["shortest_edge"], size["longest_edge"]
+        else:
+            min_pixels, max_pixels = size.shortest_edge, size.longest_edge
+        h: float = height
+        w: float = width
+        if height < factor or width < factor:
+            scale = max(factor / height, factor / width)
+            h, w = int(height * scale), int(width * scale)
+        ratio = max(h, w) / min(h, w)
+        if ratio > _MAX_RATIO:
+            raise ValueError(
+                f"absolute aspect ratio must be smaller than {_MAX_RATIO}, got {ratio}"
+            )
+        h_bar = round(h / factor) * factor
+        w_bar = round(w / factor) * factor
+        if frames * h_bar * w_bar > max_pixels:
+            beta = math.sqrt(frames * h * w / max_pixels)
+            h_bar = max(factor, math.floor(h / beta / factor) * factor)
+            w_bar = max(factor, math.floor(w / beta / factor) * factor)
+        elif frames * h_bar * w_bar < min_pixels:
+            beta = math.sqrt(min_pixels / (frames * h * w))
+            h_bar = math.ceil(h * beta / factor) * factor
+            w_bar = math.ceil(w * beta / factor) * factor
+        return int(h_bar), int(w_bar)
+
+    def assistant_spans(self, text: str) -> list[tuple[int, int]] | None:
+        """Replies of GLM's turn format ``[gMASK]<sop><|system|>\\n...<|user|>\\n...
+        <|assistant|>\\nreply``: each starts after ``<|assistant|>\\n`` (GLM-4.1V's generation
+        prompt) and runs through the first stop token the model generates after it
+        (``<|user|>``, ``<|observation|>`` or the tokenizer's EOS, kept), or up to a
+        ``<|system|>`` / ``<|assistant|>`` header, or to the end of the text: the released
+        template writes no end marker after the last reply. An empty reply at the end (a
+        generation prompt) is no span; an ``<|assistant|>`` turn with metadata after the
+        header is no span either."""
+        eos = self.tokenizer.eos_token
+        stops = tuple(dict.fromkeys((*_STOPS, *([eos] if isinstance(eos, str) else []))))
+        spans = []
+        start = text.find(_ASSISTANT)
+        while start >= 0:
+            begin = start + len(_ASSISTANT)
+            first, stop = len(text), len(text)
+            for token in (*stops, *_HEADERS):
+                found = text.find(token, begin)
+                if 0 <= found < first:
+                    first = found
+                    stop = found + len(token) if token in stops else found
+            spans.append((begin, stop))
+            start = text.find(_ASSISTANT, stop)
+        return [(b, e) for b, e in spans if e > b]
+
+    def token_inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``mm_token_type_ids [L]`` as the processor derives it: 1 on image pads, 2 on pads
+        between ``<|begin_of_video|>`` and ``<|end_of_video|>``, 0 elsewhere."""
+        ids = input_ids.reshape(-1)
+        starts = torch.cumsum(ids == int(self.processor.video_start_id), dim=0)
+        ends = torch.cumsum(ids == int(self.processor.video_end_id), dim=0)
+        in_video = starts > ends
+        pads = ids == int(self.processor.image_token_id)
+        types = torch.zeros_like(ids, dtype=torch.long)
+        types[pads & ~in_video] = 1
+        types[pads & in_video] = 2
+        return {"mm_token_type_ids": types}
+
+    def position_ids(
+        self, model: Any, input_ids: torch.Tensor, media: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """One segment's ``[4, 1, L]`` positions: ``arange(L)`` (the text row, from which
+        transformers' ``Glm4vTextModel`` builds the packed causal mask) over the three mRoPE
+        rows of the model's own ``get_rope_index`` for this segment alone (its ids, its
+        ``mm_token_type_ids`` and its ``image_grid_thw``). Concatenated along the last dim, the
+        segments' positions make a packed row's ``position_ids``; pass no attention mask."""
+        ids = input_ids.reshape(1, -1)
+        rope = getattr(model, "get_rope_index", None)
+        if rope is None:
+            rope = model.model.get_rope_index
+        types = self.token_inputs(input_ids)["mm_token_type_ids"].reshape(1, -1)
+        with torch.no_grad():
+            positions, _ = rope(
+                ids,
+                mm_token_type_ids=types.to(ids.device),
+                image_grid_thw=media.get("image_grid_thw"),
+                video_grid_thw=media.get("video_grid_thw"),
+            )
+        text = torch.arange(ids.shape[1], device=positions.device, dtype=positions.dtype)
+        return torch.cat([text.view(1, 1, -1), positions], dim=0)

@@ -1,0 +1,273 @@
+"""Encoding for a processor family: ids equal the family's processor on the rendered template.
+
+:class:`ProcessorEncoder` renders each conversation with the processor's chat template (in the
+bounded sandbox, as :class:`~energon_pack.TemplateEncoder` does), replaces each image
+placeholder the template rendered by the text the processor writes for that image
+(:meth:`~energon_pack.encoding.families.ProcessorFamily.expansions`, from the image's header
+size alone), and tokenises the whole text as the processor does, so text next to an image
+merges exactly as it does there. Nothing is decoded: the pixels come from the processor itself
+when the sample's pack is chosen (:meth:`ProcessorFamily.media_inputs`).
+
+The loss mask covers the assistant replies: the template's ``{% generation %}`` spans where it
+has them, else the family's own rule (:meth:`ProcessorFamily.assistant_spans`); tokens touching
+an image's expansion are never targets.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from energon_pack.encoding.bounded import (
+    BoundedTemplate,
+    has_generation_markers,
+    template_sha256,
+)
+from energon_pack.encoding.chatml import LossOn, SampleEncoder
+from energon_pack.encoding.families.base import ProcessorFamily
+from energon_pack.encoding.rendering import render_sample, tokenise_text, with_system
+from energon_pack.formats.raw import RawSample
+from energon_pack.media import MediaConfig, MediaError, MediaItem
+from energon_pack.media.displayed import displayed_image_size
+from energon_pack.media.probe import Frames
+from energon_pack.packing.packed import EncodedSample
+
+__all__ = ["ProcessorEncoder"]
+
+Span = tuple[int, int]
+
+
+class ProcessorEncoder(SampleEncoder):
+    """Encodes conversations for a processor family (see the module docstring).
+
+    Args:
+        family: the family (:func:`~energon_pack.model_family` of a processor).
+        media: limits for reading media (pixel bomb guard, media per sample, decoder
+            isolation); resizing is the processor's.
+        system_prompt, loss_on: see :class:`~energon_pack.SampleEncoder`.
+        chat_template: render with this template instead of the processor's.
+        template_kwargs: extra template variables, JSON-able; in the settings fingerprint.
+
+    Raises:
+        ValueError: the processor has no chat template, or the template has no generation
+            markers and the family has no assistant rule of its own.
+    """
+
+    def __init__(
+        self,
+        family: ProcessorFamily,
+        *,
+        media: MediaConfig | None = None,
+        system_prompt: str | None = None,
+        loss_on: LossOn = "assistant",
+        chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            family.tokenizer, media=media, system_prompt=system_prompt, loss_on=loss_on
+        )
+        self.family = family
+        template = chat_template or _template_of(family)
+        if template is None:
+            raise ValueError(
+                f"{type(family.processor).__name__} has no chat template; set "
+                "processor.chat_template or pass chat_template="
+            )
+        self.chat_template = template
+        self.template_sha256 = template_sha256(template)
+        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
+        self.masking: Literal["markers", "family"] = (
+            "markers" if has_generation_markers(template) else "family"
+        )
+        if self.masking == "family" and family.assistant_spans("") is None:
+            raise ValueError(
+                f"the chat template of {family.name!r} has no generation markers and the family "
+                "has no assistant rule: wrap the replies in {% generation %}...{% endgeneration %}"
+            )
+        self._bounded = BoundedTemplate(template)
+        self._backend = family.tokenizer.backend_tokenizer
+        special = getattr(family.tokenizer, "special_tokens_map", None)
+        self._special: dict[str, Any] = dict(special) if isinstance(special, Mapping) else {}
+        self.vision_ids_tensor = torch.tensor(sorted(family.vision_token_ids), dtype=torch.long)
+        """The family's vision token ids."""
+
+    def settings(self) -> dict[str, Any]:
+        """The family's settings, loss rule, template digest and template variables."""
+        return {
+            "encoding": "processor",
+            **self.family.settings(),
+            "system_prompt": self.system_prompt,
+            "loss_on": self.loss_on,
+            "chat_template_sha256": self.template_sha256,
+            "template_kwargs": self.template_kwargs,
+        }
+
+    def encode(self, raw: RawSample) -> EncodedSample:
+        """Encode a parsed sample, reading only its images' headers (see the module docstring).
+
+        Raises :class:`~energon_pack.media.MediaError`: ``unsupported`` for a video,
+        ``placeholder_mismatch`` when the rendered placeholders are not the sample's images,
+        ``bad_sample`` when the template cannot render the conversation.
+        """
+        messages = self._messages(raw)
+        sizes = [self._size(raw.key, member, kind, data) for member, kind, data in raw.media]
+        text, replies = self._render(raw.key, messages, raw.tools)
+        placeholder = self.family.image_placeholder
+        found = _occurrences(text, placeholder)
+        if len(found) != len(sizes):
+            raise MediaError(
+                raw.key,
+                "json",
+                "placeholder_mismatch",
+                f"the chat template of {self.family.name!r} rendered {len(found)} image "
+                f"placeholders {placeholder!r} for {len(sizes)} images; a literal "
+                f"{placeholder!r} in the text must be removed",
+            )
+        expanded, blocks, moved = _expand(text, found, placeholder, self.family.expansions(sizes))
+        found_ids, found_offsets = tokenise_text(
+            self._backend, raw.key, expanded, add_special_tokens=self.family.add_special_tokens
+        )
+        ids = np.asarray(found_ids, dtype=np.int64)
+        offsets = np.asarray(found_offsets, dtype=np.int64).reshape(-1, 2)
+        in_media = _overlapping(offsets, blocks)
+        if self.loss_on == "all":
+            mask = np.ones(len(ids), dtype=bool)
+        else:
+            mask = _overlapping(offsets, [(moved(a), moved(b)) for a, b in replies])
+        mask &= ~in_media.astype(bool)
+        is_vision = np.isin(ids, self.vision_ids_tensor.numpy())
+        media = tuple(
+            MediaItem(
+                member,
+                "image",
+                data,
+                (1, *size),
+                int(is_vision[_overlapping(offsets, [block])].sum()),
+                size=size,
+            )
+            for (member, _, data), size, block in zip(raw.media, sizes, blocks, strict=True)
+        )
+        stray = int(is_vision.sum()) - sum(item.tokens for item in media)
+        if stray:
+            raise MediaError(
+                raw.key,
+                "json",
+                "placeholder_mismatch",
+                f"the text holds {stray} vision tokens outside the images' expansions; remove "
+                "image-token text from the conversation",
+            )
+        return EncodedSample(
+            key=raw.key,
+            input_ids=torch.from_numpy(ids),
+            loss_mask=torch.from_numpy(mask.astype(np.int64)),
+            media=media,
+        )
+
+    def _size(
+        self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
+    ) -> tuple[int, int]:
+        if kind != "image" or isinstance(data, Frames):
+            raise MediaError(
+                key,
+                member,
+                "unsupported",
+                f"family {self.family.name!r} takes encoded images only (videos and decoded "
+                "frames are supported for the Qwen families); drop the video or use a Qwen model",
+            )
+        return displayed_image_size(data, self.media, key=key, member=member)
+
+    def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
+        """The sample's messages, its system prompt first, each content a list of parts."""
+        messages = with_system(super()._messages(raw), raw.system, self.system_prompt)
+        return [_typed(message) for message in messages]
+
+    def _render(
+        self, key: str, messages: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, list[Span]]:
+        """The rendered text and the character spans of its assistant replies."""
+        markers = self.masking == "markers"
+        text, generation = render_sample(
+            self._bounded,
+            key,
+            messages,
+            tools,
+            variables={**self._special, **self.template_kwargs},
+            track_generation=markers,
+            name=f"the chat template of {self.family.name!r}",
+        )
+        if markers:
+            return text, generation
+        spans = self.family.assistant_spans(text) or []
+        assistants = sum(message["role"] == "assistant" for message in messages)
+        if len(spans) != assistants:
+            raise MediaError(
+                key,
+                "json",
+                "bad_sample",
+                f"family {self.family.name!r} found {len(spans)} assistant replies in the "
+                f"rendered conversation for {assistants} assistant messages, so the loss mask "
+                "cannot be placed; remove turn-marker text from the conversation",
+            )
+        return text, spans
+
+
+def _typed(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with string content as one text part: processors' chat templates read
+    content as a list of typed parts (some only so)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": [{"type": "text", "text": content}]}
+    return message
+
+
+def _template_of(family: ProcessorFamily) -> str | None:
+    for owner in (family.processor, family.tokenizer):
+        template = getattr(owner, "chat_template", None)
+        if isinstance(template, str) and template:
+            return template
+    return None
+
+
+def _occurrences(text: str, needle: str) -> list[int]:
+    """Start offsets of the non-overlapping occurrences of ``needle`` in ``text``."""
+    found, start = [], text.find(needle)
+    while start >= 0:
+        found.append(start)
+        start = text.find(needle, start + len(needle))
+    return found
+
+
+def _expand(
+    text: str, starts: Sequence[int], placeholder: str, expansions: Sequence[str]
+) -> tuple[str, list[Span], Callable[[int], int]]:
+    """``text`` with the placeholder at each of ``starts`` replaced by its expansion; the
+    expansions' spans in the new text; and the map from old offsets to new ones."""
+    pieces, blocks, shifts = [], [], [0]
+    last, shift = 0, 0
+    for start, expansion in zip(starts, expansions, strict=True):
+        pieces += [text[last:start], expansion]
+        begin = start + shift
+        blocks.append((begin, begin + len(expansion)))
+        shift += len(expansion) - len(placeholder)
+        shifts.append(shift)
+        last = start + len(placeholder)
+    pieces.append(text[last:])
+    ends = [start + len(placeholder) for start in starts]
+
+    def moved(offset: int) -> int:
+        return offset + shifts[bisect.bisect_right(ends, offset)]
+
+    return "".join(pieces), blocks, moved
+
+
+def _overlapping(offsets: np.ndarray[Any, Any], spans: Sequence[Span]) -> np.ndarray[Any, Any]:
+    """True for each token whose character offsets overlap a span (transformers' rule); a
+    token without characters (an added BOS) overlaps nothing."""
+    mask = np.zeros(len(offsets), dtype=bool)
+    for begin, end in spans:
+        mask |= (offsets[:, 1] > begin) & (offsets[:, 0] < end)
+    return mask

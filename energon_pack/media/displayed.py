@@ -1,0 +1,93 @@
+"""Images as displayed, for families whose processor does its own resizing: the upright size
+from the header (no pixel decoded) and the upright RGB pixels, decoded in the guarded helper
+process.
+
+Upright means turned by the EXIF orientation as transformers' ``load_image`` (Pillow's
+``exif_transpose``) turns it; RGB as transformers' ``convert_to_rgb`` makes it (transparency
+composited onto white).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from energon_pack.media.config import DEFAULT_CONFIG, MediaConfig
+from energon_pack.media.decode import displayed_size, exif_transpose_method, open_image, to_rgb
+from energon_pack.media.errors import MediaError, MediaFailure, media_errors
+from energon_pack.media.guard import Alloc, FramesJob, UInt8Array, guarded_frames_each
+
+__all__ = ["displayed_image_size", "displayed_images"]
+
+
+def displayed_image_size(
+    data: bytes, config: MediaConfig | None = None, *, key: str = "?", member: str = "?"
+) -> tuple[int, int]:
+    """``(height, width)`` of the image as displayed, from its header."""
+    cfg = config or DEFAULT_CONFIG
+    with media_errors(key, member, "unreadable"), open_image(data, cfg) as img:
+        width, height = displayed_size(img, exif_transpose_method(img))
+    return height, width
+
+
+def displayed_images(
+    images: Sequence[tuple[str, str, bytes, tuple[int, int], int]],
+    config: MediaConfig | None = None,
+) -> list[UInt8Array]:
+    """The upright RGB pixels (``[height, width, 3]`` uint8) of ``images``, each given as
+    ``(key, member, data, (height, width) from its header, position)``, decoded one after the
+    other in the helper process (unless ``decode_isolation="off"``) straight into shared
+    memory, the next decoded while the last is copied out.
+
+    Raises :class:`~energon_pack.media.MediaError` (with the image's ``position``) for the
+    first image that cannot be decoded or decodes to another size than its header gave.
+    """
+    cfg = config or DEFAULT_CONFIG
+    jobs = [
+        FramesJob((data, cfg), key, member, nbytes=height * width * 3, position=position)
+        for key, member, data, (height, width), position in images
+    ]
+    out: list[UInt8Array] = []
+
+    def keep(index: int, pixels: UInt8Array, _: object) -> None:
+        key, member, _, size, position = images[index]
+        if tuple(pixels.shape[:2]) != size:
+            raise MediaError(
+                key,
+                member,
+                "corrupt",
+                f"decoded to {pixels.shape[0]}x{pixels.shape[1]} but its header gave "
+                f"{size[0]}x{size[1]}, which its tokens were counted for",
+                position=position,
+            )
+        out.append(pixels.copy())
+
+    guarded_frames_each(
+        decode_displayed_into,
+        jobs,
+        use=keep,
+        kind="corrupt",
+        isolation=cfg.decode_isolation,
+        timeout_s=cfg.decode_timeout_s,
+    )
+    return out
+
+
+def decode_displayed_into(data: bytes, cfg: MediaConfig, alloc: Alloc) -> tuple[UInt8Array, None]:
+    """Upright RGB pixels of ``data``, written into ``alloc(shape)`` (runs in the decoder
+    process)."""
+    with open_image(data, cfg) as img:
+        method = exif_transpose_method(img)
+        try:
+            rgb = to_rgb(img)
+            if method is not None:
+                rgb = rgb.transpose(method)
+            pixels = np.asarray(rgb, dtype=np.uint8)
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise MediaFailure("corrupt", f"cannot decode image: {exc}") from exc
+    if pixels.ndim != 3 or pixels.shape[2] != 3:
+        raise MediaFailure("corrupt", f"decoded to shape {pixels.shape}, not [height, width, 3]")
+    block = alloc(pixels.shape)
+    block[...] = pixels
+    return block, None

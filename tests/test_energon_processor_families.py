@@ -1,0 +1,108 @@
+"""Processor families on the Energon path: ``PackingTaskEncoder(family=processor)`` in a real
+loader over ``fixtures/vlm_demo`` (2 workers, real JPEG/PNG/WebP images; its videos are
+counted skips), for InternVL and Idefics3. Every pack equals what the collator makes of the same
+samples (ids, labels, the processor's media outputs), every image sample leaves exactly once, and
+a loader restored at three cut points continues exactly as one that never stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_family_idefics3 as idefics3
+import test_family_internvl as internvl
+import torch
+from helpers import (
+    assert_resume_equivalent,
+    batches,
+    read_samples,
+    savable_loader,
+    train_dataset,
+)
+
+from energon_pack import PackingTaskEncoder, VLMPackingCollator, model_family
+from energon_pack.energon.task_encoder import PackedBatch
+
+PROCESSORS = {
+    "internvl": lambda: internvl.default()[0],
+    "idefics3": lambda: idefics3.small("idefics3"),
+}
+SETTINGS: dict[str, Any] = {"seq_length": 8192, "pad_to_multiple_of": 8, "tokenizer": None}
+
+
+def _dataset(path: Path, name: str, *, repeat: bool = False) -> Any:
+    return train_dataset(path, 16, workers=2, repeat=repeat, family=PROCESSORS[name](), **SETTINGS)
+
+
+def _media_sum(batch: PackedBatch) -> float:
+    inputs = batch.family_inputs
+    assert inputs is not None
+    return float(sum(t.double().sum() for t in inputs.tensors().values()))
+
+
+@pytest.mark.parametrize("name", sorted(PROCESSORS))
+def test_packs_equal_the_collators_and_every_sample_leaves_once(
+    vlm_demo_path: Path, name: str
+) -> None:
+    samples = read_samples(vlm_demo_path)
+    collator = VLMPackingCollator(
+        seq_length=SETTINGS["seq_length"],
+        pad_to_multiple_of=SETTINGS["pad_to_multiple_of"],
+        family=model_family(PROCESSORS[name]()),
+    )
+    seen: list[str] = []
+    for batch in batches(_dataset(vlm_demo_path, name)):
+        keys = list(batch.__keys__)
+        seen += keys
+        want = collator([{"__key__": key, **samples[key]} for key in keys])
+        assert batch.input_ids.tolist() == want.input_ids.tolist(), keys
+        assert batch.labels.tolist() == want.labels.tolist(), keys
+        assert batch.family_inputs is not None
+        assert want.family_inputs is not None
+        got, expected = batch.family_inputs.tensors(), want.family_inputs.tensors()
+        assert set(got) == set(expected)
+        for key, tensor in expected.items():
+            assert torch.equal(got[key], tensor), (keys, key)
+    videos = {key for key, sample in samples.items() if any(m.endswith(".mp4") for m in sample)}
+    assert len(seen) == len(set(seen))
+    assert set(seen) == set(samples) - videos
+
+
+class _Run:
+    """A repeating savable loader of a processor family; ``step`` gives one pack's keys, ids
+    and the sum of its media inputs."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        dataset = _dataset(path, name, repeat=True)
+        self.loader = savable_loader(
+            dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
+        )
+        self.iterator: Any = None
+
+    def step(self) -> tuple[Any, ...]:
+        if self.iterator is None:
+            self.iterator = iter(self.loader)
+        batch = next(self.iterator)
+        return tuple(batch.__keys__), batch.input_ids.tolist(), _media_sum(batch)
+
+
+@pytest.mark.parametrize("at", [1, 4, 9])
+def test_resume_is_exact_at_three_cut_points(vlm_demo_path: Path, at: int) -> None:
+    assert_resume_equivalent(
+        lambda: _Run(vlm_demo_path, "internvl"),
+        [_Run.step] * 12,
+        at,
+        save=lambda run: run.loader.save_state_rank(),
+        load=lambda run, state: run.loader.restore_state_rank(state),
+        roundtrip=lambda state: state,
+    )
+
+
+def test_settings_the_family_does_not_take_are_refused_by_name() -> None:
+    processor = PROCESSORS["internvl"]()
+    for option, value in (("output", "bridge"), ("decode", "eager"), ("position_ids", "mrope")):
+        with pytest.raises(ValueError, match=option):
+            PackingTaskEncoder(seq_length=64, family=processor, **{option: value})
+    with pytest.raises(ValueError, match="processor's tokenizer"):
+        PackingTaskEncoder(idefics3.small("idefics3").tokenizer, seq_length=64, family=processor)

@@ -1,0 +1,222 @@
+"""Processor families end to end, through the library's own paths: ``model_family`` of a
+processor instance and of its saved directory, the family's encoder on native samples with real
+PNG/JPEG bytes (ids equal the processor's on the same conversation, images EXIF-transposed as
+``datasets`` does), and the collator's packed ``output="hf"`` dict on a tiny model of the family
+(loss and every gradient equal to the samples run alone through the processor's outputs).
+
+Each family's processor and tiny model come from its own test module (``test_family_*``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import test_family_gemma3 as gemma3
+import test_family_gemma4 as gemma4
+import test_family_glm4v as glm4v
+import test_family_idefics3 as idefics3
+import test_family_internvl as internvl
+import test_family_llava_onevision as llava_onevision
+import test_family_pixtral as pixtral
+import torch
+from family_kit import IGNORE, packed_matches_alone, png_bytes
+from family_kit import test_images as make_images
+from PIL import Image, ImageOps
+from transformers import PreTrainedModel
+
+from energon_pack import PackingTaskEncoder, VLMPackingCollator, model_family
+from energon_pack.encoding.families import ProcessorFamily
+from energon_pack.encoding.processor_encoder import ProcessorEncoder
+from energon_pack.media import MediaError
+
+
+@dataclass(frozen=True)
+class Case:
+    """A family's processor, its tiny model (built under a fixed seed) and the worst relative
+    gradient error allowed (float64 models; some run a layer in float32)."""
+
+    processor: Callable[[], Any]
+    model: Callable[[Any], PreTrainedModel]
+    gradient_rtol: float = 1e-10
+
+
+CASES = {
+    "gemma3": Case(gemma3.make_processor, lambda _: gemma3.tiny_model(), 1e-5),
+    "gemma4": Case(gemma4.build, lambda p: gemma4.tiny_model(p, "vision"), 1e-5),
+    "glm4v": Case(glm4v.make_processor, lambda _: glm4v.tiny_model(), 1e-5),
+    "idefics3": Case(
+        lambda: idefics3.small("idefics3"), lambda p: idefics3.tiny_model("idefics3", p)
+    ),
+    "internvl": Case(lambda: internvl.default()[0], lambda _: internvl.tiny_model()),
+    "llava_onevision": Case(llava_onevision.small, lambda _: llava_onevision.tiny_model()),
+    "pixtral": Case(lambda: pixtral.processor(4, 2, 32), lambda _: pixtral.tiny_model("mistral3")),
+    "smolvlm": Case(lambda: idefics3.small("smolvlm"), lambda p: idefics3.tiny_model("smolvlm", p)),
+}
+SAVABLE = {"idefics3", "gemma3"}
+"""Families whose processor has no video processor, so it saves and loads here."""
+SAMPLES = [  # (image sizes (height, width), turns)
+    ([(50, 120)], 1),
+    ([(20, 20), (40, 90)], 2),
+    ([], 1),
+    ([(64, 48)], 2),
+]
+
+
+def jpeg_rotated(image: np.ndarray[Any, Any]) -> bytes:
+    """``image`` stored turned on its side with EXIF orientation 6 (displayed: ``image``)."""
+    stored = Image.fromarray(image).transpose(Image.Transpose.ROTATE_90)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    stored.save(buffer, format="JPEG", quality=95, exif=exif)
+    return buffer.getvalue()
+
+
+def native(key: str, sizes: list[tuple[int, int]], turns: int, seed: int) -> dict[str, Any]:
+    """A native sample: the images in the first user turn, one PNG, the others EXIF JPEGs."""
+    members, names = {}, []
+    for index, image in enumerate(make_images(seed, sizes)):
+        name = f"{index}.png" if index == 0 else f"{index}.jpg"
+        members[name] = png_bytes(image) if index == 0 else jpeg_rotated(image)
+        names.append(name)
+    turns_out = []
+    for turn in range(turns):
+        question = "<image>" * (len(sizes) if turn == 0 else 0) + f"What is shown here? {turn}"
+        turns_out.append({"from": "human", "value": question})
+        turns_out.append({"from": "gpt", "value": f"The quick brown fox {turn}."})
+    body = {"conversations": turns_out, "media": names}
+    return {"__key__": key, "json": json.dumps(body).encode(), **members}
+
+
+def reference(processor: Any, sample: dict[str, Any]) -> dict[str, Any]:
+    """The processor's own outputs for ``sample``: its chat template on the same messages,
+    the images decoded and EXIF-transposed as ``datasets`` does."""
+    body = json.loads(sample["json"])
+    messages = []
+    for turn in body["conversations"]:
+        text = turn["value"]
+        role = "user" if turn["from"] == "human" else "assistant"
+        if "<image>" in text:
+            parts: Any = [{"type": "image"}] * text.count("<image>")
+            parts.append({"type": "text", "text": text.replace("<image>", "")})
+            messages.append({"role": role, "content": parts})
+        else:
+            messages.append({"role": role, "content": [{"type": "text", "text": text}]})
+    images = [
+        ImageOps.exif_transpose(Image.open(io.BytesIO(sample[name]))).convert("RGB")
+        for name in body["media"]
+    ]
+    text = processor.apply_chat_template(messages, tokenize=False)
+    out: dict[str, Any] = processor(
+        text=[text], images=[images] if images else None, return_tensors="pt"
+    )
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request: pytest.FixtureRequest) -> tuple[str, Any, ProcessorFamily]:
+    processor = CASES[request.param].processor()
+    family = model_family(processor)
+    assert isinstance(family, ProcessorFamily)
+    return request.param, processor, family
+
+
+def samples() -> list[dict[str, Any]]:
+    return [native(f"s{i}", sizes, turns, i) for i, (sizes, turns) in enumerate(SAMPLES)]
+
+
+def test_encoder_equals_the_processor(case: tuple[str, Any, ProcessorFamily]) -> None:
+    name, processor, family = case
+    encoder = ProcessorEncoder(family)
+    for sample in samples():
+        encoded = encoder.encode_sample(sample["__key__"], sample)
+        want = reference(processor, sample)
+        assert encoded.input_ids.tolist() == want["input_ids"][0].tolist(), (
+            name,
+            sample["__key__"],
+        )
+        replies = processor.tokenizer.decode(encoded.input_ids[encoded.loss_mask.bool()])
+        assert "The quick brown fox 0." in replies
+        assert "What is shown" not in replies
+        vision = torch.isin(encoded.input_ids, torch.tensor(sorted(family.vision_token_ids)))
+        assert sum(m.tokens for m in encoded.media) == int(vision.sum())
+        assert [m.size for m in encoded.media] == list(SAMPLES[int(sample["__key__"][1:])][0])
+
+
+def test_saved_directory_gives_the_same_family(
+    case: tuple[str, Any, ProcessorFamily], tmp_path: Path
+) -> None:
+    name, processor, family = case
+    if name not in SAVABLE:
+        pytest.skip(f"{name}'s processor saves or loads only with torchvision")
+    processor.save_pretrained(tmp_path)
+    loaded = model_family(tmp_path)
+    assert isinstance(loaded, type(family))
+    assert loaded.settings() == family.settings()
+    sizes = [(50, 120), (7, 300)]
+    assert loaded.expansions(sizes) == family.expansions(sizes)
+
+
+def test_collated_row_trains_like_its_samples(case: tuple[str, Any, ProcessorFamily]) -> None:
+    name, processor, family = case
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = CASES[name].model(processor).double().train()
+    collator = VLMPackingCollator(seq_length=4096, family=family, output="hf", hf_model=model)
+    batch = samples()
+    packed = collator(batch)
+    alone = []
+    encoder = ProcessorEncoder(family)
+    for sample in batch:
+        want = reference(processor, sample)
+        encoded = encoder.encode_sample(sample["__key__"], sample)
+        labels = torch.where(encoded.loss_mask.bool(), encoded.input_ids, IGNORE)
+        labels[0] = IGNORE
+        alone.append({**want, "labels": labels[None]})
+    packed.pop("use_cache")
+    loss_error, worst = packed_matches_alone(model, alone, packed)
+    assert loss_error < 1e-6, loss_error
+    assert worst < CASES[name].gradient_rtol, worst
+
+
+def test_an_image_that_no_longer_decodes_is_skipped_by_name(
+    case: tuple[str, Any, ProcessorFamily],
+) -> None:
+    _, _, family = case
+    good, broken = samples()[0], samples()[3]
+    broken["0.png"] = broken["0.png"][:200]  # the header survives, the pixels do not
+    collator = VLMPackingCollator(seq_length=4096, family=family, on_media_error="skip")
+    batch = collator([good, broken])
+    assert batch.skipped_keys == ("s3",)
+    assert batch.keys == (("s0",),)
+    strict = VLMPackingCollator(seq_length=4096, family=family)
+    with pytest.raises(MediaError, match="s3"):
+        strict([good, broken])
+
+
+def test_inputs_built_by_the_model_are_never_left_out() -> None:
+    """A family whose rows need the model's masks or positions: the batch form refuses to give
+    model inputs without them, and the ``hf`` form needs the model."""
+    processor = CASES["gemma3"].processor()
+    family = model_family(processor)
+    batch = VLMPackingCollator(seq_length=4096, family=family)(samples()[:2])
+    with pytest.raises(ValueError, match="block_mask"):
+        batch.hf_model_inputs()
+    with pytest.raises(ValueError, match="hf_model"):
+        VLMPackingCollator(seq_length=4096, family=family, output="hf")
+    with pytest.raises(ValueError, match="block_mask"):
+        PackingTaskEncoder(seq_length=4096, family=processor)
+
+
+def test_a_processor_of_no_family_is_refused_by_name() -> None:
+    from transformers import ChameleonProcessor
+
+    with pytest.raises(ValueError, match=r"ChameleonProcessor.*Gemma3Processor"):
+        model_family(ChameleonProcessor.__new__(ChameleonProcessor))
