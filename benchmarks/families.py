@@ -200,6 +200,11 @@ def main() -> None:
         result["packed_loss_error"], result["packed_gradient_error"] = packed_errors(
             result["family"]
         )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps({"rounds": args.rounds, "sizes": SIZES, "results": results}, indent=2) + "\n"
+    )
     sizes = ", ".join(f"{h}x{w}" for h, w in SIZES)
     print(
         format_table(
@@ -209,6 +214,8 @@ def main() -> None:
                 f"tokens ({sizes})",
                 "energon_pack / processor",
                 "probe / decode",
+                "packed loss error",
+                "worst gradient error",
             ],
             [
                 [
@@ -223,11 +230,6 @@ def main() -> None:
                 for r in results
             ],
         )
-    )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"rounds": args.rounds, "sizes": SIZES, "results": results}, indent=2) + "\n"
     )
 
 

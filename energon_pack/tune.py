@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from energon_pack.encoding.chatml import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
-from energon_pack.encoding.family import preset_family
+from energon_pack.encoding.families import ProcessorFamily
+from energon_pack.encoding.family import Family, model_family
 from energon_pack.encoding.template import chat_template_of, template_sha256
 from energon_pack.formats.dataset_trust import check_dataset_code
 from energon_pack.media import MediaConfig, PixelDtype
@@ -53,8 +54,9 @@ class TuneSettings:
     dataset_config: str | None = None
     """The dataset's description file in ``.nv-meta`` (None: Energon's ``dataset.yaml``)."""
     family: str | None = None
-    """A model family preset name or model directory (:func:`~energon_pack.model_family`)
-    whose media settings the runs use (None: ``MediaConfig`` defaults)."""
+    """A model family preset name, a model directory or a saved processor directory
+    (:func:`~energon_pack.model_family`) whose media settings the runs use (None:
+    ``MediaConfig`` defaults); a processor family brings its tokenizer and pixels."""
     max_media: int | None = None
     """Most images plus videos per pack (None: no cap)."""
     vision_balance: bool = False
@@ -251,22 +253,30 @@ def load_tokenizer(name: str) -> Tokenizer:
     return loaded
 
 
-def describe_tokenizer(name: str | None) -> dict[str, object]:
+def describe_tokenizer(name: str | None, family: Family | None = None) -> dict[str, object]:
     """Which tokenizer counts the tokens: ``name``, ``class``, ``vocab_size`` and the
     ``encoding`` the task encoder picks for it (``"template"`` with its chat template's
-    ``chat_template_sha256``, else ``"chatml"``; see :func:`~energon_pack.make_encoder`)."""
-    if name is None:
+    ``chat_template_sha256``, else ``"chatml"``; ``"processor"`` for a processor ``family``,
+    whose tokenizer it is; see :func:`~energon_pack.make_encoder`)."""
+    if isinstance(family, ProcessorFamily):
+        tokenizer: Any = family.tokenizer
+        name, encoding = f"the {family.name} processor's", "processor"
+    elif name is None:
         size = ByteTokenizer().vocab_size
         return {"name": "byte", "class": "ByteTokenizer", "vocab_size": size, "encoding": "chatml"}
-    tokenizer: Any = load_tokenizer(name)
+    else:
+        tokenizer = load_tokenizer(name)
+        encoding = "template" if chat_template_of(tokenizer) is not None else "chatml"
+    info: dict[str, object] = {
+        "name": name,
+        "class": type(tokenizer).__name__,
+        "vocab_size": len(tokenizer),
+        "encoding": encoding,
+    }
     template = chat_template_of(tokenizer)
-    encoding: dict[str, object] = (
-        {"encoding": "chatml"}
-        if template is None
-        else {"encoding": "template", "chat_template_sha256": template_sha256(template)}
-    )
-    size = len(tokenizer)
-    return {"name": name, "class": type(tokenizer).__name__, "vocab_size": size, **encoding}
+    if template is not None and encoding != "chatml":
+        info["chat_template_sha256"] = template_sha256(template)
+    return info
 
 
 def tokenizer_label(name: str | None) -> str:
@@ -326,13 +336,28 @@ def run_once(
 
     if not settings.trust_dataset_code:
         check_dataset_code(settings.dataset, settings.dataset_config)
-    family = preset_family(settings.family, "--family") if settings.family else None
-    base_media = family.media if family is not None else MediaConfig()
+    family = model_family(settings.family) if settings.family else None
+    if isinstance(family, ProcessorFamily):  # its processor's tokenizer and pixels
+        if settings.tokenizer:
+            raise ValueError(
+                f"--tokenizer with the {family.name!r} family: its processor brings its own "
+                "tokenizer; drop --tokenizer"
+            )
+        if settings.pixel_dtype != "float32":
+            raise ValueError(
+                f"--pixel-dtype {settings.pixel_dtype} with the {family.name!r} family: its "
+                "processor gives float32 pixels; drop --pixel-dtype"
+            )
+        tokenizer, media = family.tokenizer, MediaConfig()
+    else:
+        tokenizer = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
+        base_media = family.media if family is not None else MediaConfig()
+        media = replace(base_media, pixel_dtype=settings.pixel_dtype)
     encoder = PackingTaskEncoder(
-        load_tokenizer(settings.tokenizer) if settings.tokenizer else None,
+        tokenizer,
         seq_length=settings.seq_length,
         pad_to_multiple_of=settings.pad_to_multiple_of,
-        media=replace(base_media, pixel_dtype=settings.pixel_dtype),
+        media=media,
         family=family,
         overlong=settings.overlong,
         decode=decode,

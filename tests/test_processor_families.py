@@ -220,3 +220,30 @@ def test_a_processor_of_no_family_is_refused_by_name() -> None:
 
     with pytest.raises(ValueError, match=r"ChameleonProcessor.*Gemma3Processor"):
         model_family(ChameleonProcessor.__new__(ChameleonProcessor))
+
+
+def test_the_cli_takes_a_saved_processor_directory(
+    vlm_demo_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``check-config`` shows the family of a saved processor; ``tune`` packs the demo dataset
+    with it (the processor's tokenizer, its videos counted as unsupported skips)."""
+    from energon_pack.cli import main
+
+    saved = tmp_path / "smolvlm-like"
+    CASES["idefics3"].processor().save_pretrained(saved)
+    assert main(["check-config", "--seq-length", "4096", "--family", str(saved)]) == 0
+    assert "idefics3 (through Idefics3Processor)" in capsys.readouterr().out
+    out = tmp_path / "tune"
+    command = ["tune", str(vlm_demo_path), "--family", str(saved), "--buffer-sizes", "8"]
+    command += ["--seq-length", "8192", "--num-workers", "1", "--max-samples", "40"]
+    assert main([*command, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "tokenizer the idefics3 processor's (" in printed
+    assert "model family: idefics3" in printed
+    report = json.loads((out / "tune.json").read_text())
+    assert report["tokenizer"]["encoding"] == "processor"
+    (run,) = report["results"]
+    assert run["samples"] >= 40
+    assert set(run["skipped"]) == {"unsupported"}  # the demo's videos, counted
+    assert main([*command, "--pixel-dtype", "uint8", "--out", str(out)]) == 2
+    assert "--pixel-dtype uint8 with the 'idefics3' family" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from energon_pack.cli.args import CONFIG_FLAGS
 from energon_pack.cli.tables import format_table
 from energon_pack.cli.tune_plots import plot_results, plot_vision_caps
 from energon_pack.encoding.families import ProcessorFamily
-from energon_pack.encoding.family import model_family, preset_family
+from energon_pack.encoding.family import model_family
 from energon_pack.formats.dataset_trust import check_dataset_code
 from energon_pack.memory.monitor import MB
 from energon_pack.memory.report import (
@@ -327,10 +327,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
             if not settings.trust_dataset_code:  # before anything is loaded: one line, exit 2
                 check_dataset_code(dataset, args.dataset_config)
             # A bad family fails here, early.
-            family = preset_family(args.family, "--family") if args.family else None
+            family = model_family(args.family) if args.family else None
             # Forked loader workers use the tokenizer after the main process did: no Rust pool.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-            tokenizer = describe_tokenizer(settings.tokenizer)
+            tokenizer = describe_tokenizer(settings.tokenizer, family)
             budget = args.rss_budget_mb or psutil.virtual_memory().total / MB / 2
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,6 @@ __all__ = [
     "RopeRule",
     "family_media",
     "model_family",
-    "preset_family",
 ]
 
 MAX_JSON_BYTES = 4 * 2**20
@@ -171,19 +170,6 @@ def model_family(source: Family | str | os.PathLike[str] | Any) -> Family:
     family = _family_of(model_type, "config.model_type")
     vision = getattr(config, "vision_config", None)
     return _with_vision_config(family, vars(vision) if vision is not None else {})
-
-
-def preset_family(source: Family | str | os.PathLike[str] | Any, where: str) -> ModelFamily:
-    """:func:`model_family` of ``source`` where only a Qwen preset serves (``where`` names the
-    setting in the error for a processor-backed family)."""
-    family = model_family(source)
-    if isinstance(family, ProcessorFamily):
-        raise ValueError(
-            f"{where}: the {family.name!r} family is served through its processor, which "
-            f"{where} does not take; use it with make_encoder(..., family=) and "
-            "VLMPackingCollator(family=), or pass a Qwen family"
-        )
-    return family
 
 
 def _is_processor(source: Any) -> bool:
