@@ -9,7 +9,7 @@ three sizes. Per image, interleaved in each round:
   ``processor(text=[rendered], images=[[image]])``: what a user's pipeline runs per sample;
 * energon_pack: the family's encoder on the native sample (header probe, template, tokens) +
   the pack's materialisation (decode in the guarded helper process + the processor's media
-  outputs);
+  outputs), and the same with ``decode_isolation="off"`` (decoded in this process);
 * probe: the header size read alone, against the guarded decode alone.
 
 Then, per family, the collator's packed ``output="hf"`` row of four samples (1, 2, 0 and 1
@@ -72,6 +72,7 @@ PROCESSORS: dict[str, Callable[[], Any]] = {
 """Each family's processor with the released checkpoints' image settings."""
 SIZES = [(480, 640), (720, 1280), (1024, 512)]
 MEDIA = MediaConfig()
+IN_PROCESS = MediaConfig(decode_isolation="off")
 
 
 def jpeg(height: int, width: int, seed: int) -> bytes:
@@ -143,17 +144,19 @@ def measure(name: str, rounds: int) -> dict[str, Any]:
         image = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
         processor(text=[rendered], images=[[image]], return_tensors="pt")
 
-    def ours(data: bytes) -> None:
+    def ours(data: bytes, media: MediaConfig = MEDIA) -> None:
         encoded = encoder.encode_sample("s", native(data))
-        sample_media(family, encoded, MEDIA, 0)
+        sample_media(family, encoded, media, 0)
 
     for data in images:  # warm-up: the helper process, caches
         reference(data)
         ours(data)
-    serve, probe = [], []
+    serve, unguarded, probe = [], [], []
     for index in range(rounds):
         for data in images:
             serve.append(ratio(partial(ours, data), partial(reference, data), index))
+            in_process = partial(ours, data, IN_PROCESS)
+            unguarded.append(ratio(in_process, partial(reference, data), index))
             head = partial(displayed_image_size, data, MEDIA)
             probe.append(ratio(head, partial(decoded_alone, data), index))
     tokens = [family.image_tokens([size])[0] for size in SIZES]
@@ -162,6 +165,7 @@ def measure(name: str, rounds: int) -> dict[str, Any]:
         "processor": type(processor).__name__,
         "image_tokens": tokens,
         "serve_ratio": statistics.median(serve),
+        "unguarded_ratio": statistics.median(unguarded),
         "probe_ratio": statistics.median(probe),
     }
 
@@ -213,6 +217,7 @@ def main() -> None:
                 "processor",
                 f"tokens ({sizes})",
                 "energon_pack / processor",
+                "same, decode_isolation='off'",
                 "probe / decode",
                 "packed loss error",
                 "worst gradient error",
@@ -223,6 +228,7 @@ def main() -> None:
                     r["processor"],
                     " / ".join(map(str, r["image_tokens"])),
                     f"{r['serve_ratio']:.3f}",
+                    f"{r['unguarded_ratio']:.3f}",
                     f"{r['probe_ratio']:.4f}",
                     f"{r['packed_loss_error']:.1e}",
                     f"{r['packed_gradient_error']:.1e}",

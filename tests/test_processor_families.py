@@ -247,3 +247,36 @@ def test_the_cli_takes_a_saved_processor_directory(
     assert set(run["skipped"]) == {"unsupported"}  # the demo's videos, counted
     assert main([*command, "--pixel-dtype", "uint8", "--out", str(out)]) == 2
     assert "--pixel-dtype uint8 with the 'idefics3' family" in capsys.readouterr().err
+
+
+def test_an_image_its_processor_refuses_is_a_counted_skip() -> None:
+    """GLM-4V's processor refuses an aspect ratio over 200: the sample is skipped by name
+    (or raised with on_media_error="error"), the others packed."""
+    family = model_family(CASES["glm4v"].processor())
+    narrow = native("narrow", [(2, 600)], 1, 0)
+    collator = VLMPackingCollator(seq_length=4096, family=family, on_media_error="skip")
+    batch = collator([samples()[0], narrow])
+    assert batch.skipped_keys == ("narrow",)
+    with pytest.raises(MediaError, match=r"narrow.*aspect ratio"):
+        VLMPackingCollator(seq_length=4096, family=family)([narrow])
+
+
+def test_a_family_that_refuses_packing_gets_one_sample_per_row() -> None:
+    """A family whose packed rows would not train exactly (``packing = "refused"``) is refused
+    by name unless each row holds one sample."""
+    from energon_pack.encoding.families.internvl import InternVLFamily
+
+    class Unpackable(InternVLFamily):
+        packing = "refused"
+        refusal = "its vision tower attends across images"
+
+    family = Unpackable(CASES["internvl"].processor())
+    with pytest.raises(ValueError, match="attends across images"):
+        VLMPackingCollator(seq_length=4096, family=family)
+    with pytest.raises(ValueError, match="attends across images"):
+        PackingTaskEncoder(seq_length=4096, family=family)
+    one = VLMPackingCollator(
+        seq_length=4096, family=family, max_segments=1, pad_cu_seqlens=True, pad_to_max_length=True
+    )
+    batch = one(samples()[:2])
+    assert batch.keys == (("s0",), ("s1",))

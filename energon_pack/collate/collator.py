@@ -188,6 +188,11 @@ class VLMPackingCollator:
         self.hf_target = HFTarget.of(hf_model)
         self.hf_model = hf_model
         served = self.family if isinstance(self.family, ProcessorFamily) else None
+        if served is not None and served.packing == "refused" and layout.static_segments != 1:
+            raise ValueError(
+                f"family={served.name!r} cannot be packed exactly: {served.refusal}; pack one "
+                "sample per row: max_segments=1, pad_cu_seqlens=True, pad_to_max_length=True"
+            )
         needs_model = served is not None and served.packing in ("block_mask", "mrope")
         if (
             served is not None

@@ -127,7 +127,7 @@ class ProcessorEncoder(SampleEncoder):
                 f"placeholders {placeholder!r} for {len(sizes)} images; a literal "
                 f"{placeholder!r} in the text must be removed",
             )
-        expanded, blocks, moved = _expand(text, found, placeholder, self.family.expansions(sizes))
+        expanded, blocks, moved = _expand(text, found, placeholder, self._expansions(raw, sizes))
         found_ids, found_offsets = tokenise_text(
             self._backend, raw.key, expanded, add_special_tokens=self.family.add_special_tokens
         )
@@ -138,7 +138,7 @@ class ProcessorEncoder(SampleEncoder):
             mask = np.ones(len(ids), dtype=bool)
         else:
             mask = _overlapping(offsets, [(moved(a), moved(b)) for a, b in replies])
-        mask &= ~in_media.astype(bool)
+        mask &= ~in_media
         is_vision = np.isin(ids, self.vision_ids_tensor.numpy())
         media = tuple(
             MediaItem(
@@ -166,6 +166,21 @@ class ProcessorEncoder(SampleEncoder):
             loss_mask=torch.from_numpy(mask.astype(np.int64)),
             media=media,
         )
+
+    def _expansions(self, raw: RawSample, sizes: list[tuple[int, int]]) -> list[str]:
+        """The family's expansions of the sample's images; an image its processor refuses
+        (an aspect ratio over its limit, a side that resizes to nothing) is ``unsupported``."""
+        try:
+            return self.family.expansions(sizes)
+        except ValueError as error:
+            members = [member for member, _, _ in raw.media]
+            raise MediaError(
+                raw.key,
+                ",".join(members),
+                "unsupported",
+                f"the {self.family.name} processor cannot take images of (height, width) "
+                f"{sizes}: {error}; drop or resize the image",
+            ) from None
 
     def _size(
         self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames

@@ -519,6 +519,8 @@ def _check_processor_family(
 ) -> None:
     """The settings a processor family takes: lazy decoding, ``"batch"`` output and 1-D
     positions (its tokenizer is checked by :func:`~energon_pack.make_encoder`)."""
+    if family.packing == "refused":
+        raise ValueError(f"family={family.name!r} cannot be packed exactly: {family.refusal}")
     if family.packing != "position_ids":
         raise ValueError(
             f"family={family.name!r} packs with {family.packing!r} inputs built by the model "

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ["TEXT_KEYS", "PackingRule", "ProcessorFamily", "delimited_spans"]
+__all__ = ["TEXT_KEYS", "PackingRule", "ProcessorFamily", "delimited_spans", "jsonable"]
 
 PackingRule = Literal["position_ids", "mrope", "block_mask", "refused"]
 """How a packed row trains exactly: ``"position_ids"`` (positions restart per segment; the
@@ -117,7 +117,7 @@ class ProcessorFamily(ABC):
         and the processor's image-processor settings."""
         image_processor = getattr(self.processor, "image_processor", None)
         values = image_processor.to_dict() if image_processor is not None else {}
-        return {"family": self.name, "image_processor": _jsonable(values)}
+        return {"family": self.name, "image_processor": jsonable(values)}
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]] | None:
         """Character spans of the assistant replies in a rendered conversation, for templates
@@ -175,11 +175,12 @@ class ProcessorFamily(ABC):
         ]
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON-able data for a settings fingerprint (other objects by their repr)."""
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in sorted(value.items())}
+        return {str(k): jsonable(v) for k, v in sorted(value.items())}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return repr(value)

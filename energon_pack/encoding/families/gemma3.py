@@ -18,8 +18,8 @@ import torch
 from energon_pack.encoding.families.base import (
     PackingRule,
     ProcessorFamily,
-    _jsonable,
     delimited_spans,
+    jsonable,
 )
 from energon_pack.encoding.families.masks import segment_masks
 
@@ -66,9 +66,7 @@ class Gemma3Family(ProcessorFamily):
         """The base settings plus the soft-token count and the effective pan-and-scan ones."""
         out = super().settings()
         out["image_seq_length"] = int(self.processor.image_seq_length)
-        out["pan_and_scan"] = _jsonable(
-            {key: self.image_setting(key) for key in _PAN_AND_SCAN_KEYS}
-        )
+        out["pan_and_scan"] = jsonable({key: self.image_setting(key) for key in _PAN_AND_SCAN_KEYS})
         return out
 
     def crops(self, height: int, width: int) -> int:

@@ -18,7 +18,7 @@ import torch
 from torch.nn import functional
 from transformers.image_processing_utils import select_best_resolution
 
-from energon_pack.encoding.families.base import ProcessorFamily, _jsonable
+from energon_pack.encoding.families.base import ProcessorFamily, jsonable
 
 __all__ = ["LlavaOnevisionFamily"]
 
@@ -49,7 +49,7 @@ class LlavaOnevisionFamily(ProcessorFamily):
     def settings(self) -> dict[str, Any]:
         """The base settings plus the processor-level ones that change token counts."""
         out = super().settings()
-        out["processor"] = _jsonable(
+        out["processor"] = jsonable(
             {
                 "num_image_tokens": self.processor.num_image_tokens,
                 "vision_feature_select_strategy": self.processor.vision_feature_select_strategy,
