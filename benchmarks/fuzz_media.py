@@ -1,4 +1,5 @@
-"""Seeded media fuzzer: mutated MP4 (H.264, MPEG-4), JPEG, PNG and WebP through probe + decode.
+"""Seeded media fuzzer: mutated MP4 (H.264, MPEG-4), JPEG, PNG and WebP through probe + decode
+(images also through the processor families' header size and upright decode).
 
 Small seed files are written with PyAV / Pillow, then every file ``i`` of a format is mutated
 by its own generator ``(seed, format, i)``: random bytes flipped, truncation, bytes overwritten
@@ -48,6 +49,7 @@ from energon_pack.media import (
     process_image,
     process_video,
 )
+from energon_pack.media.displayed import displayed_image_size, displayed_images
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path(__file__).resolve().parent / "results" / "fuzz_media.json"
@@ -183,6 +185,8 @@ def run_one(data: bytes, fmt: str, config: MediaConfig) -> str:
         else:
             probe_image(data, config, key="fuzz", member=member)
             process_image(data, config, key="fuzz", member=member)
+            size = displayed_image_size(data, config, key="fuzz", member=member)
+            displayed_images([("fuzz", member, data, size, 0)], config)  # processor families
     except MediaError as error:
         return f"media:{error.kind}"
     except Exception as exc:  # the fuzzer's purpose is to catch anything that escapes

@@ -87,10 +87,11 @@ class _Run:
         return tuple(batch.__keys__), batch.input_ids.tolist(), _media_sum(batch)
 
 
+@pytest.mark.parametrize("name", sorted(PROCESSORS))
 @pytest.mark.parametrize("at", [1, 4, 9])
-def test_resume_is_exact_at_three_cut_points(vlm_demo_path: Path, at: int) -> None:
+def test_resume_is_exact_at_three_cut_points(vlm_demo_path: Path, name: str, at: int) -> None:
     assert_resume_equivalent(
-        lambda: _Run(vlm_demo_path, "internvl"),
+        lambda: _Run(vlm_demo_path, name),
         [_Run.step] * 12,
         at,
         save=lambda run: run.loader.save_state_rank(),

@@ -72,7 +72,8 @@ FAMILY_HELP = (
     "model family preset (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, ...), a "
     "model directory with its processor JSON files, or a directory written by "
     "processor.save_pretrained (Gemma 3/4, Pixtral, GLM-4V, InternVL, LLaVA-OneVision, "
-    "Idefics3/SmolVLM: the processor's tokenizer and pixels): the media settings to use"
+    "Idefics3/SmolVLM, Kimi K2.5: the processor's tokenizer and pixels): the media settings "
+    "to use"
 )
 
 

@@ -7,8 +7,8 @@
 * ``family``: :class:`ModelFamily` presets (geometry, normalisation, frames, token layout, rope)
   and :func:`model_family`, which also serves processor-backed families;
 * ``families``: :class:`ProcessorFamily`, one per transformers processor family (Gemma 3/4,
-  Pixtral, GLM-4V, InternVL, LLaVA-OneVision, Idefics3/SmolVLM): token layout from the image
-  size, media through the processor, the packing rule;
+  Pixtral, GLM-4V, InternVL, LLaVA-OneVision, Idefics3/SmolVLM, Kimi K2.5): token layout from
+  the image size, media through the processor, the packing rule;
 * ``processor_encoder``: :class:`ProcessorEncoder`, token-exact with a family's processor;
 * ``fingerprint``: the identities and settings records that saved states carry.
 """

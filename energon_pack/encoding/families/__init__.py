@@ -37,6 +37,7 @@ PROCESSOR_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "internvl": ("InternVLFamily", ("InternVLProcessor",)),
     "llava_onevision": ("LlavaOnevisionFamily", ("LlavaOnevisionProcessor",)),
     "idefics3": ("Idefics3Family", ("Idefics3Processor", "SmolVLMProcessor")),
+    "kimi_k25": ("KimiK25Family", ("Kimi_K25Processor",)),
 }
 """Family module name -> (its class, the transformers processor classes it serves)."""
 
