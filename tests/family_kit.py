@@ -107,6 +107,17 @@ def png_bytes(image: np.ndarray[Any, Any]) -> bytes:
 Inputs = dict[str, Any]
 
 
+def expanded_text(family: Any, text: str, sizes: Sequence[tuple[int, int]]) -> str:
+    """``text`` with each of the family's image placeholders replaced by its expansion for the
+    images of ``sizes``, in order (what the processor writes before it tokenises)."""
+    pieces = text.split(family.image_placeholder)
+    assert len(pieces) == len(sizes) + 1
+    out = pieces[0]
+    for expansion, piece in zip(family.expansions(sizes), pieces[1:], strict=True):
+        out += expansion + piece
+    return out
+
+
 def packed_matches_alone(
     model: PreTrainedModel,
     alone: Sequence[Inputs],

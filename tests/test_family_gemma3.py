@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from family_kit import IGNORE, packed_matches_alone, seeded, tiny_tokenizer
+from family_kit import expanded_text as expand
 from family_kit import test_images as seeded_images
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -114,14 +115,6 @@ def messages(images: int, replies: Sequence[str] = ("The quick brown fox.",)) ->
     return out
 
 
-def expand(text: str, family: Gemma3Family, sizes: Sequence[tuple[int, int]]) -> str:
-    """``text`` with each placeholder replaced by the family's expansion, in order."""
-    parts = text.split(family.image_placeholder)
-    assert len(parts) == len(sizes) + 1
-    expansions = family.expansions(sizes)
-    return parts[0] + "".join(e + p for e, p in zip(expansions, parts[1:], strict=True))
-
-
 def check_sample(processor: Gemma3Processor, sizes: Sequence[tuple[int, int]], seed: int) -> None:
     """The processor's ids equal the tokenised expanded text; per-image expansions equal the
     processor's own replacements and the vision-token counts theirs."""
@@ -134,7 +127,7 @@ def check_sample(processor: Gemma3Processor, sizes: Sequence[tuple[int, int]], s
         return_tensors="pt",
         return_text_replacement_offsets=bool(images),
     )
-    want = TOKENIZER(expand(text, family, sizes))["input_ids"]
+    want = TOKENIZER(expand(family, text, sizes))["input_ids"]
     assert out["input_ids"][0].tolist() == want
     if images:
         replacements = [r["replacement"] for r in out["text_replacement_offsets"][0]]
@@ -228,8 +221,8 @@ def masked_text(family: Gemma3Family, text: str) -> tuple[list[int], list[bool]]
 def test_assistant_spans(replies: list[str]) -> None:
     family = Gemma3Family(make_processor())
     text = expand(
-        make_processor().apply_chat_template(messages(1, replies), tokenize=False),
         family,
+        make_processor().apply_chat_template(messages(1, replies), tokenize=False),
         [(40, 90)],
     )
     ids, mask = masked_text(family, text)
@@ -298,7 +291,7 @@ def row(family: Gemma3Family) -> tuple[list[dict[str, Any]], dict[str, Any], lis
         text = processor.apply_chat_template(messages(len(sizes), [reply]), tokenize=False)
         images = [[Image.fromarray(a) for a in arrays]] if arrays else None
         out = processor(text=[text], images=images, return_tensors="pt")
-        sample_ids, mask = masked_text(family, expand(text, family, sizes))
+        sample_ids, mask = masked_text(family, expand(family, text, sizes))
         assert out["input_ids"][0].tolist() == sample_ids
         label = torch.where(torch.tensor(mask), out["input_ids"][0], IGNORE)
         label[0] = IGNORE

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from family_kit import IGNORE, packed_matches_alone, seeded, tiny_tokenizer
+from family_kit import expanded_text as expanded
 from family_kit import test_images as seeded_images
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -146,15 +147,6 @@ def messages(count: int, text: str = "What is shown here?") -> list[dict[str, An
         {"role": "user", "content": [*content, {"type": "text", "text": text}]},
         {"role": "assistant", "content": "The quick brown fox."},
     ]
-
-
-def expanded(family: Glm4vFamily, text: str, sizes: Sequence[tuple[int, int]]) -> str:
-    pieces = text.split(family.image_placeholder)
-    assert len(pieces) == len(sizes) + 1
-    out = pieces[0]
-    for expansion, piece in zip(family.expansions(sizes), pieces[1:], strict=True):
-        out += expansion + piece
-    return out
 
 
 def images_for(seed: int, sizes: Sequence[tuple[int, int]]) -> list[np.ndarray[Any, Any]]:

@@ -16,6 +16,7 @@ from unittest import mock
 import pytest
 import torch
 from family_kit import IGNORE, packed_matches_alone, seeded, tiny_tokenizer
+from family_kit import expanded_text as expanded
 from family_kit import test_images as make_images
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -139,14 +140,6 @@ def conversation(images: int, turns: int, tag: str = "") -> list[dict[str, Any]]
         reply = f"The quick brown fox {tag}{turn}, the lazy dog."
         messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
     return messages
-
-
-def expanded(family: Idefics3Family, text: str, sizes: Sequence[tuple[int, int]]) -> str:
-    """``text`` with each placeholder replaced by the family's expansion."""
-    parts = text.split(family.image_placeholder)
-    assert len(parts) == len(sizes) + 1
-    expansions = family.expansions(sizes)
-    return parts[0] + "".join(e + p for e, p in zip(expansions, parts[1:], strict=True))
 
 
 def per_image_counts(ids: Sequence[int], image_id: int, global_id: int) -> list[int]:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from family_kit import IGNORE, packed_matches_alone, seeded, tiny_tokenizer
+from family_kit import expanded_text as expanded
 from family_kit import test_images as make_images
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -104,16 +105,6 @@ def conversation(images: int, turns: int = 1, system: bool = False) -> list[dict
     return messages
 
 
-def expanded(text: str, family: InternVLFamily, sizes: Sequence[tuple[int, int]]) -> str:
-    """``text`` with each placeholder replaced by the family's expansion."""
-    pieces = text.split(family.image_placeholder)
-    assert len(pieces) == len(sizes) + 1
-    out = pieces[0]
-    for expansion, piece in zip(family.expansions(sizes), pieces[1:], strict=True):
-        out += expansion + piece
-    return out
-
-
 def vision_counts(ids: list[int], processor: InternVLProcessor) -> list[int]:
     """Context tokens between each ``<img>`` and its ``</img>``."""
     counts, inside = [], False
@@ -136,7 +127,7 @@ def check_exact(
     text = processor.apply_chat_template(conversation(len(images)), tokenize=False)
     out = processor(text=[text], images=[list(images)] if images else None, return_tensors="pt")
     got = out["input_ids"][0].tolist()
-    want = processor.tokenizer(expanded(text, family, sizes))["input_ids"]
+    want = processor.tokenizer(expanded(family, text, sizes))["input_ids"]
     assert got == want, sizes
     assert vision_counts(got, processor) == family.image_tokens(sizes)
     seq = processor.image_seq_length
@@ -241,7 +232,7 @@ def assistant_mask(text: str, family: InternVLFamily) -> tuple[list[int], list[i
 def test_assistant_spans(turns: int, system: bool) -> None:
     processor, family = default()
     messages = conversation(2, turns, system)
-    text = expanded(processor.apply_chat_template(messages, tokenize=False), family, [(9, 9)] * 2)
+    text = expanded(family, processor.apply_chat_template(messages, tokenize=False), [(9, 9)] * 2)
     ids, mask = assistant_mask(text, family)
     masked = [token for token, flag in zip(ids, mask, strict=True) if flag]
     replies = [m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant"]
@@ -292,7 +283,7 @@ def test_packed_matches_alone() -> None:
         arrays = make_images(seed, sizes)
         text = processor.apply_chat_template(conversation(len(sizes), turns), tokenize=False)
         out = processor(text=[text], images=[pil(arrays)] if arrays else None, return_tensors="pt")
-        sample_ids, mask = assistant_mask(expanded(text, family, sizes), family)
+        sample_ids, mask = assistant_mask(expanded(family, text, sizes), family)
         assert out["input_ids"][0].tolist() == sample_ids
         label = torch.where(torch.tensor(mask, dtype=torch.bool), out["input_ids"][0], IGNORE)
         label[0] = IGNORE

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from family_kit import IGNORE, packed_matches_alone, seeded, tiny_tokenizer
+from family_kit import expanded_text as expand
 from family_kit import test_images as make_images
 from torchvision_child import available, run_in_child
 from transformers import (
@@ -186,15 +187,6 @@ def build(**image_settings: Any) -> Any:
         video_processor=Kimi_K25VideoProcessor(),
         chat_template=TEMPLATE,
     )
-
-
-def expand(family: Any, text: str, sizes: Sequence[tuple[int, int]]) -> str:
-    pieces = text.split(family.image_placeholder)
-    assert len(pieces) == len(sizes) + 1
-    out = pieces[0]
-    for expansion, piece in zip(family.expansions(sizes), pieces[1:], strict=True):
-        out += expansion + piece
-    return out
 
 
 def compare(processor: Any, sizes: Sequence[tuple[int, int]], seed: int) -> dict[str, Any]:

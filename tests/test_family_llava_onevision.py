@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from family_kit import IGNORE, packed_matches_alone, seeded, tiny_tokenizer
+from family_kit import expanded_text as expand
 from family_kit import test_images as make_images
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -125,15 +126,6 @@ def messages(count: int, reply: str | None = None, question: str = "What is show
     if reply is not None:
         turns.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
     return turns
-
-
-def expand(family: LlavaOnevisionFamily, text: str, sizes: Sequence[tuple[int, int]]) -> str:
-    pieces = text.split(family.image_placeholder)
-    assert len(pieces) == len(sizes) + 1
-    out = pieces[0]
-    for expansion, piece in zip(family.expansions(sizes), pieces[1:], strict=True):
-        out += expansion + piece
-    return out
 
 
 def check_exact(
