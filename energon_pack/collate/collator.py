@@ -19,7 +19,7 @@ from energon_pack.encoding.families.materialise import (
     family_inputs,
     model_side_inputs,
 )
-from energon_pack.encoding.family import ModelFamily, family_media, model_family
+from energon_pack.encoding.family import Family, ModelFamily, family_media, model_family
 from energon_pack.encoding.processor_encoder import ProcessorEncoder
 from energon_pack.encoding.template import make_encoder
 from energon_pack.formats.chat_rows import is_chat_row
@@ -37,9 +37,7 @@ from energon_pack.packing.packed import (
     pack_samples,
     padding_pack,
 )
-from energon_pack.packing.row import (
-    loss_mask_from_labels,
-)
+from energon_pack.packing.row import loss_mask_from_labels
 from energon_pack.packing.row_layout import (
     OverlongPolicy,
     PackingWarning,
@@ -105,7 +103,9 @@ class VLMPackingCollator:
         hf_model: with ``output="hf"``, the transformers model or config the inputs are for
             (its model type and attention implementation are kept, not the model); see
             :class:`~energon_pack.HFTarget`. Default: sdpa/eager form. A model that takes
-            mRoPE positions with ``position_ids="1d"`` is a ValueError.
+            mRoPE positions with ``position_ids="1d"`` is a ValueError. A processor family
+            whose rows need inputs its model builds (Gemma's 4-D masks, GLM-4V's rope
+            positions) keeps the model itself, so the collator then pickles with it.
         max_vision_tokens: most image/video pad tokens per row (None: no cap). A sample
             over it alone follows ``overlong`` (``"skip"`` / ``"truncate"``: listed in
             ``skipped_keys``). With ``pad_to_max_length`` the micro-batch is split into rows
@@ -130,7 +130,7 @@ class VLMPackingCollator:
         pad_token_id: int | None = None,
         layout: RowLayout | None = None,
         encoder: SampleEncoder | None = None,
-        family: ModelFamily | str | Any = None,
+        family: Family | str | Any = None,
         overlong: OverlongPolicy = "error",
         on_media_error: OnMediaError = "error",
         position_ids: PositionIds = "1d",
@@ -186,7 +186,6 @@ class VLMPackingCollator:
         self._vision_end = tokenizer.convert_tokens_to_ids("<|vision_end|>")
         self.output: Output = output
         self.hf_target = HFTarget.of(hf_model)
-        self.hf_model = hf_model
         served = self.family if isinstance(self.family, ProcessorFamily) else None
         if served is not None and served.packing == "refused" and layout.static_segments != 1:
             raise ValueError(
@@ -194,6 +193,8 @@ class VLMPackingCollator:
                 "sample per row: max_segments=1, pad_cu_seqlens=True, pad_to_max_length=True"
             )
         needs_model = served is not None and served.packing in ("block_mask", "mrope")
+        self.hf_model = hf_model if needs_model else None
+        """The model whose rules build the rows' model-side inputs (processor families)."""
         if (
             served is not None
             and output == "hf"
