@@ -50,7 +50,7 @@ import test_family_internvl as internvl  # noqa: E402
 import test_family_llava_onevision as llava_onevision  # noqa: E402
 import test_family_pixtral as pixtral  # noqa: E402
 import test_processor_families as parity  # noqa: E402
-from family_kit import IGNORE, packed_matches_alone  # noqa: E402
+from family_kit import packed_matches_alone  # noqa: E402
 
 from energon_pack import MediaConfig, VLMPackingCollator, make_encoder, model_family  # noqa: E402
 from energon_pack.cli.tables import format_table  # noqa: E402
@@ -182,13 +182,7 @@ def packed_errors(name: str) -> tuple[float, float]:
     collate = VLMPackingCollator(seq_length=4096, family=family, output="hf", hf_model=model)
     packed = collate(batch)
     packed.pop("use_cache")
-    encoder = make_encoder(family=family)
-    alone = []
-    for sample in batch:
-        encoded = encoder.encode_sample(sample["__key__"], sample)
-        labels = torch.where(encoded.loss_mask.bool(), encoded.input_ids, IGNORE)
-        labels[0] = IGNORE
-        alone.append({**parity.reference(processor, sample), "labels": labels[None]})
+    alone = parity.alone(processor, family, batch)
     return packed_matches_alone(model, alone, packed, rtol=1.0, tensor_rtol=1.0)
 
 

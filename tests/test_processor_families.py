@@ -31,7 +31,7 @@ from family_kit import test_images as make_images
 from PIL import Image, ImageOps
 from transformers import PreTrainedModel
 
-from energon_pack import PackingTaskEncoder, VLMPackingCollator, model_family
+from energon_pack import PackingTaskEncoder, VLMPackingCollator, make_encoder, model_family
 from energon_pack.encoding.families import ProcessorFamily
 from energon_pack.encoding.processor_encoder import ProcessorEncoder
 from energon_pack.media import MediaError
@@ -120,6 +120,19 @@ def reference(processor: Any, sample: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def alone(processor: Any, family: ProcessorFamily, batch: list[dict[str, Any]]) -> list[Any]:
+    """Each sample's model inputs by itself: the processor's own outputs, with the encoder's
+    assistant mask as unshifted labels (the first one -100)."""
+    encoder = ProcessorEncoder(family)
+    out = []
+    for sample in batch:
+        encoded = encoder.encode_sample(sample["__key__"], sample)
+        labels = torch.where(encoded.loss_mask.bool(), encoded.input_ids, IGNORE)
+        labels[0] = IGNORE
+        out.append({**reference(processor, sample), "labels": labels[None]})
+    return out
+
+
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request: pytest.FixtureRequest) -> tuple[str, Any, ProcessorFamily]:
     processor = CASES[request.param].processor()
@@ -172,16 +185,8 @@ def test_collated_row_trains_like_its_samples(case: tuple[str, Any, ProcessorFam
     collator = VLMPackingCollator(seq_length=4096, family=family, output="hf", hf_model=model)
     batch = samples()
     packed = collator(batch)
-    alone = []
-    encoder = ProcessorEncoder(family)
-    for sample in batch:
-        want = reference(processor, sample)
-        encoded = encoder.encode_sample(sample["__key__"], sample)
-        labels = torch.where(encoded.loss_mask.bool(), encoded.input_ids, IGNORE)
-        labels[0] = IGNORE
-        alone.append({**want, "labels": labels[None]})
     packed.pop("use_cache")
-    loss_error, worst = packed_matches_alone(model, alone, packed)
+    loss_error, worst = packed_matches_alone(model, alone(processor, family, batch), packed)
     assert loss_error < 1e-6, loss_error
     assert worst < CASES[name].gradient_rtol, worst
 
@@ -280,3 +285,24 @@ def test_a_family_that_refuses_packing_gets_one_sample_per_row() -> None:
     )
     batch = one(samples()[:2])
     assert batch.keys == (("s0",), ("s1",))
+
+
+def test_several_rows_train_like_their_samples(case: tuple[str, Any, ProcessorFamily]) -> None:
+    """With fixed-width rows a micro-batch that does not fit one row is split; the rows'
+    joined media and ``[R, T]`` inputs still train exactly like the samples alone."""
+    name, processor, family = case
+    torch.manual_seed(0)
+    model = CASES[name].model(processor).double().train()
+    batch = samples()
+    encoder = make_encoder(family=family)
+    encoded = [encoder.encode_sample(s["__key__"], s) for s in batch]
+    width = max(e.length for e in encoded) + 8
+    collator = VLMPackingCollator(
+        seq_length=width, pad_to_max_length=True, family=family, output="hf", hf_model=model
+    )
+    packed = collator(batch)
+    assert packed["input_ids"].shape[0] > 1, "the micro-batch must need several rows"
+    packed.pop("use_cache")
+    loss_error, worst = packed_matches_alone(model, alone(processor, family, batch), packed)
+    assert loss_error < 1e-6, loss_error
+    assert worst < CASES[name].gradient_rtol, worst
