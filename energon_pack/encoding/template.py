@@ -53,7 +53,7 @@ from energon_pack.encoding.chatml import (
     SampleEncoder,
     Tokenizer,
 )
-from energon_pack.encoding.families import ProcessorFamily
+from energon_pack.encoding.families import ProcessorFamily, delimited_spans
 from energon_pack.encoding.family import Family, family_media, model_family
 from energon_pack.encoding.processor_encoder import ProcessorEncoder
 from energon_pack.encoding.rendering import render_sample, tokenise_text, with_system
@@ -332,16 +332,7 @@ def chatml_spans(text: str) -> list[tuple[int, int]]:
     """Character spans of the assistant turns of a rendered ChatML conversation: from after
     each ``<|im_start|>assistant\\n`` through its ``<|im_end|>``; a turn without an end
     counts as no span (so the count check refuses it)."""
-    spans = []
-    start = text.find(_HEADER)
-    while start >= 0:
-        begin = start + len(_HEADER)
-        end = text.find(_END, begin)
-        if end < 0:
-            break
-        spans.append((begin, end + len(_END)))
-        start = text.find(_HEADER, end)
-    return spans
+    return delimited_spans(text, _HEADER, _END)
 
 
 def _with_leads(
