@@ -61,9 +61,7 @@ def decode_image_levels(
         _, gh, gw = image_grid(height, width, cfg)
         size = (gw * cfg.patch_size, gh * cfg.patch_size)
         try:
-            rgb = to_rgb(img)
-            if method is not None:
-                rgb = rgb.transpose(method)
+            rgb = upright_rgb(img, method)
             resized = rgb if rgb.size == size else rgb.resize(size, Image.Resampling.BICUBIC)
             pixels = np.asarray(resized)
         except (OSError, ValueError, SyntaxError) as exc:
@@ -195,6 +193,13 @@ def to_rgb(img: Image.Image) -> Image.Image:
         rgb.paste(rgba, mask=rgba)
         return rgb
     return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def upright_rgb(img: Image.Image, method: Image.Transpose | None) -> Image.Image:
+    """``img`` in RGB (:func:`to_rgb`), turned by its EXIF transpose ``method``; decodes the
+    pixels, so a corrupt file raises here."""
+    rgb = to_rgb(img)
+    return rgb if method is None else rgb.transpose(method)
 
 
 def resized_frames(frames: Iterable[UInt8Array], size: tuple[int, int]) -> list[UInt8Array]:

@@ -14,7 +14,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from energon_pack.media.config import DEFAULT_CONFIG, MediaConfig
-from energon_pack.media.decode import displayed_size, exif_transpose_method, open_image, to_rgb
+from energon_pack.media.decode import (
+    displayed_size,
+    exif_transpose_method,
+    open_image,
+    upright_rgb,
+)
 from energon_pack.media.errors import MediaError, MediaFailure, media_errors
 from energon_pack.media.guard import Alloc, FramesJob, UInt8Array, guarded_frames_each
 
@@ -80,10 +85,7 @@ def decode_displayed_into(data: bytes, cfg: MediaConfig, alloc: Alloc) -> tuple[
     with open_image(data, cfg) as img:
         method = exif_transpose_method(img)
         try:
-            rgb = to_rgb(img)
-            if method is not None:
-                rgb = rgb.transpose(method)
-            pixels = np.asarray(rgb, dtype=np.uint8)
+            pixels = np.asarray(upright_rgb(img, method), dtype=np.uint8)
         except (OSError, ValueError, SyntaxError) as exc:
             raise MediaFailure("corrupt", f"cannot decode image: {exc}") from exc
     if pixels.ndim != 3 or pixels.shape[2] != 3:
