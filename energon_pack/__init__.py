@@ -57,6 +57,8 @@ from energon_pack.packing import (
     pack_samples,
     packed_mrope_position_ids,
     pad_seq_to_mult,
+    straggler_floor,
+    straggler_ratio,
     unpack,
 )
 from energon_pack.train import (
@@ -131,6 +133,8 @@ __all__ = [
     "pad_seq_to_mult",
     "parse_any",
     "parse_sample",
+    "straggler_floor",
+    "straggler_ratio",
     "unpack",
     "vision_block",
     "vision_tokens",

@@ -28,6 +28,7 @@ from energon_pack.packing.topology import (
     equal_token_slot_table,
     pad_seq_to_mult,
 )
+from energon_pack.packing.vision_budget import straggler_floor, straggler_ratio
 
 __all__ = [
     "IGNORE_INDEX",
@@ -52,5 +53,7 @@ __all__ = [
     "pack_samples",
     "packed_mrope_position_ids",
     "pad_seq_to_mult",
+    "straggler_floor",
+    "straggler_ratio",
     "unpack",
 ]

@@ -278,3 +278,30 @@ def straggler_ratio(loads: Sequence[Sequence[float]]) -> float:
         mean = sum(step) / len(step)
         ratios.append(max(step) / mean if mean > 0 else 1.0)
     return sum(ratios) / len(ratios) if ratios else math.nan
+
+
+def even_share(largest: Sequence[float], total: float) -> float:
+    """The level ``L`` that spreads ``total`` vision tokens over packs as evenly as whole samples
+    allow: each pack carries ``max(L, largest[p])`` (its largest single sample cannot be split),
+    and the packs together carry ``total``. 0.0 where the largest samples alone exceed it."""
+    if any(value < 0 for value in largest) or total < 0:
+        raise ValueError("even_share: vision tokens must be >= 0")
+    rest, count = float(total), len(largest)
+    for taken, value in enumerate(sorted(largest, reverse=True)):
+        level = rest / (count - taken)
+        if level >= value:
+            return level
+        rest -= value
+    return 0.0
+
+
+def straggler_floor(largest: Sequence[Sequence[float]], loads: Sequence[Sequence[float]]) -> float:
+    """The straggler ratio the same packs would have if their vision tokens were spread as
+    evenly as whole samples allow (``largest[step][rank]``: a pack's largest single sample,
+    ``loads``: its vision tokens). Every pack carries the even share of the packs' total,
+    or its largest sample where that is more, so the packs keep their total: how far whole samples
+    alone hold the most loaded rank above the mean."""
+    if [len(step) for step in largest] != [len(step) for step in loads]:
+        raise ValueError("straggler_floor: largest and loads must have the same steps and ranks")
+    level = even_share([v for step in largest for v in step], sum(map(sum, loads)))
+    return straggler_ratio([[max(level, v) for v in step] for step in largest])
