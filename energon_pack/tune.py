@@ -98,6 +98,8 @@ class TuneResult:
     """Most bytes any worker's packing buffer held, in MiB."""
     peak_decoder_rss_mb: float = 0.0
     """Peak RSS of a worker's decoder process (:mod:`energon_pack.media.guard`), 0 without one."""
+    buffer_full_share: float = 0.0
+    """Share of the packs that left because the buffer was full (over all workers)."""
     vision_tokens_mean: float = 0.0
     """Vision tokens per pack, over all workers."""
     vision_tokens_max: int = 0
@@ -430,6 +432,7 @@ def run_once(
     complete = one_epoch and not interrupted
     worker_packs = sum(stats.packs for stats in worker_stats.values())
     vision_tokens = sum(s.vision_tokens_mean * s.packs for s in worker_stats.values())
+    buffer_full = sum(s.left_buffer_full for s in worker_stats.values())
     return TuneResult(
         buffer_size=buffer_size,
         decode=decode,
@@ -445,6 +448,7 @@ def run_once(
         steady_worker_rss_mb=max((w.steady_rss for w in workers), default=0) / MB,
         peak_buffer_mb=max((w.peak_buffer_bytes for w in workers), default=0) / MB,
         peak_decoder_rss_mb=max((w.peak_decoder_rss or 0 for w in workers), default=0) / MB,
+        buffer_full_share=min(1.0, buffer_full / worker_packs) if worker_packs else 0.0,
         vision_tokens_mean=vision_tokens / worker_packs if worker_packs else 0.0,
         vision_tokens_max=max((s.vision_tokens_max for s in worker_stats.values()), default=0),
         media_max=max((s.media_max for s in worker_stats.values()), default=0),
@@ -460,6 +464,7 @@ TUNE_HEADERS = [
     "vision cap",
     "samples",
     "bin fill",
+    "buffer full",
     "token eff",
     "first pack s",
     "samples/s",
@@ -490,6 +495,7 @@ def tune_row(result: TuneResult) -> list[object]:
         result.max_vision_tokens or "-",
         result.samples,
         result.bin_fill,
+        f"{result.buffer_full_share:.0%}",
         result.token_efficiency,
         f"{result.first_pack_seconds:.2f}",
         f"{result.samples_per_second:.1f}",
@@ -502,6 +508,28 @@ def tune_row(result: TuneResult) -> list[object]:
         skipped_cell(result),
         "interrupted" if result.interrupted else "ok",
     ]
+
+
+BUFFER_BOUND_SHARE = 0.5
+"""A run is buffer-bound where more than this share of its packs left because the buffer was
+full and its bin fill is below :data:`BUFFER_BOUND_FILL` (:func:`buffer_bound_note`)."""
+BUFFER_BOUND_FILL = 0.95
+
+
+def buffer_bound_note(result: TuneResult) -> str | None:
+    """A line for a completed run whose buffer holds fewer samples than a row needs, else None."""
+    if (
+        result.interrupted
+        or result.buffer_full_share <= BUFFER_BOUND_SHARE
+        or result.bin_fill >= BUFFER_BOUND_FILL
+    ):
+        return None
+    return (
+        f"{result.decode} buffer {result.buffer_size}: bin fill {result.bin_fill:.3f} with "
+        f"{result.buffer_full_share:.0%} of packs leaving because the buffer was full: it holds "
+        "fewer samples than a row needs, so a larger packing_buffer_size fills more (and lets "
+        "a vision budget hold samples back without costing fill)"
+    )
 
 
 def worker_total_mb(result: TuneResult) -> float:

@@ -210,6 +210,21 @@ def test_overlong_samples_error_or_skip(vlm_demo_path: Path, demo_samples: dict[
     assert all(batch.input_ids.shape[1] <= 2048 for batch in packs)
 
 
+def test_packing_stats_count_packs_that_left_with_the_buffer_full(vlm_demo_path: Path) -> None:
+    """Four samples cannot fill a 32768-token row: every pack leaves because the buffer is full.
+    A 32-sample buffer fills 8192-token rows, and they leave full enough."""
+    packs = list(batches(train_dataset(vlm_demo_path, 4, seq_length=32768)))
+    stats = packs[-1].packing_stats
+    assert stats is not None
+    assert stats.bin_fill < 0.2
+    assert stats.left_buffer_full >= stats.packs - 3  # the last ones leave in the flush
+    packs = list(batches(train_dataset(vlm_demo_path, 32, seq_length=8192)))
+    stats = packs[-1].packing_stats
+    assert stats is not None
+    assert stats.bin_fill > 0.95
+    assert stats.left_buffer_full <= stats.packs // 10
+
+
 def test_batch_size_must_be_one(vlm_demo_path: Path) -> None:
     with pytest.raises(ValueError, match="batch_size must be 1, got batch_size=2"):
         get_train_dataset(

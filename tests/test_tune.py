@@ -24,6 +24,7 @@ from PIL import Image
 from energon_pack.cli import main
 from energon_pack.cli.tune_plots import rss_axis
 from energon_pack.encoding.chatml import SPECIAL_TOKENS
+from energon_pack.tune import TuneResult, buffer_bound_note
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far"]
@@ -114,6 +115,7 @@ def test_tune_counts_skipped_samples_by_kind(
         assert result["unaccounted"] == 0
         assert result["samples"] == SAMPLES - 9
         assert 0 < result["bin_fill"] <= 1
+        assert 0 <= result["buffer_full_share"] <= 1
         assert result["peak_worker_rss_mb"] > 0
         assert result["interrupted"] is False
     best = report["recommendation"]
@@ -399,3 +401,36 @@ def test_the_rss_axis_keeps_the_runs_readable(
     spread = max(values) - min(values)
     if not shown and spread:
         assert spread >= 0.25 * (top - bottom)
+
+
+def test_tune_names_a_buffer_too_small_to_fill_a_row(
+    vlm_demo_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two samples cannot fill an 8192-token row: tune says so for that buffer only."""
+    args = ["tune", str(vlm_demo_path), "--seq-length", "8192", "--buffer-sizes", "2,32"]
+    assert main([*args, "--num-workers", "1", "--out", str(tmp_path)]) == 0
+    results = {
+        r["buffer_size"]: r for r in json.loads((tmp_path / "tune.json").read_text())["results"]
+    }
+    assert results[2]["buffer_full_share"] > 0.9
+    assert results[2]["bin_fill"] < 0.5
+    assert results[32]["buffer_full_share"] < 0.1
+    assert results[32]["bin_fill"] > 0.95
+    out = capsys.readouterr().out
+    assert re.search(
+        r"lazy buffer 2: bin fill 0\.\d+ with \d+% of packs leaving because the buffer was full",
+        out,
+    )
+    assert "buffer 32: bin fill" not in out
+
+
+def test_buffer_bound_note_needs_both_a_full_buffer_and_a_low_fill() -> None:
+    def run(share: float, fill: float) -> TuneResult:
+        return TuneResult(16, "lazy", bin_fill=fill, buffer_full_share=share, packs=10)
+
+    assert buffer_bound_note(run(0.8, 0.7)) is not None
+    assert "packing_buffer_size" in str(buffer_bound_note(run(0.8, 0.7)))
+    assert buffer_bound_note(run(0.8, 0.96)) is None  # balance keeps rows waiting, yet they fill
+    assert buffer_bound_note(run(0.4, 0.7)) is None
+    interrupted = TuneResult(16, "lazy", bin_fill=0.7, buffer_full_share=0.8, interrupted=True)
+    assert buffer_bound_note(interrupted) is None  # a partial run says nothing of its buffer

@@ -46,6 +46,7 @@ from energon_pack.tune import (
     TuneError,
     TuneResult,
     TuneSettings,
+    buffer_bound_note,
     default_dataset,
     describe_tokenizer,
     load_tokenizer,
@@ -360,6 +361,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             + _vision_budget_note(settings)
         )
         print(format_table(TUNE_HEADERS, [tune_row(r) for r in results]))
+        for note in filter(None, map(buffer_bound_note, results)):
+            print(f"\n{note}")
         if any(r.skipped for r in results):
             print(f"\nskipped samples are logged with their keys in {out / 'tune.log'}")
         if interrupted is not None:

@@ -98,6 +98,9 @@ class PackingStats:
     buffer_bytes: int = 0
     mean_wait: float = 0.0
     max_wait: int = 0
+    left_buffer_full: int = 0
+    """Packs that left because the buffer was full, not because they were full enough. Most of
+    them with a low ``bin_fill``: the buffer holds fewer samples than a row needs."""
     vision_tokens_mean: float = 0.0
     """Vision tokens per pack so far (as chosen, before any media failure)."""
     vision_tokens_max: int = 0
@@ -518,6 +521,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             buffer_bytes=self.packer.held_bytes,
             mean_wait=packer_stats.mean_wait,
             max_wait=packer_stats.max_wait,
+            left_buffer_full=packer_stats.emitted_by["buffer"],
             vision_tokens_mean=packer_stats.vision_tokens_mean,
             vision_tokens_max=packer_stats.vision_tokens_max,
             media_mean=packer_stats.media_mean,
