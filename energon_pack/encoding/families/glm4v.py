@@ -8,13 +8,13 @@ restarting per segment over the model's own per-segment mRoPE rows (``get_rope_i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 
 from energon_pack.encoding.families.base import PackingRule, ProcessorFamily
+from energon_pack.media.config import smart_resize_video
 
 __all__ = ["Glm4vFamily"]
 
@@ -25,8 +25,6 @@ _STOPS = ("<|user|>", "<|observation|>")
 with the tokenizer's EOS): kept in the span."""
 _HEADERS = ("<|system|>", "<|assistant|>")
 """Role headers that end a reply without being part of it."""
-_MAX_RATIO = 200
-"""Largest aspect ratio the image processor accepts."""
 
 
 class Glm4vFamily(ProcessorFamily):
@@ -53,7 +51,8 @@ class Glm4vFamily(ProcessorFamily):
     def _resized(self, height: int, width: int) -> tuple[int, int]:
         """The size the image processor resizes ``(height, width)`` to (its smart resize:
         multiples of ``patch * merge``, ``temporal * h * w`` within the size's
-        ``[shortest_edge, longest_edge]`` pixel budget)."""
+        ``[shortest_edge, longest_edge]`` pixel budget; the rule of
+        :func:`~energon_pack.media.config.smart_resize_video` for one temporal patch)."""
         image_processor = self.processor.image_processor
         if not image_processor.do_resize:
             return height, width
@@ -64,27 +63,15 @@ class Glm4vFamily(ProcessorFamily):
             min_pixels, max_pixels = size["shortest_edge"], size["longest_edge"]
         else:
             min_pixels, max_pixels = size.shortest_edge, size.longest_edge
-        h: float = height
-        w: float = width
-        if height < factor or width < factor:
-            scale = max(factor / height, factor / width)
-            h, w = int(height * scale), int(width * scale)
-        ratio = max(h, w) / min(h, w)
-        if ratio > _MAX_RATIO:
-            raise ValueError(
-                f"absolute aspect ratio must be smaller than {_MAX_RATIO}, got {ratio}"
-            )
-        h_bar = round(h / factor) * factor
-        w_bar = round(w / factor) * factor
-        if frames * h_bar * w_bar > max_pixels:
-            beta = math.sqrt(frames * h * w / max_pixels)
-            h_bar = max(factor, math.floor(h / beta / factor) * factor)
-            w_bar = max(factor, math.floor(w / beta / factor) * factor)
-        elif frames * h_bar * w_bar < min_pixels:
-            beta = math.sqrt(min_pixels / (frames * h * w))
-            h_bar = math.ceil(h * beta / factor) * factor
-            w_bar = math.ceil(w * beta / factor) * factor
-        return int(h_bar), int(w_bar)
+        return smart_resize_video(
+            frames,
+            height,
+            width,
+            temporal_factor=frames,
+            factor=factor,
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+        )
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]] | None:
         """Replies of GLM's turn format ``[gMASK]<sop><|system|>\\n...<|user|>\\n...
