@@ -21,7 +21,7 @@ from energon_pack.media.decode import (
     upright_rgb,
 )
 from energon_pack.media.errors import MediaError, MediaFailure, media_errors
-from energon_pack.media.guard import Alloc, FramesJob, UInt8Array, guarded_frames_each
+from energon_pack.media.guard import Alloc, FramesJob, UInt8Array, guarded_decode_each
 
 __all__ = ["displayed_image_size", "displayed_images"]
 
@@ -68,14 +68,7 @@ def displayed_images(
             )
         out.append(pixels.copy())
 
-    guarded_frames_each(
-        decode_displayed_into,
-        jobs,
-        use=keep,
-        kind="corrupt",
-        isolation=cfg.decode_isolation,
-        timeout_s=cfg.decode_timeout_s,
-    )
+    guarded_decode_each(decode_displayed_into, jobs, cfg, use=keep)
     return out
 
 

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from energon_pack.media.config import Isolation
+from energon_pack.media.config import Isolation, MediaConfig
 from energon_pack.media.errors import (
     FallbackKind,
     MediaError,
@@ -59,6 +59,7 @@ __all__ = [
     "UInt8Array",
     "alloc_in_process",
     "guarded",
+    "guarded_decode_each",
     "guarded_frames_each",
     "helper_pid",
     "shutdown_helper",
@@ -185,6 +186,25 @@ def guarded_frames_each(
     if len(jobs) > 1 and any(job.nbytes is None for job in jobs):
         raise ValueError("every job of a batch needs its nbytes: two jobs share the block")
     _helper().call_each(fn, jobs, kind, timeout_s, use)
+
+
+def guarded_decode_each(
+    fn: Callable[..., tuple[UInt8Array, Any]],
+    jobs: Sequence[FramesJob],
+    cfg: MediaConfig,
+    *,
+    use: Callable[[int, UInt8Array, Any], None],
+) -> None:
+    """:func:`guarded_frames_each` with ``cfg``'s decode isolation and timeout, an unexpected
+    failure of the decoder being kind ``corrupt``."""
+    guarded_frames_each(
+        fn,
+        jobs,
+        use=use,
+        kind="corrupt",
+        isolation=cfg.decode_isolation,
+        timeout_s=cfg.decode_timeout_s,
+    )
 
 
 def alloc_in_process(shape: tuple[int, ...]) -> UInt8Array:

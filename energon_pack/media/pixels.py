@@ -32,7 +32,7 @@ from energon_pack.media.decode import (
     resized_frames,
 )
 from energon_pack.media.errors import MediaFailure, naming
-from energon_pack.media.guard import FramesJob, UInt8Array, alloc_in_process, guarded_frames_each
+from energon_pack.media.guard import FramesJob, UInt8Array, alloc_in_process, guarded_decode_each
 from energon_pack.media.probe import Frames, frames_plan
 
 __all__ = [
@@ -127,14 +127,7 @@ def decode_patches(
     def use(index: int, levels: UInt8Array, extra: E) -> None:
         decoded.append((patches(levels, cfg, outs[index]), extra))
 
-    guarded_frames_each(
-        decode,
-        jobs,
-        use=use,
-        kind="corrupt",
-        isolation=cfg.decode_isolation,
-        timeout_s=cfg.decode_timeout_s,
-    )
+    guarded_decode_each(decode, jobs, cfg, use=use)
     return decoded
 
 
