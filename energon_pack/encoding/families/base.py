@@ -124,11 +124,19 @@ class ProcessorFamily(ABC):
         without generation markers; None when the family has no rule of its own."""
         return None
 
+    image_processor_media: ClassVar[tuple[str, ...] | None] = None
+    """Set: :meth:`media_inputs` gives the image processor's outputs alone
+    (:meth:`image_processor_inputs`) without these keys, which the processor does not return;
+    None: the processor's own call."""
+
     def media_inputs(self, images: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
         """The processor's media outputs for the images of one sample (HWC uint8 RGB, EXIF
-        transposed), from the processor's own call on the images."""
+        transposed), from the processor's own call on the images (or from its image processor:
+        :attr:`image_processor_media`)."""
         if not images:
             return {}
+        if self.image_processor_media is not None:
+            return self.image_processor_inputs(images, drop=self.image_processor_media)
         pil = [Image.fromarray(image) for image in images]
         out = self.processor(images=[pil], return_tensors="pt")
         return {k: v for k, v in out.items() if k not in TEXT_KEYS and k not in self.token_keys}

@@ -14,7 +14,6 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from energon_pack.encoding.families.base import PackingRule, ProcessorFamily, delimited_spans
@@ -72,19 +71,15 @@ class Gemma4Family(ProcessorFamily):
     processor_classes: ClassVar[tuple[str, ...]] = ("Gemma4Processor",)
     packing: ClassVar[PackingRule] = "block_mask"
     token_keys: ClassVar[frozenset[str]] = frozenset({"mm_token_type_ids"})
+    image_processor_media: ClassVar[tuple[str, ...] | None] = ("num_soft_tokens_per_image",)
+    """``pixel_values`` and ``image_position_ids``, as the processor's call makes them (without
+    tokenising the text it writes for the images)."""
 
     def __init__(self, processor: Any) -> None:
         super().__init__(processor)
         self.image_token = str(processor.image_token)
         self.boi_token = str(processor.boi_token)
         self.eoi_token = str(processor.eoi_token)
-
-    def media_inputs(self, images: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
-        """``pixel_values`` and ``image_position_ids`` of one sample's images, as the
-        processor's call makes them (without tokenising the text it writes for them)."""
-        if not images:
-            return {}
-        return self.image_processor_inputs(images, drop=("num_soft_tokens_per_image",))
 
     def _image_settings(self) -> tuple[bool, int, int, int]:
         """(do_resize, patch_size, max_soft_tokens, pooling_kernel_size) as the processor's

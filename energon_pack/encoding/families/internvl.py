@@ -12,9 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import numpy as np
-import torch
-
 from energon_pack.encoding.families.base import ProcessorFamily, delimited_spans
 
 __all__ = ["InternVLFamily", "tile_grid"]
@@ -59,6 +56,9 @@ class InternVLFamily(ProcessorFamily):
 
     name: ClassVar[str] = "internvl"
     processor_classes: ClassVar[tuple[str, ...]] = ("InternVLProcessor",)
+    image_processor_media: ClassVar[tuple[str, ...] | None] = ("num_patches",)
+    """``pixel_values`` of the images (all their tiles, in order), as the processor's call
+    makes them (a call it refuses on images without text)."""
 
     def __init__(self, processor: Any) -> None:
         super().__init__(processor)
@@ -72,13 +72,6 @@ class InternVLFamily(ProcessorFamily):
         self.start_token = str(processor.start_image_token)
         self.end_token = str(processor.end_image_token)
         self.context_token = str(processor.image_token)
-
-    def media_inputs(self, images: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
-        """``pixel_values`` of one sample's images (all their tiles, in order), as the
-        processor's call makes them (a call it refuses on images without text)."""
-        if not images:
-            return {}
-        return self.image_processor_inputs(images, drop=("num_patches",))
 
     def _image_settings(self) -> tuple[bool, int, int, tuple[int, int]]:
         """(crop_to_patches, min_patches, max_patches, (tile height, tile width)) as the
