@@ -19,7 +19,7 @@ defaults). It
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -39,13 +39,20 @@ TEXT_KEYS = frozenset({"input_ids", "attention_mask"})
 """Processor outputs that come from the text, not the media."""
 
 
-def delimited_spans(text: str, header: str, end: str) -> list[tuple[int, int]]:
-    """Character spans of the replies in ``text``: from after each ``header`` through its
-    ``end``; a reply without an end is no span (so a count check refuses it)."""
+def delimited_spans(
+    text: str, header: str, end: str, *, opening: Callable[[str, int], int | None] | None = None
+) -> list[tuple[int, int]]:
+    """Character spans of the replies in ``text``: from after each ``header`` (or from
+    ``opening(text, offset after the header)``, where the reply begins) through its ``end``; a
+    reply without an end, or without an opening (``opening`` gives None), is no span (so a
+    count check refuses it)."""
     spans = []
     start = text.find(header)
     while start >= 0:
-        begin = start + len(header)
+        after = start + len(header)
+        begin = after if opening is None else opening(text, after)
+        if begin is None:
+            break
         stop = text.find(end, begin)
         if stop < 0:
             break

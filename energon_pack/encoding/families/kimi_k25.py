@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from energon_pack.encoding.families.base import ProcessorFamily
+from energon_pack.encoding.families.base import ProcessorFamily, delimited_spans
 
 __all__ = ["KimiK25Family", "navit_size"]
 
@@ -109,20 +109,17 @@ class KimiK25Family(ProcessorFamily):
         ``<think></think>`` right after the header (finished turns, non-thinking prompt) is
         prompt, and of a ``<think>reasoning</think>`` only ``<think>`` is (the thinking
         prompt pre-fills it). A reply without its ``<|im_end|>`` is no span."""
-        spans = []
-        start = text.find(_ASSISTANT)
-        while start >= 0:
-            middle = text.find(_MIDDLE, start + len(_ASSISTANT))
-            if middle < 0:
-                break
-            begin = middle + len(_MIDDLE)
-            if text.startswith(_EMPTY_THINK, begin):
-                begin += len(_EMPTY_THINK)
-            elif text.startswith(_OPEN_THINK, begin):
-                begin += len(_OPEN_THINK)
-            stop = text.find(_END, begin)
-            if stop < 0:
-                break
-            spans.append((begin, stop + len(_END)))
-            start = text.find(_ASSISTANT, stop)
-        return spans
+        return delimited_spans(text, _ASSISTANT, _END, opening=_reply_start)
+
+
+def _reply_start(text: str, at: int) -> int | None:
+    """Where the reply of an ``<|im_assistant|>`` header ending before ``at`` begins: after
+    the header's ``<|im_middle|>``, past a pre-filled think opener; None without one."""
+    middle = text.find(_MIDDLE, at)
+    if middle < 0:
+        return None
+    begin = middle + len(_MIDDLE)
+    for opener in (_EMPTY_THINK, _OPEN_THINK):  # the empty block first: it starts as the opener
+        if text.startswith(opener, begin):
+            return begin + len(opener)
+    return begin
