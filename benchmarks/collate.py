@@ -27,7 +27,7 @@ import torch
 from energon_pack.cli.tables import format_table
 from energon_pack.collate import VLMPackingCollator
 from energon_pack.encoding.chatml import ConversationEncoder
-from energon_pack.media import VisionInputs
+from energon_pack.media import MediaTensors
 from energon_pack.packing.packed import EncodedSample
 from energon_pack.packing.row import IGNORE_INDEX
 from energon_pack.packing.topology import pad_seq_to_mult
@@ -77,7 +77,7 @@ def pad_collate(samples: Sequence[EncodedSample]) -> dict[str, Any]:
         input_ids[row, :n] = sample.input_ids
         attention_mask[row, :n] = 1
         labels[row, :n] = torch.where(sample.loss_mask != 0, sample.input_ids, IGNORE_INDEX)
-    vision = VisionInputs.concat([s.vision for s in ready if s.vision is not None])
+    vision = MediaTensors.concat([s.vision for s in ready if s.vision is not None])
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,

@@ -184,7 +184,7 @@ class PackSample:
 
     key: str
     media: list[media.MediaItem]
-    vision: media.VisionInputs | None = None
+    vision: media.MediaTensors | None = None
 
 
 def fixture_packs(per_pack: int) -> list[list[PackSample]]:

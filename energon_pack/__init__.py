@@ -1,6 +1,7 @@
 """energon_pack: online sequence packing (THD, cu_seqlens) for text, image and video samples."""
 
 import sys
+from typing import TYPE_CHECKING
 
 from energon_pack import _moved
 from energon_pack.collate import CollatedBatch, VLMPackingCollator
@@ -43,11 +44,11 @@ from energon_pack.packing import (
     OnlineBinPacker,
     PackedRow,
     PackedSample,
-    PackerStats,
-    PackingConfig,
+    PackerCounters,
     PackingWarning,
     RowLayout,
     TokenSlotRow,
+    TrainingSetup,
     best_fit_decreasing,
     build_packed_row,
     equal_token_slot_table,
@@ -62,9 +63,9 @@ from energon_pack.packing import (
     unpack,
 )
 from energon_pack.train import (
+    BridgeVisualInputs,
     HFTarget,
     PackedLoss,
-    VisualInputs,
     bridge_batch,
     check_trainer,
     hf_model_inputs,
@@ -75,6 +76,7 @@ from energon_pack.train import (
 __all__ = [
     "IGNORE_INDEX",
     "Bin",
+    "BridgeVisualInputs",
     "BufferMemoryWarning",
     "ByteTokenizer",
     "ChatDataset",
@@ -96,8 +98,7 @@ __all__ = [
     "PackedLoss",
     "PackedRow",
     "PackedSample",
-    "PackerStats",
-    "PackingConfig",
+    "PackerCounters",
     "PackingSpec",
     "PackingStats",
     "PackingTaskEncoder",
@@ -111,8 +112,8 @@ __all__ = [
     "SampleEncoder",
     "TemplateEncoder",
     "TokenSlotRow",
+    "TrainingSetup",
     "VLMPackingCollator",
-    "VisualInputs",
     "best_fit_decreasing",
     "bridge_batch",
     "build_packed_row",
@@ -140,5 +141,13 @@ __all__ = [
     "vision_tokens",
 ]
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # the old names, for type checkers
+    PackerStats = PackerCounters
+    PackingConfig = TrainingSetup
+    VisualInputs = BridgeVisualInputs
+    __all__ += ["PackerStats", "PackingConfig", "VisualInputs"]
+else:  # the old names, with a DeprecationWarning
+    __getattr__ = _moved.renamed(__name__, "PackerStats", "PackingConfig", "VisualInputs")
 
 _moved.install(sys.modules[__name__])

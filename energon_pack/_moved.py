@@ -4,6 +4,11 @@
 come from where they live now, with a ``DeprecationWarning`` naming the new path. Pickles and
 scripts that name an old path keep working; new code imports from :mod:`energon_pack` or from
 the stage packages.
+
+Renamed public names (:data:`RENAMED`) stay readable the same way: a module that exported an old
+name sets ``__getattr__ = renamed(__name__, "OldName", ...)``, so ``module.OldName`` (and
+``from module import OldName``) gives the object under its new name, with a
+``DeprecationWarning`` naming it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import importlib.machinery
 import sys
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 MOVED: dict[str, tuple[str, ...]] = {
     "energon_pack.binpack": ("energon_pack.packing.bins", "energon_pack.packing.online"),
@@ -40,6 +45,38 @@ MOVED: dict[str, tuple[str, ...]] = {
 }
 """Old module path -> the modules its names live in now (looked up in this order)."""
 
+RENAMED: dict[str, str] = {
+    "PackerStats": "PackerCounters",
+    "PackingConfig": "TrainingSetup",
+    "VisionInputs": "MediaTensors",
+    "VisualInputs": "BridgeVisualInputs",
+}
+"""Old public name -> its new name; the old names go in the next release."""
+
+
+def renamed(module: str, *old: str) -> Callable[[str], object]:
+    """A module-level ``__getattr__`` for ``module`` (its ``__name__``) that gives each of the
+    ``old`` names of :data:`RENAMED` as ``module``'s object under the new name, with a
+    ``DeprecationWarning`` naming that name; any other missing name is an ``AttributeError``."""
+    unknown = [name for name in old if name not in RENAMED]
+    if unknown:
+        raise ValueError(f"{unknown} are not old names of RENAMED")
+    names = {name: RENAMED[name] for name in old}
+
+    def __getattr__(name: str) -> object:
+        new = names.get(name)
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} is renamed {new}: use {module}.{new}; the old name goes in the "
+            "next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(sys.modules[module], new)
+
+    return __getattr__
+
 
 class _MovedModule(types.ModuleType):
     """An old module path: every attribute is read from the modules it moved to."""
@@ -51,10 +88,21 @@ class _MovedModule(types.ModuleType):
     def __getattr__(self, attribute: str) -> object:
         if attribute.startswith("__"):
             raise AttributeError(attribute)
-        for target in self._targets:
-            module = importlib.import_module(target)
-            if hasattr(module, attribute):
-                return getattr(module, attribute)
+        new = RENAMED.get(attribute)
+        for name in (attribute,) if new is None else (new, attribute):  # a renamed one: new first
+            for target in self._targets:
+                module = importlib.import_module(target)
+                if not hasattr(module, name):
+                    continue
+                if new is not None:
+                    warnings.warn(
+                        f"{self.__name__}.{attribute} is renamed {new}, and {self.__name__} moved "
+                        f"to {' and '.join(self._targets)}: import {new} from there or from "
+                        "energon_pack; the old name goes in the next release",
+                        DeprecationWarning,
+                        stacklevel=2,
+                    )
+                return getattr(module, name)
         raise AttributeError(
             f"module {self.__name__!r} moved to {' and '.join(self._targets)}, and neither has "
             f"{attribute!r}: import it from energon_pack or its stage package"

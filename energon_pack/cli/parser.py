@@ -71,10 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check-config",
         help="check packing / parallelism settings; print derived values and every violation",
-        description="Flags override the keys of --from-yaml (YAML keys = PackingConfig fields). "
+        description="Flags override the keys of --from-yaml (YAML keys = TrainingSetup fields). "
         "Exit status 1 when any rule is violated, 2 on unreadable settings.",
     )
-    check.add_argument("--from-yaml", metavar="FILE", help="YAML mapping of PackingConfig fields")
+    check.add_argument("--from-yaml", metavar="FILE", help="YAML mapping of TrainingSetup fields")
     for flag, field, kind in CONFIG_FLAGS:
         if kind is None:
             check.add_argument(

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from energon_pack.encoding.families.materialise import FamilyInputs
-from energon_pack.media import VisionInputs
+from energon_pack.media import MediaTensors
 from energon_pack.packing.packed import (
     PackedSample,
 )
@@ -54,7 +54,7 @@ class CollatedBatch:
     ``row_offsets[r+1]`` (row ``r`` itself starts at token ``r * T`` of the flattened batch)."""
     max_seqlen: int
     """Largest physical segment length over all rows (``seq_length`` with static metadata)."""
-    vision: VisionInputs
+    vision: MediaTensors
     """Media of all rows, concatenated in row-then-segment order. With the encoder's
     ``MediaConfig(pixel_dtype="uint8")`` its pixel tensors are uint8 raw pixels: the training
     step calls :func:`~energon_pack.media.normalize_pixels` on them (same values as float32)."""
@@ -135,7 +135,7 @@ class CollatedBatch:
 
 def assemble_batch(
     packs: list[PackedSample],
-    vision: VisionInputs,
+    vision: MediaTensors,
     static_segments: int | None,
     skipped: list[str],
     truncated: list[str],

@@ -12,7 +12,7 @@
 * :mod:`~energon_pack.media.probe`: grids and token counts from headers, :class:`Frames`;
 * :mod:`~energon_pack.media.pixels`: patches, normalisation, :func:`normalize_pixels`;
 * :mod:`~energon_pack.media.assembly`: a pack's media (:func:`decode_vision`,
-  :class:`VisionInputs`);
+  :class:`MediaTensors`);
 * :mod:`~energon_pack.media.tokens`: a medium's vision tokens (:func:`vision_tokens`).
 
 Probing (:func:`probe_image`, :func:`probe_video`) reads only the container/image header and
@@ -20,10 +20,13 @@ returns the patch grid and the token count, so a packing buffer can hold compres
 decode (:func:`process_image`, :func:`process_video`) only the samples it selected.
 """
 
+from typing import TYPE_CHECKING
+
+from energon_pack._moved import renamed
 from energon_pack.media.assembly import (
     MediaFootprint,
     MediaItem,
-    VisionInputs,
+    MediaTensors,
     decode_vision,
     footprint,
     media_grids,
@@ -72,10 +75,10 @@ __all__ = [
     "MediaErrorKind",
     "MediaFootprint",
     "MediaItem",
+    "MediaTensors",
     "PixelDtype",
     "VideoProbe",
     "VisionIds",
-    "VisionInputs",
     "check_media_count",
     "decode_vision",
     "footprint",
@@ -95,3 +98,9 @@ __all__ = [
     "vision_block",
     "vision_tokens",
 ]
+
+if TYPE_CHECKING:  # the old name, for type checkers
+    VisionInputs = MediaTensors
+    __all__ += ["VisionInputs"]
+else:  # the old name, with a DeprecationWarning
+    __getattr__ = renamed(__name__, "VisionInputs")

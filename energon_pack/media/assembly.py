@@ -1,5 +1,5 @@
 """A pack's media: :func:`decode_vision` decodes the media of the samples of a pack straight into
-one tensor per field (:class:`VisionInputs`), from the compressed bytes (or decoded
+one tensor per field (:class:`MediaTensors`), from the compressed bytes (or decoded
 :class:`~energon_pack.media.Frames`) and probed grids of each :class:`MediaItem`.
 """
 
@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 
+from energon_pack._moved import renamed
 from energon_pack.media.config import DEFAULT_CONFIG, MediaConfig
 from energon_pack.media.decode import decode_levels, level_bytes
 from energon_pack.media.errors import naming
@@ -23,7 +24,7 @@ __all__ = [
     "MediaFootprint",
     "MediaItem",
     "MediaSample",
-    "VisionInputs",
+    "MediaTensors",
     "decode_vision",
     "footprint",
     "media_grids",
@@ -80,8 +81,9 @@ class MediaItem:
 
 
 @dataclass(frozen=True)
-class VisionInputs:
-    """Decoded, patchified media of one sample (or one packed row), in placeholder order."""
+class MediaTensors:
+    """Decoded, patchified media of one sample, one packed row or a micro-batch of rows, in
+    placeholder order: pixel patches, grids and video timings, one tensor per field."""
 
     pixel_values: torch.Tensor | None = None
     """``[sum of image grid products, 3*t*p*p]`` float32 (uint8 with
@@ -95,7 +97,7 @@ class VisionInputs:
     """``[videos]`` float32: seconds covered by one temporal patch of each video."""
 
     @classmethod
-    def concat(cls, parts: Sequence[VisionInputs]) -> VisionInputs:
+    def concat(cls, parts: Sequence[MediaTensors]) -> MediaTensors:
         """The media of ``parts`` one after the other (images and videos each in order)."""
 
         def cat(name: str) -> torch.Tensor | None:
@@ -114,6 +116,13 @@ class VisionInputs:
         return tensor_nbytes(*self.tensors().values())
 
 
+if TYPE_CHECKING:  # the old name, for type checkers
+    VisionInputs = MediaTensors
+    __all__ += ["VisionInputs"]
+else:  # the old name, with a DeprecationWarning
+    __getattr__ = renamed(__name__, "VisionInputs")
+
+
 class MediaSample(Protocol):
     """What :func:`decode_vision` reads of a sample (e.g. an ``EncodedSample``)."""
 
@@ -122,12 +131,12 @@ class MediaSample(Protocol):
     @property
     def media(self) -> Sequence[MediaItem]: ...
     @property
-    def vision(self) -> VisionInputs | None: ...
+    def vision(self) -> MediaTensors | None: ...
 
 
 def decode_vision(
     samples: Sequence[MediaSample], config: MediaConfig | None = None, *, shared: bool = False
-) -> VisionInputs:
+) -> MediaTensors:
     """The media of ``samples``, in order, decoded straight into one tensor per field.
 
     Each image and video is patchified into its slice of ``pixel_values`` /
@@ -182,12 +191,12 @@ def decode_vision(
     return replace(grids, pixel_values=pixels["image"], pixel_values_videos=pixels["video"])
 
 
-def media_grids(samples: Sequence[MediaSample]) -> VisionInputs:
+def media_grids(samples: Sequence[MediaSample]) -> MediaTensors:
     """The grids and video timings of ``samples``' media, in order, from their probes only."""
     images = [item for s in samples for item in s.media if item.kind == "image"]
     videos = [item for s in samples for item in s.media if item.kind == "video"]
     seconds = [item.second_per_grid_t or 0.0 for item in videos]
-    return VisionInputs(
+    return MediaTensors(
         image_grid_thw=_grids(images),
         video_grid_thw=_grids(videos),
         second_per_grid_ts=torch.tensor(seconds, dtype=torch.float32) if videos else None,

@@ -3,7 +3,7 @@ mRoPE position ids and the topology rules. Nothing here reads files or decodes m
 
 * ``bins``: offline first/best fit decreasing, the fewest rows of a micro-batch, shared rules;
 * ``online``: :class:`OnlineBinPacker`, the bounded carry-over packer, and ``packer_state``,
-  what it holds and the check of its saved state;
+  what it holds (:class:`PackerCounters`) and the check of its saved state;
 * ``vision_budget``: caps on vision tokens and media per row, and the balance rule;
 * ``subset_sums``: subset sums as big-integer bitsets (the online packer's search);
 * ``micro_batch``: the rows of one collator micro-batch within every budget;
@@ -11,22 +11,29 @@ mRoPE position ids and the topology rules. Nothing here reads files or decodes m
 * ``row``: :class:`PackedRow` and :func:`build_packed_row` (THD form, ``cu_seqlens``);
 * ``packed``: :class:`EncodedSample` in, :class:`PackedSample` (row + media) out;
 * ``mrope``: Qwen-VL multimodal rotary position ids, per segment;
-* ``topology``: ``pad_seq_to_mult`` and the parallel-configuration check;
+* ``topology``: ``pad_seq_to_mult`` and :class:`TrainingSetup`, the check of a training run's
+  settings against packing;
 * ``synthetic``: length mixes for the demo and the benchmarks.
 """
 
+from typing import TYPE_CHECKING
+
+from energon_pack._moved import renamed
 from energon_pack.packing.bins import Bin, best_fit_decreasing, first_fit_decreasing
 from energon_pack.packing.mrope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
-from energon_pack.packing.online import OnlineBinPacker, PackerStats
+from energon_pack.packing.online import OnlineBinPacker
 from energon_pack.packing.packed import EncodedSample, PackedSample, mrope_for_packed, pack_samples
+from energon_pack.packing.packer_state import PackerCounters
 from energon_pack.packing.row import IGNORE_INDEX, PackedRow, build_packed_row, unpack
 from energon_pack.packing.row_layout import PackingWarning, RowLayout
 from energon_pack.packing.topology import (
     DerivedValues,
-    PackingConfig,
     TokenSlotRow,
     equal_token_slot_table,
     pad_seq_to_mult,
+)
+from energon_pack.packing.topology import (
+    PackingConfig as TrainingSetup,  # until topology.py names the class TrainingSetup
 )
 from energon_pack.packing.vision_budget import straggler_floor, straggler_ratio
 
@@ -39,11 +46,11 @@ __all__ = [
     "OnlineBinPacker",
     "PackedRow",
     "PackedSample",
-    "PackerStats",
-    "PackingConfig",
+    "PackerCounters",
     "PackingWarning",
     "RowLayout",
     "TokenSlotRow",
+    "TrainingSetup",
     "best_fit_decreasing",
     "build_packed_row",
     "equal_token_slot_table",
@@ -57,3 +64,10 @@ __all__ = [
     "straggler_ratio",
     "unpack",
 ]
+
+if TYPE_CHECKING:  # the old names, for type checkers
+    PackerStats = PackerCounters
+    PackingConfig = TrainingSetup
+    __all__ += ["PackerStats", "PackingConfig"]
+else:  # the old names, with a DeprecationWarning
+    __getattr__ = renamed(__name__, "PackerStats", "PackingConfig")

@@ -18,7 +18,7 @@ from energon_pack.media import (
     MediaConfig,
     MediaError,
     MediaItem,
-    VisionInputs,
+    MediaTensors,
     decode_vision,
     media_grids,
     tensor_nbytes,
@@ -60,7 +60,7 @@ class EncodedSample:
     loss_mask: torch.Tensor
     """``[L]`` long, 1 on target tokens."""
     media: tuple[MediaItem, ...] = ()
-    vision: VisionInputs | None = None
+    vision: MediaTensors | None = None
     """Set by :meth:`materialize`."""
 
     @property
@@ -101,7 +101,7 @@ class PackedSample:
     keys: tuple[str, ...]
     """Source sample keys in segment order."""
     row: PackedRow
-    vision: VisionInputs
+    vision: MediaTensors
     mrope_position_ids: torch.Tensor | None = None
     """``[3, T]`` long mRoPE ids (temporal, height, width), when asked for."""
     rope_deltas: torch.Tensor | None = None
@@ -208,7 +208,7 @@ def pack_samples(
 
 def decode_pixels(
     samples: Sequence[EncodedSample], media: MediaConfig | None, *, shared: bool = False
-) -> VisionInputs:
+) -> MediaTensors:
     """:func:`~energon_pack.media.decode_vision` of ``samples``; a failing sample is raised as
     :class:`SkippedSample` at its position in ``samples``."""
     try:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
+from energon_pack._moved import renamed
 from energon_pack.checks import shown
 from energon_pack.packing.bins import Key, aligned_length
 from energon_pack.packing.vision_budget import VisionBudget
@@ -38,8 +39,9 @@ _FIX = "the state is corrupt or was edited: restore an untouched checkpoint, or 
 
 
 @dataclass
-class PackerStats:
-    """Counters of an :class:`~energon_pack.OnlineBinPacker`, as observed so far."""
+class PackerCounters:
+    """Counters of an :class:`~energon_pack.OnlineBinPacker`, as observed so far (its
+    ``stats``; a worker's figures per batch are :class:`~energon_pack.PackingStats`)."""
 
     capacity: int
     bins: int = 0
@@ -92,6 +94,12 @@ class PackerStats:
     def media_mean(self) -> float:
         """Mean images and videos per emitted bin."""
         return self.media / self.bins if self.bins else 0.0
+
+
+if TYPE_CHECKING:  # the old name, for type checkers
+    PackerStats = PackerCounters
+else:  # the old name, with a DeprecationWarning
+    __getattr__ = renamed(__name__, "PackerStats")
 
 
 @dataclass(eq=False)
@@ -202,7 +210,7 @@ class CheckedState:
     next_deadline_bin: int
     held: list[Candidate]
     deadline_bins: list[int]
-    stats: PackerStats
+    stats: PackerCounters
 
 
 class StateReader:
@@ -341,8 +349,8 @@ class StateReader:
                 f"emitted={emitted} (deadlines {deadlines})",
             )
 
-    def _stats(self, value: object, emitted: int, version: int) -> PackerStats:
-        names = tuple(f.name for f in dataclasses.fields(PackerStats))
+    def _stats(self, value: object, emitted: int, version: int) -> PackerCounters:
+        names = tuple(f.name for f in dataclasses.fields(PackerCounters))
         if version == 2 and isinstance(value, dict):  # saved before the vision figures
             value = {**{n: 0 for n in names if n.startswith(("vision", "media"))}, **value}
         value = checked_dict(value, "packer state: stats", names)
@@ -384,4 +392,4 @@ class StateReader:
                     counts[most],
                     f"must be at most stats.{total}={counts[total]} and at least its mean per bin",
                 )
-        return PackerStats(capacity=capacity, emitted_by=by, **counts)
+        return PackerCounters(capacity=capacity, emitted_by=by, **counts)

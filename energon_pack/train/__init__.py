@@ -7,18 +7,27 @@ the Megatron-Bridge batch.
 * ``bridge``: :func:`bridge_batch`, the dict Megatron-Bridge's VLM step reads.
 """
 
-from energon_pack.train.bridge import VisualInputs, bridge_batch
+from typing import TYPE_CHECKING
+
+from energon_pack._moved import renamed
+from energon_pack.train.bridge import BridgeVisualInputs, bridge_batch
 from energon_pack.train.hf import HFTarget, hf_model_inputs
 from energon_pack.train.loss import PackedLoss, loss_normaliser, packed_loss
 from energon_pack.train.trainers import check_trainer
 
 __all__ = [
+    "BridgeVisualInputs",
     "HFTarget",
     "PackedLoss",
-    "VisualInputs",
     "bridge_batch",
     "check_trainer",
     "hf_model_inputs",
     "loss_normaliser",
     "packed_loss",
 ]
+
+if TYPE_CHECKING:  # the old name, for type checkers
+    VisualInputs = BridgeVisualInputs
+    __all__ += ["VisualInputs"]
+else:  # the old name, with a DeprecationWarning
+    __getattr__ = renamed(__name__, "VisualInputs")

@@ -9,8 +9,8 @@ kwargs. Keys it does not read it sets to None, so the Energon metadata (``__key_
 ``packing_stats`` ride along.
 
 ``visual_inputs`` is Bridge's own ``GenericVisualInputs`` when Bridge is importable, else
-:class:`VisualInputs` with the same Qwen-VL fields and methods. The model gets the pixels as
-they are, so uint8 patches (``MediaConfig(pixel_dtype="uint8")``) are normalised here with the
+:class:`BridgeVisualInputs` with the same Qwen-VL fields and methods. The model gets the pixels
+as they are, so uint8 patches (``MediaConfig(pixel_dtype="uint8")``) are normalised here with the
 ``MediaConfig`` that made them, or refused when none is given.
 """
 
@@ -19,14 +19,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from energon_pack._moved import renamed
 from energon_pack.media import MediaConfig, normalize_pixels
 from energon_pack.packing.row import PackedRow
 
-__all__ = ["BRIDGE_BATCH_KEYS", "VisualInputs", "bridge_batch", "visual_inputs_type"]
+__all__ = ["BRIDGE_BATCH_KEYS", "BridgeVisualInputs", "bridge_batch", "visual_inputs_type"]
 
 BRIDGE_BATCH_KEYS: tuple[str, ...] = (
     "input_ids",
@@ -48,7 +49,7 @@ _PIXELS = ("pixel_values", "pixel_values_videos")
 
 
 @dataclass
-class VisualInputs:
+class BridgeVisualInputs:
     """The fields of Megatron-Bridge 0.6.2's ``GenericVisualInputs`` (used when Bridge is not
     importable). Packed rows set the Qwen-VL ones: pixel patches ``[P, patch_dim]``, ``[N, 3]``
     grids and ``second_per_grid_ts``, in segment order."""
@@ -83,14 +84,21 @@ class VisualInputs:
         return kwargs
 
 
+if TYPE_CHECKING:  # the old name, for type checkers
+    VisualInputs = BridgeVisualInputs
+    __all__ += ["VisualInputs"]
+else:  # the old name, with a DeprecationWarning
+    __getattr__ = renamed(__name__, "VisualInputs")
+
+
 @functools.cache
 def visual_inputs_type() -> type[Any]:
     """Bridge's ``GenericVisualInputs`` when ``megatron.bridge`` imports, else
-    :class:`VisualInputs`."""
+    :class:`BridgeVisualInputs`."""
     try:
         from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
     except ImportError:
-        return VisualInputs
+        return BridgeVisualInputs
     return GenericVisualInputs  # type: ignore[no-any-return]
 
 
