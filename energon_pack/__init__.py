@@ -1,4 +1,9 @@
-"""energon_pack: online sequence packing (THD, cu_seqlens) for text, image and video samples."""
+"""energon_pack: online sequence packing (THD, cu_seqlens) for text, image and video samples.
+
+Every public name is importable from here. ``__all__`` lists them group by group, by stage of
+the data flow with the entry points first, and :data:`API_GROUPS` maps each group's title (a
+section of the API reference, in the same order) to its names.
+"""
 
 import sys
 from typing import TYPE_CHECKING
@@ -49,6 +54,7 @@ from energon_pack.packing import (
     RowLayout,
     TokenSlotRow,
     TrainingSetup,
+    VisionBudget,
     best_fit_decreasing,
     build_packed_row,
     equal_token_slot_table,
@@ -73,74 +79,123 @@ from energon_pack.train import (
     packed_loss,
 )
 
-__all__ = [
-    "IGNORE_INDEX",
-    "Bin",
-    "BridgeVisualInputs",
-    "BufferMemoryWarning",
-    "ByteTokenizer",
-    "ChatDataset",
-    "CollatedBatch",
-    "ConversationEncoder",
-    "DerivedValues",
-    "EncodedSample",
-    "HFTarget",
-    "MRopeConfig",
-    "MediaConfig",
-    "MediaError",
-    "ModelFamily",
-    "MonitorConfig",
-    "OfflinePackResult",
-    "OnlineBinPacker",
-    "PackMetadata",
-    "PackedBatch",
-    "PackedDataset",
-    "PackedLoss",
-    "PackedRow",
-    "PackedSample",
-    "PackerCounters",
-    "PackingSpec",
-    "PackingStats",
+__version__ = "0.1.0"
+
+API_GROUPS: dict[str, tuple[str, ...]] = {}
+"""Group title -> its public names, in the order of ``__all__`` and of the API reference."""
+__all__: list[str] = []  # each group's names as a literal list, so type checkers read it too
+
+
+def _group(title: str) -> None:
+    """File the names added to ``__all__`` since the previous group under ``title``."""
+    API_GROUPS[title] = tuple(__all__[sum(map(len, API_GROUPS.values())) :])
+
+
+# What a training script builds first: the loader of each path (Megatron-Energon, a PyTorch
+# DataLoader, packs written ahead of training) and the encoder and model family they share.
+__all__ += [
     "PackingTaskEncoder",
-    "PackingWarning",
-    "ProcessorEncoder",
-    "ProcessorFamily",
-    "RSSMonitor",
-    "RawSample",
-    "ReportWriteWarning",
-    "RowLayout",
-    "SampleEncoder",
-    "TemplateEncoder",
-    "TokenSlotRow",
-    "TrainingSetup",
     "VLMPackingCollator",
-    "best_fit_decreasing",
-    "bridge_batch",
-    "build_packed_row",
-    "check_trainer",
-    "equal_token_slot_table",
-    "first_fit_decreasing",
-    "hf_model_inputs",
-    "loss_normaliser",
     "make_encoder",
     "model_family",
-    "mrope_for_packed",
-    "mrope_position_ids",
-    "normalize_pixels",
     "pack_offline",
+]
+_group("Entry points")
+
+# The settings objects the entry points take, each validated on construction.
+__all__ += [
+    "MRopeConfig",
+    "MediaConfig",
+    "MonitorConfig",
+    "PackingSpec",
+    "RowLayout",
+    "VisionBudget",
+]
+_group("Settings")
+
+# What the loaders yield: the batch of each path, its THD rows and the packing figures.
+__all__ += ["CollatedBatch", "PackedBatch", "PackedRow", "PackingStats"]
+_group("Outputs")
+
+# Reading samples: the formats a conversation arrives in.
+__all__ += ["ChatDataset", "RawSample", "parse_any", "parse_sample"]
+_group("Sample formats")
+
+# Conversations to token ids, labels and loss mask with vision placeholders; model families.
+__all__ += [
+    "ByteTokenizer",
+    "ConversationEncoder",
+    "EncodedSample",
+    "ModelFamily",
+    "ProcessorEncoder",
+    "ProcessorFamily",
+    "SampleEncoder",
+    "TemplateEncoder",
+]
+_group("Encoding")
+
+# A medium's vision tokens and pixels.
+__all__ += ["normalize_pixels", "vision_block", "vision_tokens"]
+_group("Media")
+
+# Bin packing (online and offline), the vision balance and THD row assembly.
+__all__ += [
+    "IGNORE_INDEX",
+    "Bin",
+    "OnlineBinPacker",
+    "PackedSample",
+    "PackerCounters",
+    "best_fit_decreasing",
+    "build_packed_row",
+    "first_fit_decreasing",
     "pack_samples",
-    "packed_loss",
-    "packed_mrope_position_ids",
-    "pad_seq_to_mult",
-    "parse_any",
-    "parse_sample",
     "straggler_floor",
     "straggler_ratio",
     "unpack",
-    "vision_block",
-    "vision_tokens",
 ]
-__version__ = "0.1.0"
+_group("Packing core")
+
+# Qwen-VL multimodal rotary position ids, per segment of a row.
+__all__ += ["mrope_for_packed", "mrope_position_ids", "packed_mrope_position_ids"]
+_group("Positions (mRoPE)")
+
+# The training run's parallel topology and batch settings, checked against packing.
+__all__ += [
+    "DerivedValues",
+    "TokenSlotRow",
+    "TrainingSetup",
+    "equal_token_slot_table",
+    "pad_seq_to_mult",
+]
+_group("Topology")
+
+# What crosses the border to the trainer: transformers inputs, losses, trainer checks and the
+# batch of Megatron-Bridge's VLM step.
+__all__ += [
+    "BridgeVisualInputs",
+    "HFTarget",
+    "PackedLoss",
+    "bridge_batch",
+    "check_trainer",
+    "hf_model_inputs",
+    "loss_normaliser",
+    "packed_loss",
+]
+_group("Training adapters")
+
+# Packs written ahead of training, and reading them back.
+__all__ += ["OfflinePackResult", "PackMetadata", "PackedDataset"]
+_group("Offline")
+
+# The per-worker RSS monitor.
+__all__ += ["RSSMonitor"]
+_group("Memory")
+
+# What a sample or a loader raises or warns with.
+__all__ += ["BufferMemoryWarning", "MediaError", "PackingWarning", "ReportWriteWarning"]
+_group("Warnings and errors")
+
+del _group
 
 if TYPE_CHECKING:  # the old names, for type checkers
     PackerStats = PackerCounters

@@ -4,7 +4,8 @@ mRoPE position ids and the topology rules. Nothing here reads files or decodes m
 * ``bins``: offline first/best fit decreasing, the fewest rows of a micro-batch, shared rules;
 * ``online``: :class:`OnlineBinPacker`, the bounded carry-over packer, and ``packer_state``,
   what it holds (:class:`PackerCounters`) and the check of its saved state;
-* ``vision_budget``: caps on vision tokens and media per row, and the balance rule;
+* ``vision_budget``: :class:`VisionBudget`, caps on vision tokens and media per row, and the
+  balance rule;
 * ``subset_sums``: subset sums as big-integer bitsets (the online packer's search);
 * ``micro_batch``: the rows of one collator micro-batch within every budget;
 * ``row_layout``: :class:`RowLayout`, every row rule checked once;
@@ -35,7 +36,7 @@ from energon_pack.packing.topology import (
 from energon_pack.packing.topology import (
     PackingConfig as TrainingSetup,  # until topology.py names the class TrainingSetup
 )
-from energon_pack.packing.vision_budget import straggler_floor, straggler_ratio
+from energon_pack.packing.vision_budget import VisionBudget, straggler_floor, straggler_ratio
 
 __all__ = [
     "IGNORE_INDEX",
@@ -51,6 +52,7 @@ __all__ = [
     "RowLayout",
     "TokenSlotRow",
     "TrainingSetup",
+    "VisionBudget",
     "best_fit_decreasing",
     "build_packed_row",
     "equal_token_slot_table",
