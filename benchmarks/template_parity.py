@@ -1,17 +1,17 @@
 """Token parity sweep: the template encoder vs transformers on many conversations, per template.
 
-For each released Qwen template (``tests/chat_templates.py``: Qwen2-VL, Qwen2.5-Instruct,
-Qwen3, Qwen3-VL) and Qwen's real tokenizer (``tests/real_qwen.py``), every conversation is
-encoded by :class:`~energon_pack.TemplateEncoder` from one of the project's input forms (chat
-row, ShareGPT row, native ``json`` member, in turn) and compared with the reference of
-``tests/template_reference.py``: ``apply_chat_template`` with the template's generation-marked
-variant (same text; checked here for every conversation) plus Qwen2-VL's processor expansion of
-image blocks.
+For each released Qwen template (``tests/support/chat_templates.py``: Qwen2-VL,
+Qwen2.5-Instruct, Qwen3, Qwen3-VL) and Qwen's real tokenizer (``tests/support/real_qwen.py``),
+every conversation is encoded by :class:`~energon_pack.TemplateEncoder` from one of the
+project's input forms (chat row, ShareGPT row, native ``json`` member, in turn) and compared
+with the reference of ``tests/support/template_reference.py``: ``apply_chat_template`` with the
+template's generation-marked variant (same text; checked here for every conversation) plus
+Qwen2-VL's processor expansion of image blocks.
 
-Conversations: ``--generated N`` seeded ones from ``tests/chat_corpus.py`` (real text from the
-Python documentation; system prompts, multi-turn, think blocks, tool use; with the VL templates
-about a third carry an image), plus every conversation of the ``--data`` files: JSON lists of
-``{"instruction", "input", "response"}`` records (GPTeacher's layout) or of
+Conversations: ``--generated N`` seeded ones from ``tests/support/chat_corpus.py`` (real text
+from the Python documentation; system prompts, multi-turn, think blocks, tool use; with the VL
+templates about a third carry an image), plus every conversation of the ``--data`` files: JSON
+lists of ``{"instruction", "input", "response"}`` records (GPTeacher's layout) or of
 ``{"conversations": [{"from", "value"}, ...]}`` (ShareGPT / FastChat); with the VL templates
 every tenth of them gets an image before its first question.
 
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # the shared test helpers
 
 from chat_corpus import Case, cases  # noqa: E402
 from chat_templates import MARKED, RELEASED  # noqa: E402

@@ -43,6 +43,7 @@ from energon_pack.offline import (
 from energon_pack.packing import (
     IGNORE_INDEX,
     Bin,
+    BufferConfig,
     DerivedValues,
     EncodedSample,
     MRopeConfig,
@@ -104,6 +105,7 @@ _group("Entry points")
 
 # The settings objects the entry points take, each validated on construction.
 __all__ += [
+    "BufferConfig",
     "MRopeConfig",
     "MediaConfig",
     "MonitorConfig",

@@ -19,7 +19,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,9 @@ from energon_pack.media import MediaConfig, PixelDtype
 from energon_pack.memory.monitor import MB, MonitorConfig
 from energon_pack.memory.report import load_report, summarize
 from energon_pack.packing.bins import Overlong
+from energon_pack.packing.buffer import BufferConfig
 from energon_pack.packing.packed import Decode
+from energon_pack.packing.vision_budget import VisionBudget
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,23 @@ class TuneSettings:
     """A model family preset name, a model directory or a saved processor directory
     (:func:`~energon_pack.model_family`) whose media settings the runs use (None:
     ``MediaConfig`` defaults); a processor family brings its tokenizer and pixels."""
-    max_media: int | None = None
-    """Most images plus videos per pack (None: no cap)."""
-    vision_balance: bool = False
-    """Keep each pack's vision tokens near the stream's mean."""
+    vision: VisionBudget = field(default_factory=VisionBudget)
+    """The vision budget of every run (a run's ``max_vision_tokens`` argument, where given,
+    replaces its cap)."""
     trust_dataset_code: bool = False
     """Open a dataset whose description names code outside Energon's and energon_pack's sample
     types (:func:`~energon_pack.formats.dataset_trust.check_dataset_code`; else refused)."""
+
+    def record(self) -> dict[str, Any]:
+        """The settings as the tune report writes them (the vision budget's ``max_media`` and
+        ``vision_balance`` as keys of their own)."""
+        out: dict[str, Any] = {}
+        for name in (f.name for f in fields(self)):
+            if name == "vision":
+                out.update(max_media=self.vision.max_media, vision_balance=self.vision.balance)
+            else:
+                out[name] = getattr(self, name)
+        return out
 
 
 @dataclass(frozen=True)
@@ -355,6 +367,9 @@ def run_once(
         tokenizer = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
         base_media = family.media if family is not None else MediaConfig()
         media = replace(base_media, pixel_dtype=settings.pixel_dtype)
+    if max_vision_tokens is None:
+        max_vision_tokens = settings.vision.max_vision_tokens
+    monitor = MonitorConfig(report_dir=str(report_dir), every_samples=4, every_seconds=0.25)
     encoder = PackingTaskEncoder(
         tokenizer,
         seq_length=settings.seq_length,
@@ -362,11 +377,8 @@ def run_once(
         media=media,
         family=family,
         overlong=settings.overlong,
-        decode=decode,
-        max_vision_tokens=max_vision_tokens,
-        max_media=settings.max_media,
-        vision_balance=settings.vision_balance,
-        monitor=MonitorConfig(report_dir=str(report_dir), every_samples=4, every_seconds=0.25),
+        buffer=BufferConfig(decode=decode, monitor=monitor),
+        vision=replace(settings.vision, max_vision_tokens=max_vision_tokens),
     )
     one_epoch = settings.max_samples is None
     described = (

@@ -19,7 +19,8 @@ fi
 "$VENV/bin/python" -m pip install --quiet -e ".[test,docs]" "$TORCH_PIN"
 # Test reference only: torchvision for transformers' Qwen3-VL processors, installed without its
 # dependencies (it would replace the CPU torch) into a folder outside sys.path; only the child
-# process of tests/qwen3_reference.py imports it, so the rest of the suite never sees it.
+# processes of tests/support/qwen3_reference.py and tests/support/torchvision_child.py import
+# it, so the rest of the suite never sees it.
 "$VENV/bin/python" -m pip install --quiet --upgrade --no-deps --target "$VENV/reference" \
     "torchvision==0.28.0"
 echo "$WANT" > "$STAMP"

@@ -1,5 +1,7 @@
 """Shared pytest fixtures: paths to the shipped datasets; loader workers stopped after each
-test."""
+test. Here at the top of ``tests/`` so that every stage folder sees them; the shared helper
+modules are in ``tests/support/``, importable by bare name (the root ``conftest.py`` puts it
+and the stage folders on ``sys.path``)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 Everything here stands in for what a reader already has: image and video files, a Hugging Face
 tokenizer saved in a folder, a way to stop a loader's worker processes when a page is done. The
-files and the tokenizer are the test suite's own builders (``tests/helpers.py``,
-``tests/hf_qwen.py``): nothing is downloaded, and the pages print the same values on every run.
+files and the tokenizer are the test suite's own builders (``tests/support/helpers.py``,
+``tests/support/hf_qwen.py``): nothing is downloaded, and the pages print the same values on
+every run.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Tiny local stand-ins for the processors and models a reader of the model-families page
-loads from the Hub: the test suite's own builders (``tests/test_family_*.py``), a small BPE
-tokenizer with each family's special tokens and turn format, the family's real transformers
-processor class, and a two-layer model built from the family's config with random weights.
-Nothing is downloaded."""
+loads from the Hub: the test suite's own builders (``tests/encoding/test_family_*.py``), a
+small BPE tokenizer with each family's special tokens and turn format, the family's real
+transformers processor class, and a two-layer model built from the family's config with random
+weights. Nothing is downloaded."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 ``tiny_qwen2_5_vl()`` gives the test suite's Qwen2.5-VL model two layers deep, built from its
 config with random weights (fixed seed), and a Qwen2.5-VL processor holding the test suite's
-small byte-level BPE tokenizer (``tests/hf_qwen.py``: Qwen2-VL's special tokens, a ChatML chat
-template) and transformers' PIL image processor. The processor has no video processor:
+small byte-level BPE tokenizer (``tests/support/hf_qwen.py``: Qwen2-VL's special tokens, a
+ChatML chat template) and transformers' PIL image processor. The processor has no video processor:
 transformers' needs torchvision, which this environment does not run.
 ``save_tokenizer(directory)`` saves that tokenizer where
 ``AutoTokenizer.from_pretrained(directory)`` (or ``--tokenizer DIR``) loads it. Nothing is
@@ -45,8 +45,8 @@ def save_tokenizer(directory: str | Path) -> Path:
 
 
 def tiny_qwen2_5_vl() -> tuple[PreTrainedModel, Qwen2_5_VLProcessor]:
-    """The test suite's two-layer Qwen2.5-VL (``tests/test_trainers.py``: random weights, training
-    mode) in float32, and a Qwen2.5-VL processor on the same tokenizer."""
+    """The test suite's two-layer Qwen2.5-VL (``tests/train/test_trainers.py``: random weights,
+    training mode) in float32, and a Qwen2.5-VL processor on the same tokenizer."""
     processor = ImageOnlyQwen2_5_VLProcessor(  # type: ignore[no-untyped-call]
         image_processor=Qwen2VLImageProcessorPil(), tokenizer=TOKENIZER
     )

@@ -8,6 +8,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from energon_pack.packing.vision_budget import VisionBudget
+
 
 def integer(text: str) -> int:
     try:
@@ -77,7 +79,7 @@ FAMILY_HELP = (
 )
 
 
-# check-config flags: (flag, PackingConfig field, type); type None marks an on/off flag.
+# check-config flags: (flag, TrainingSetup field, type); type None marks an on/off flag.
 CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], int] | type[str] | None], ...] = (
     ("--seq-length", "seq_length", positive_int),
     ("--mode", "mode", str),
@@ -103,3 +105,9 @@ CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], int] | type[str] | None], ..
     ("--max-media", "max_media", positive_int),
     ("--vision-balance", "vision_balance", None),
 )
+
+
+def vision_budget(args: argparse.Namespace) -> VisionBudget:
+    """The vision budget a tune's flags give (``--max-media``, ``--vision-balance``; the
+    ``--max-vision-tokens`` caps are swept one run each)."""
+    return VisionBudget(max_media=args.max_media, balance=args.vision_balance)

@@ -18,7 +18,7 @@ import psutil
 import yaml
 from tqdm import tqdm
 
-from energon_pack.cli.args import CONFIG_FLAGS
+from energon_pack.cli.args import CONFIG_FLAGS, vision_budget
 from energon_pack.cli.tables import format_table
 from energon_pack.cli.tune_plots import plot_results, plot_vision_caps
 from energon_pack.encoding.families import ProcessorFamily
@@ -39,7 +39,7 @@ from energon_pack.packing.bins import best_fit_decreasing, groups_fill
 from energon_pack.packing.online import OnlineBinPacker
 from energon_pack.packing.packed import Decode
 from energon_pack.packing.synthetic import DISTRIBUTIONS, lengths_for
-from energon_pack.packing.topology import PackingConfig
+from energon_pack.packing.topology import TrainingSetup
 from energon_pack.tune import (
     TUNE_HEADERS,
     CtrlC,
@@ -102,7 +102,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_config(args: argparse.Namespace) -> PackingConfig:
+def _load_config(args: argparse.Namespace) -> TrainingSetup:
     settings: dict[str, object] = {}
     if args.from_yaml:
         try:
@@ -111,7 +111,7 @@ def _load_config(args: argparse.Namespace) -> PackingConfig:
             raise ValueError(f"cannot read --from-yaml {args.from_yaml}: {error}") from None
         if not isinstance(loaded, dict):
             raise ValueError(
-                f"{args.from_yaml}: expected a mapping of PackingConfig fields at the top level, "
+                f"{args.from_yaml}: expected a mapping of TrainingSetup fields at the top level, "
                 f"got {type(loaded).__name__}"
             )
         settings.update(loaded)
@@ -121,7 +121,7 @@ def _load_config(args: argparse.Namespace) -> PackingConfig:
             settings[field] = value
     if "seq_length" not in settings:
         raise ValueError("check-config needs --seq-length (or seq_length in --from-yaml)")
-    return PackingConfig.from_mapping(settings)
+    return TrainingSetup.from_mapping(settings)
 
 
 def _family_rows(source: str) -> list[list[object]]:
@@ -178,11 +178,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def _vision_budget_note(settings: TuneSettings) -> str:
     """``, max_media 6, vision_balance`` where the tune sets them."""
-    note = "" if settings.max_media is None else f", max_media {settings.max_media}"
-    return note + (", vision_balance" if settings.vision_balance else "")
+    vision = settings.vision
+    note = "" if vision.max_media is None else f", max_media {vision.max_media}"
+    return note + (", vision_balance" if vision.balance else "")
 
 
-def _vision_budget_rows(config: PackingConfig) -> list[list[object]]:
+def _vision_budget_rows(config: TrainingSetup) -> list[list[object]]:
     """The vision budget's row of the derived table, where one is set."""
     names = ("max_vision_tokens", "max_media", "vision_balance")
     budget = [f"{n}={getattr(config, n)}" for n in names if getattr(config, n) not in (None, False)]
@@ -317,8 +318,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         overlong=args.overlong,
         dataset_config=args.dataset_config,
         family=args.family,
-        max_media=args.max_media,
-        vision_balance=args.vision_balance,
+        vision=vision_budget(args),
         trust_dataset_code=args.trust_dataset_code,
     )
     # Ctrl-C: the first one ends the measuring, the later ones (and any while writing) only
@@ -392,7 +392,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             if args.max_vision_tokens and any(not r.interrupted for r in results):
                 plots.append(plot_vision_caps(results, out, settings))
         report = {
-            "settings": asdict(settings),
+            "settings": settings.record(),
             "tokenizer": tokenizer,
             "rss_budget_mb": budget,
             "results": [asdict(r) for r in results],

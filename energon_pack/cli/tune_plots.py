@@ -155,7 +155,7 @@ def plot_vision_caps(results: Sequence[TuneResult], out_dir: Path, settings: Tun
         axis.legend(fontsize="small")
     figure.suptitle(
         f"{Path(settings.dataset).name}: seq_length {settings.seq_length}, "
-        f"max_media {settings.max_media}, vision_balance {settings.vision_balance}",
+        f"max_media {settings.vision.max_media}, vision_balance {settings.vision.balance}",
         fontsize="medium",
     )
     figure.tight_layout()

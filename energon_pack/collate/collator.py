@@ -21,10 +21,11 @@ from energon_pack.encoding.families.materialise import (
 )
 from energon_pack.encoding.family import Family, ModelFamily, family_media, model_family
 from energon_pack.encoding.processor_encoder import ProcessorEncoder
-from energon_pack.encoding.template import make_encoder
+from energon_pack.encoding.template import check_encoder, make_encoder
 from energon_pack.formats.chat_rows import is_chat_row
 from energon_pack.formats.trainer_rows import check_media_columns, row_key, unreadable_item
-from energon_pack.media import MediaError, VisionInputs
+from energon_pack.media import MediaError, MediaTensors
+from energon_pack.moved_keywords import Moved, regroup
 from energon_pack.packing.bins import OVERLONG_FIX
 from energon_pack.packing.micro_batch import Weight, row_groups
 from energon_pack.packing.mrope import MRopeConfig, PositionIds, mrope_setting
@@ -42,13 +43,26 @@ from energon_pack.packing.row_layout import (
     OverlongPolicy,
     PackingWarning,
     RowLayout,
-    default_pad_token_id,
+    loader_layout,
 )
 from energon_pack.packing.vision_budget import VISION_FIX, VisionBudget
 from energon_pack.train.hf import HFTarget, check_position_ids
 from energon_pack.train.loss import LOSS_SEGMENTS, hf_loss_segments
 
 logger = logging.getLogger("energon_pack.collate")
+
+MOVED = {
+    **{
+        name: Moved("layout", "RowLayout", name, "seq_length, pad_to_multiple_of=..., ")
+        for name in ("pad_to_max_length", "pad_cu_seqlens", "max_segments", "pad_token_id")
+    },
+    "max_vision_tokens": Moved("vision", "VisionBudget", "max_vision_tokens"),
+    "max_media": Moved("vision", "VisionBudget", "max_media"),
+    "vision_balance": Moved("vision", "VisionBudget", "balance"),
+    "mrope": Moved("position_ids", "MRopeConfig", None),
+}
+"""The collator's keywords from before :class:`RowLayout`, :class:`VisionBudget` and
+``position_ids=MRopeConfig(...)`` were accepted whole."""
 
 OnMediaError = Literal["error", "skip"]
 Output = Literal["batch", "hf"]
@@ -62,21 +76,15 @@ _PADDED_FIELDS = frozenset({"input_ids", "attention_mask", "labels"})
 class VLMPackingCollator:
     """Picklable ``collate_fn`` packing a micro-batch into THD rows; see the module docstring.
 
-    The row settings (``seq_length`` ... ``pad_token_id``) build the collator's
-    :class:`~energon_pack.RowLayout` (:attr:`layout`); or pass ``layout=`` instead.
-
     Args:
-        seq_length: row capacity in tokens.
+        seq_length: row capacity in tokens (with ``pad_to_multiple_of``, a shortcut for
+            ``layout=RowLayout(seq_length, pad_to_multiple_of, pad_token_id=<the tokenizer's>)``).
         pad_to_multiple_of: each segment's physical span is a multiple of this (e.g.
             :func:`~energon_pack.pad_seq_to_mult`).
-        pad_to_max_length: fixed-width rows of ``seq_length``; a micro-batch that does not fit
-            one row is split into several.
-        pad_cu_seqlens: static-shape ``cu_seqlens`` (needs ``pad_to_max_length`` and
-            ``max_segments``); rows then hold at most ``max_segments`` samples.
-        max_segments: segment slots per row for ``pad_cu_seqlens``.
-        pad_token_id: id written into padding positions (default: the tokenizer's
-            ``pad_token_id``, else ``<|endoftext|>``, as the task encoder does).
-        layout: the row layout as one object, instead of the settings above.
+        layout: the row layout as one object (:class:`~energon_pack.RowLayout`: fixed-width
+            rows with ``pad_to_max_length`` — a micro-batch that does not fit one row is then
+            split into several —, static ``cu_seqlens`` with ``pad_cu_seqlens`` and
+            ``max_segments``, the ``pad_token_id``), instead of the two settings above.
         encoder: encodes raw samples and gives the media preprocessing used to decode; it must be
             the encoder (tokenizer) that produced any :class:`EncodedSample` given directly.
             Default: ``ConversationEncoder()`` (with ``family``: with the family's media); for an
@@ -94,9 +102,10 @@ class VLMPackingCollator:
             (all media kept); if the cut would enter a vision block the sample is skipped.
         on_media_error: a sample whose media cannot be parsed, probed or decoded
             (:class:`~energon_pack.media.MediaError`): ``"error"`` re-raises, ``"skip"`` skips it.
-        position_ids: ``"1d"`` (default) or ``"mrope"``: batches also carry Qwen-VL 3-D
-            ``mrope_position_ids`` and ``rope_deltas``, computed per segment.
-        mrope: the mRoPE settings (default: from the encoder's tokenizer, Qwen2-VL behaviour).
+        position_ids: ``"1d"`` (default); ``"mrope"``: batches also carry Qwen-VL 3-D
+            ``mrope_position_ids`` and ``rope_deltas``, computed per segment (settings from the
+            encoder's tokenizer and the family, Qwen2-VL behaviour by default); or an
+            :class:`~energon_pack.MRopeConfig` for mRoPE with those settings.
         output: ``"batch"`` (default): a :class:`CollatedBatch`; ``"hf"``: its
             :meth:`CollatedBatch.hf_model_inputs` dict, so the collator can be the
             ``data_collator`` of transformers' ``Trainer`` or TRL's ``SFTTrainer``.
@@ -106,17 +115,21 @@ class VLMPackingCollator:
             mRoPE positions with ``position_ids="1d"`` is a ValueError. A processor family
             whose rows need inputs its model builds (Gemma's 4-D masks, GLM-4V's rope
             positions) keeps the model itself, so the collator then pickles with it.
-        max_vision_tokens: most image/video pad tokens per row (None: no cap). A sample
-            over it alone follows ``overlong`` (``"skip"`` / ``"truncate"``: listed in
+        vision: caps on the image/video pad tokens and media per row and the balance mode
+            (:class:`~energon_pack.VisionBudget`). A sample alone over a cap follows
+            ``vision.over_cap`` (by default ``overlong``; ``"truncate"`` skips it, listed in
             ``skipped_keys``). With ``pad_to_max_length`` the micro-batch is split into rows
-            within the caps; with one row, a micro-batch over a cap is a ValueError.
-        max_media: most images plus videos per row (None: no cap); as ``max_vision_tokens``.
-        vision_balance: with several rows, spread the vision tokens evenly over them (the
-            fewest rows still).
+            within the caps; with one row, a micro-batch over a cap is a ValueError. Balance
+            spreads the vision tokens evenly over several rows (the fewest rows still).
         loss_segments: with ``output="hf"``, the dict also carries
             :data:`~energon_pack.train.loss.LOSS_SEGMENTS` (each target token's sample) for the
             ``"sample"`` / ``"sqrt"`` reductions of :mod:`energon_pack.train.loss`; it is not a
             model input (:meth:`~energon_pack.PackedLoss.attach` takes it out).
+
+    The keywords ``pad_to_max_length``, ``pad_cu_seqlens``, ``max_segments``,
+    ``pad_token_id`` (now in ``layout``), ``max_vision_tokens``, ``max_media``,
+    ``vision_balance`` (now in ``vision``) and ``mrope`` (now ``position_ids``) of earlier
+    releases still work, with a ``DeprecationWarning`` naming the new spelling.
     """
 
     def __init__(
@@ -124,24 +137,21 @@ class VLMPackingCollator:
         seq_length: int | None = None,
         *,
         pad_to_multiple_of: int = 1,
-        pad_to_max_length: bool = False,
-        pad_cu_seqlens: bool = False,
-        max_segments: int | None = None,
-        pad_token_id: int | None = None,
         layout: RowLayout | None = None,
         encoder: SampleEncoder | None = None,
         family: Family | str | Any = None,
         overlong: OverlongPolicy = "error",
         on_media_error: OnMediaError = "error",
-        position_ids: PositionIds = "1d",
-        mrope: MRopeConfig | None = None,
+        position_ids: PositionIds | MRopeConfig = "1d",
         output: Output = "batch",
         hf_model: Any = None,
-        max_vision_tokens: int | None = None,
-        max_media: int | None = None,
-        vision_balance: bool = False,
+        vision: VisionBudget | None = None,
         loss_segments: bool = False,
+        **moved: Any,
     ) -> None:
+        mrope_given = position_ids if isinstance(position_ids, MRopeConfig) else None
+        groups = {"layout": layout, "vision": vision, "position_ids": mrope_given}
+        old = regroup("VLMPackingCollator", moved, MOVED, groups)
         check_choice("overlong", overlong, ("error", "skip", "truncate"))
         check_choice("on_media_error", on_media_error, ("error", "skip"))
         check_choice("output", output, ("batch", "hf"))
@@ -153,7 +163,7 @@ class VLMPackingCollator:
                 "a CollatedBatch (output='batch') gives packed_loss its segments itself"
             )
         check_config("layout", layout, RowLayout)
-        check_config("mrope", mrope, MRopeConfig)
+        check_config("vision", vision, VisionBudget)
         check_type(
             "encoder",
             encoder,
@@ -164,33 +174,30 @@ class VLMPackingCollator:
         self.family = None if family is None else model_family(family)
         self.encoder = self._encoder_for(encoder)
         tokenizer = self.encoder.tokenizer
-        if layout is None:
-            if seq_length is None:
-                raise ValueError("VLMPackingCollator needs seq_length (or layout=RowLayout(...))")
-            layout = RowLayout(
-                seq_length,
-                pad_to_multiple_of,
-                pad_to_max_length,
-                pad_cu_seqlens,
-                max_segments,
-                default_pad_token_id(tokenizer) if pad_token_id is None else pad_token_id,
-            )
-        elif seq_length is not None:
-            raise ValueError("pass seq_length and the other row settings, or layout=, not both")
-        self.layout = layout
-        self.budget = VisionBudget(max_vision_tokens, max_media, vision_balance)
+        self.layout = loader_layout(
+            "VLMPackingCollator",
+            layout,
+            seq_length,
+            pad_to_multiple_of,
+            old.get("layout", {}),
+            tokenizer,
+        )
+        self.budget = replace(vision or VisionBudget(), **old.get("vision", {}))
         """The per-row vision caps and balance mode."""
         self.overlong: OverlongPolicy = overlong
         self.on_media_error: OnMediaError = on_media_error
+        mrope = old.get("position_ids", {}).get("mrope")
         self.mrope = mrope_setting(position_ids, mrope, tokenizer, self._preset)
         self._vision_end = tokenizer.convert_tokens_to_ids("<|vision_end|>")
         self.output: Output = output
         self.hf_target = HFTarget.of(hf_model)
+        layout = self.layout
         served = self.family if isinstance(self.family, ProcessorFamily) else None
         if served is not None and served.packing == "refused" and layout.static_segments != 1:
             raise ValueError(
                 f"family={served.name!r} cannot be packed exactly: {served.refusal}; pack one "
-                "sample per row: max_segments=1, pad_cu_seqlens=True, pad_to_max_length=True"
+                "sample per row: layout=RowLayout(seq_length, pad_to_max_length=True, "
+                "pad_cu_seqlens=True, max_segments=1)"
             )
         needs_model = served is not None and served.packing in ("block_mask", "mrope")
         self.hf_model = hf_model if needs_model else None
@@ -224,20 +231,11 @@ class VLMPackingCollator:
     def _encoder_for(self, encoder: SampleEncoder | None) -> SampleEncoder:
         """``encoder``, checked against the family, or the family's default encoder."""
         family = self.family
+        if encoder is not None:
+            return check_encoder(encoder, family)
         if isinstance(family, ProcessorFamily):
-            if encoder is None:
-                return make_encoder(family=family)
-            if not isinstance(encoder, ProcessorEncoder) or encoder.family.name != family.name:
-                raise ValueError(
-                    f"family={family.name!r} needs the family's encoder; pass "
-                    f"encoder=make_encoder(tokenizer, family=family), not "
-                    f"{type(encoder).__name__}"
-                )
-            return encoder
-        if encoder is None:
-            encoder = ConversationEncoder(media=family_media(family, None))
-        family_media(family, encoder.media)  # the encoder's media must fit the family
-        return encoder
+            return make_encoder(family=family)
+        return ConversationEncoder(media=family_media(family, None))
 
     def __call__(
         self, batch: Sequence[CollateItem] | Mapping[str, Any]
@@ -378,7 +376,7 @@ class VLMPackingCollator:
 
     def _rows(
         self, ready: list[EncodedSample]
-    ) -> tuple[list[PackedSample], VisionInputs, FamilyInputs | None]:
+    ) -> tuple[list[PackedSample], MediaTensors, FamilyInputs | None]:
         """The rows of ``ready`` and their media, decoded once straight into the batch tensors
         (several rows: all rows' pixels in row order), or with a processor family its inputs.
         A failing sample is raised as :class:`~energon_pack.packing.packed.SkippedSample` at
@@ -391,7 +389,7 @@ class VLMPackingCollator:
             ]
             rows = [[(i, ready[i]) for i in group] for group in groups]
             inputs = family_inputs(self.family, packs, rows, self.encoder.media)
-            return packs, VisionInputs(), inputs
+            return packs, MediaTensors(), inputs
         single_row = len(groups) == 1
         packs = [
             pack_samples(

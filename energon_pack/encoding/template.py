@@ -424,6 +424,22 @@ def make_encoder(
     return ConversationEncoder(tokenizer, **options)
 
 
+def check_encoder(encoder: SampleEncoder, family: Family | None) -> SampleEncoder:
+    """``encoder`` if it serves ``family`` (a built family, or None): a processor family's own
+    :class:`~energon_pack.ProcessorEncoder`, or media settings that fit a Qwen preset
+    (:func:`~energon_pack.encoding.family.family_media`); ValueError naming the fix otherwise."""
+    if isinstance(family, ProcessorFamily):
+        if not isinstance(encoder, ProcessorEncoder) or encoder.family.name != family.name:
+            raise ValueError(
+                f"family={family.name!r} needs the family's encoder; pass "
+                f"encoder=make_encoder(tokenizer, family=family), not "
+                f"{type(encoder).__name__}"
+            )
+        return encoder
+    family_media(family, encoder.media)  # the encoder's media must fit the family
+    return encoder
+
+
 def _check_processor_options(
     family: ProcessorFamily, tokenizer: object, encoding: str, media_block: object
 ) -> None:

@@ -61,10 +61,9 @@ from energon_pack.energon.workers import (
     topology_refusal,
 )
 from energon_pack.memory.monitor import BufferSnapshot, MonitorConfig, RSSMonitor
-from energon_pack.packing.bins import OVERLONG_FIX, Bin, Overlong, aligned_length, overlong_message
+from energon_pack.packing.bins import Bin, Overlong, aligned_length
 from energon_pack.packing.online import OnlineBinPacker
 from energon_pack.packing.packed import SkippedSample, pack_dropping_failures
-from energon_pack.packing.vision_budget import VISION_FIX
 
 logger = logging.getLogger("energon_pack.energon")
 
@@ -201,7 +200,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         self.fingerprint = settings_fingerprint(
             {
                 **(settings or {}),
-                "packer": self.packer.state_dict()["settings"],
+                "packer": self.packer.settings(),
                 "overlong": overlong,
                 "global_workers": Topology.of(worker_config).global_workers,
                 **dataset_identity(dataset),
@@ -392,23 +391,23 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         packer = self.packer
         position = {seq: index for index, seq in enumerate(self._buffer_seqs)}
         sizes = {seq: self._size(self._buffer[index]) for seq, index in position.items()}
-        lengths = {seq: size.length for seq, size in sizes.items()}
-        for index, (seq, length, *_, vision, media) in enumerate(packer.state_dict()["held"]):
-            size = sizes[seq]
-            saved = {"length": length}
+        for index, held in enumerate(packer.held_sizes()):
+            seq = int(held.key)
+            saved = {"length": held.length}
             if packer.budget.active:  # the vision figures decide packs only with a budget
-                saved.update(vision_tokens=vision, media=media)
+                saved.update(vision_tokens=held.vision_tokens, media=held.media)
             for name, value in saved.items():
-                if getattr(size, name) != value:
+                if getattr(sizes[seq], name) != value:
                     sample = _key(self._buffer[position[seq]])
                     raise ValueError(
                         f"cannot resume the packing state: _packer.held[{index}].{name}="
                         f"{value}, but its buffered sample {sample!r} has "
-                        f"{getattr(size, name)}; {STATE_FIX}"
+                        f"{getattr(sizes[seq], name)}; {STATE_FIX}"
                     )
         for index, seqs in enumerate(self._pending):
-            used = sum(aligned_length(lengths[seq], packer.align) for seq in seqs)
-            if used > packer.capacity:
+            lengths = [sizes[seq].length for seq in seqs]
+            if not packer.fits(lengths):
+                used = sum(aligned_length(length, packer.align) for length in lengths)
                 raise ValueError(
                     f"cannot resume the packing state: _pending[{index}]={seqs} needs {used} "
                     f"tokens, above seq_length={packer.capacity}; {STATE_FIX}"
@@ -416,19 +415,15 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
 
     def _refused(self, sample: T_sample, size: SampleSize) -> bool:
         """Whether the sample cannot fit a pack (its tokens, or alone over a vision cap);
-        raises or skips it per ``overlong``."""
+        raises or skips it per ``overlong`` (per the budget's ``over_cap`` for a cap)."""
         packer, key = self.packer, _key(sample)
-        if size.length > packer.capacity // packer.align * packer.align:
-            reason, fix = "overlong", OVERLONG_FIX
-            message = overlong_message(key, size.length, packer.align, packer.capacity)
-        elif excess := packer.budget.excess(key, size.vision_tokens, size.media):
-            (cap, message), fix = excess, VISION_FIX
-            reason = f"over_max_{cap}"
-        else:
+        refusal = packer.refusal(key, size.length, size.vision_tokens, size.media)
+        if refusal is None:
             return False
-        if self.overlong == "error":
-            raise ValueError(f"{message}; {fix}")
-        self._skip(key, reason, message)
+        policy = packer.budget.over_cap_policy(self.overlong) if refusal.over_cap else self.overlong
+        if policy == "error":
+            raise ValueError(f"{refusal.message}; {refusal.fix}")
+        self._skip(key, refusal.reason, refusal.message)
         return True
 
     def _snapshot(self) -> BufferSnapshot:
@@ -542,7 +537,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
     def config(self) -> dict[str, Any]:
         return {
             "type": type(self).__qualname__,
-            "packer": self.packer.state_dict()["settings"],
+            "packer": self.packer.settings(),
             "max_consecutive_skips": self.max_consecutive_skips,
             "size": self._function_config(self._size),
             "pack": self._function_config(self._pack),
@@ -551,7 +546,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         }
 
     def __str__(self) -> str:
-        return f"CarryOverPackingDataset(packer={self.packer.state_dict()['settings']})"
+        return f"CarryOverPackingDataset(packer={self.packer.settings()})"
 
 
 def _key(sample: Any) -> str:

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy.random  # noqa: F401  (see below)
@@ -28,13 +29,13 @@ from megatron.energon.task_encoder.base import get_failure_tolerance, get_statel
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers import MapDataset
 
-from energon_pack.checks import check_choice, check_config, check_int, check_number
-from energon_pack.encoding.chatml import LossOn, Tokenizer
+from energon_pack.checks import check_choice, check_config
+from energon_pack.encoding.chatml import SampleEncoder, Tokenizer
 from energon_pack.encoding.families import ProcessorFamily
 from energon_pack.encoding.families.materialise import FamilyInputs, family_inputs
 from energon_pack.encoding.family import Family, ModelFamily, family_media, model_family
 from energon_pack.encoding.fingerprint import family_identity, tokenizer_identity
-from energon_pack.encoding.template import Encoding, make_encoder
+from energon_pack.encoding.template import check_encoder, make_encoder
 from energon_pack.energon.carry_over import (
     CarryOverPackingDataset,
     PackingStats,
@@ -47,13 +48,15 @@ from energon_pack.formats.energon_types import (
     typed_sample_row,
 )
 from energon_pack.media import MediaConfig, MediaError
-from energon_pack.memory.monitor import MonitorConfig
+from energon_pack.moved_keywords import Moved, regroup
 from energon_pack.packing.bins import Overlong
+from energon_pack.packing.buffer import BufferConfig
 from energon_pack.packing.mrope import MRopeConfig, PositionIds, mrope_setting
 from energon_pack.packing.online import OnlineBinPacker
 from energon_pack.packing.packed import Decode, EncodedSample, pack_samples, padding_pack
 from energon_pack.packing.row import PackedRow
-from energon_pack.packing.row_layout import PackingWarning, RowLayout, default_pad_token_id
+from energon_pack.packing.row_layout import PackingWarning, RowLayout, loader_layout
+from energon_pack.packing.vision_budget import VisionBudget
 from energon_pack.train.bridge import bridge_batch
 from energon_pack.train.hf import batch_model_inputs
 
@@ -61,6 +64,26 @@ from energon_pack.train.hf import batch_model_inputs
 # RNG first thing, and a first import of numpy.random in a freshly forked worker can fail under
 # CPython 3.11 (a garbage collection during the import runs a finalizer that imports again, and
 # importlib's lock bookkeeping raises KeyError: the worker dies at start).
+
+MOVED = {
+    "pad_to_max_length": Moved(
+        "layout", "RowLayout", "pad_to_max_length", "seq_length, pad_to_multiple_of=..., "
+    ),
+    **{
+        name: Moved("buffer", "BufferConfig", name)
+        for name in ("max_wait", "min_fill", "decode", "monitor", "max_consecutive_skips")
+    },
+    "packing_buffer_bytes": Moved("buffer", "BufferConfig", "max_bytes"),
+    "max_vision_tokens": Moved("vision", "VisionBudget", "max_vision_tokens"),
+    "max_media": Moved("vision", "VisionBudget", "max_media"),
+    "vision_balance": Moved("vision", "VisionBudget", "balance"),
+    "mrope": Moved("position_ids", "MRopeConfig", None),
+    **{
+        name: Moved("encoder", "make_encoder", name, "tokenizer, media=..., family=..., ")
+        for name in ("system_prompt", "loss_on", "encoding")
+    },
+}
+"""The task encoder's keywords from before the settings objects were accepted whole."""
 
 STARTING_BUFFER_SIZE = 16
 """The ``packing_buffer_size`` suggested to start with when none is given."""
@@ -202,45 +225,47 @@ class PackingTaskEncoder(DefaultTaskEncoder):
     says so (once per encoder).
 
     Args:
-        tokenizer: an HF-style tokenizer, or None for the built-in ByteTokenizer.
+        tokenizer: an HF-style tokenizer, or None for the built-in ByteTokenizer; encoded with
+            ``make_encoder(tokenizer, media=..., family=...)`` (the chat template when it has
+            one). Or pass ``encoder=`` instead.
         seq_length: tokens per packed row (the packer's capacity).
         pad_to_multiple_of: each segment is padded to this multiple (``pad_seq_to_mult``).
-        pad_to_max_length: rows of exactly ``seq_length`` tokens.
+        layout: the row layout as one object (:class:`~energon_pack.RowLayout`, e.g. with
+            ``pad_to_max_length=True`` for rows of exactly ``seq_length`` tokens), instead of
+            the two settings above (which pad with the tokenizer's pad id).
+        encoder: the sample encoder (:func:`~energon_pack.make_encoder`: its tokenizer,
+            ``encoding``, ``system_prompt``, ``loss_on``), instead of ``tokenizer``; its media
+            settings are the encoder's (``media``, if given, must equal them).
         media: image/video preprocessing and limits.
         family: a model family preset, its name, a model directory or a transformers
             model/config (:func:`~energon_pack.model_family`): its media settings are
             used (or checked against ``media``) and it is recorded in the saved state.
         overlong: ``"error"`` raises for a sample longer than ``seq_length``; ``"skip"``
             counts it in ``packing_stats.skipped["overlong"]`` and logs its key.
-        max_wait: most packs a sample may wait in the buffer (None: unbounded).
-        packing_buffer_bytes: also bound the buffer by the bytes its samples hold.
-        min_fill: a pack leaves early once it can be filled to this fraction.
-        max_vision_tokens: most image/video pad tokens per pack (None: no cap), counted from
-            the media probe before any decode. A sample over it alone follows ``overlong``
-            (``packing_stats.skipped["over_max_vision_tokens"]`` with ``"skip"``).
-        max_media: most images plus videos per pack (None: no cap); likewise
-            ``"over_max_media"``.
-        vision_balance: keep each pack's vision tokens near the stream's running mean, so
-            that data-parallel ranks wait less for each other's vision encoder (see
-            :mod:`~energon_pack.packing.vision_budget`).
-        max_consecutive_skips: stop with an error (naming the failure kinds) after this many
-            bad samples (at encoding or decoding) without a pack emitted in between.
-        decode: ``"lazy"`` (default) decodes media after a sample is chosen for a pack;
-            ``"eager"`` decodes before the buffer (as Megatron-Bridge does), for comparison.
-        monitor: run an :class:`~energon_pack.memory.RSSMonitor` in every worker.
-        position_ids: ``"1d"`` (default) or ``"mrope"``: batches also carry Qwen-VL 3-D
-            ``mrope_position_ids`` and ``rope_deltas``, computed per segment.
-        mrope: the mRoPE settings (default: from the tokenizer, Qwen2-VL behaviour; pass
+        buffer: the candidate buffer's behaviour (:class:`~energon_pack.BufferConfig`):
+            ``max_wait``, ``min_fill``, ``max_bytes``, ``decode`` (``"lazy"``: media decoded
+            after a sample is chosen; ``"eager"``: before the buffer, for comparison),
+            ``monitor`` (an RSS monitor in every worker) and ``max_consecutive_skips``.
+        vision: caps on the image/video pad tokens and media per pack, counted from the media
+            probe before any decode, and the balance mode (:class:`~energon_pack.VisionBudget`;
+            see :mod:`~energon_pack.packing.vision_budget`). A sample alone over a cap follows
+            ``vision.over_cap`` (by default ``overlong``), counted as
+            ``packing_stats.skipped["over_max_vision_tokens"]`` / ``["over_max_media"]``.
+        position_ids: ``"1d"`` (default); ``"mrope"``: batches also carry Qwen-VL 3-D
+            ``mrope_position_ids`` and ``rope_deltas``, computed per segment (settings from the
+            tokenizer and the family, Qwen2-VL behaviour by default); or an
+            :class:`~energon_pack.MRopeConfig` for mRoPE with those settings (e.g.
             ``MRopeConfig.from_tokenizer(tokenizer, tokens_per_second=2)`` for Qwen2.5-VL).
-        system_prompt, loss_on: see :class:`~energon_pack.ConversationEncoder`.
         output: ``"batch"`` (default) yields :class:`PackedBatch`; ``"bridge"`` yields the dict
             Megatron-Bridge's ``vlm_step`` reads (:meth:`PackedBatch.to_bridge_batch`). It needs
             float32 pixels, since Bridge's step does not normalise uint8 ones.
-        encoding: which encoder tokenises (:func:`~energon_pack.make_encoder`): ``"auto"``
-            (default) renders through the tokenizer's chat template when it has one
-            (:class:`~energon_pack.TemplateEncoder`), else the ChatML encoder; ``"template"``
-            or ``"chatml"`` choose one. The choice and the template's digest are in the
-            settings fingerprint.
+
+    The keywords ``pad_to_max_length`` (now in ``layout``); ``max_wait``, ``min_fill``,
+    ``packing_buffer_bytes``, ``decode``, ``monitor``, ``max_consecutive_skips`` (now in
+    ``buffer``); ``max_vision_tokens``, ``max_media``, ``vision_balance`` (now in ``vision``);
+    ``mrope`` (now ``position_ids``) and ``system_prompt``, ``loss_on``, ``encoding`` (now
+    ``encoder=make_encoder(...)``) of earlier releases still work, with a
+    ``DeprecationWarning`` naming the new spelling.
 
     Overriding ``encode_batch`` in a subclass works as with any Energon task encoder: it gets
     each :class:`PackedBatch` (``super().encode_batch(batch)`` gives the ``output`` form).
@@ -252,55 +277,44 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         self,
         tokenizer: Tokenizer | None = None,
         *,
-        seq_length: int,
+        seq_length: int | None = None,
         pad_to_multiple_of: int = 1,
-        pad_to_max_length: bool = False,
+        layout: RowLayout | None = None,
+        encoder: SampleEncoder | None = None,
         media: MediaConfig | None = None,
         family: Family | str | Any = None,
         overlong: Overlong = "error",
-        max_wait: int | None = 64,
-        packing_buffer_bytes: int | None = None,
-        min_fill: float = 0.999,
-        max_vision_tokens: int | None = None,
-        max_media: int | None = None,
-        vision_balance: bool = False,
-        max_consecutive_skips: int = 100,
-        decode: Decode = "lazy",
-        monitor: MonitorConfig | None = None,
-        position_ids: PositionIds = "1d",
-        mrope: MRopeConfig | None = None,
-        system_prompt: str | None = None,
-        loss_on: LossOn = "assistant",
+        buffer: BufferConfig | None = None,
+        vision: VisionBudget | None = None,
+        position_ids: PositionIds | MRopeConfig = "1d",
         output: Output = "batch",
-        encoding: Encoding = "auto",
+        **moved: Any,
     ) -> None:
         super().__init__()
-        check_choice("decode", decode, ("lazy", "eager"))
+        mrope_given = position_ids if isinstance(position_ids, MRopeConfig) else None
+        groups = {
+            "layout": layout,
+            "buffer": buffer,
+            "vision": vision,
+            "position_ids": mrope_given,
+            "encoder": encoder,
+        }
+        old = regroup("PackingTaskEncoder", moved, MOVED, groups)
         check_choice("output", output, ("batch", "bridge"))
         check_choice("overlong", overlong, ("error", "skip"))
         check_config("media", media, MediaConfig)
-        check_config("monitor", monitor, MonitorConfig)
-        check_config("mrope", mrope, MRopeConfig)
-        check_int(
-            "max_wait",
-            max_wait,
-            minimum=0,
-            none_ok=True,
-            fix="pass e.g. max_wait=64 (None: unbounded)",
-        )
-        check_number("min_fill", min_fill, at_most=1.0, fix="pass e.g. min_fill=0.999")
-        # the name OnlineBinPacker's own check of it uses
-        check_int("max_bytes (packing_buffer_bytes)", packing_buffer_bytes, none_ok=True)
-        check_int(
-            "max_consecutive_skips",
-            max_consecutive_skips,
-            minimum=0,
-            fix="pass e.g. max_consecutive_skips=100, or 0 to never stop",
-        )
+        check_config("layout", layout, RowLayout)
+        check_config("buffer", buffer, BufferConfig)
+        check_config("vision", vision, VisionBudget)
+        self.buffer = replace(buffer or BufferConfig(), **old.get("buffer", {}))
+        """The candidate buffer's behaviour."""
+        self.vision = replace(vision or VisionBudget(), **old.get("vision", {}))
+        """The per-pack vision caps and balance mode."""
         self.family = None if family is None else model_family(family)
         if isinstance(self.family, ProcessorFamily):
-            _check_processor_family(self.family, output, decode, position_ids)
-        self.media = family_media(self._preset, media) or MediaConfig()
+            _check_processor_family(self.family, output, self.buffer.decode, position_ids)
+        self.encoder = self._encoder_for(tokenizer, encoder, media, old.get("encoder", {}))
+        self.media = self.encoder.media
         if output == "bridge" and self.media.pixel_dtype == "uint8":
             raise ValueError(
                 "output='bridge' with MediaConfig(pixel_dtype='uint8'): Megatron-Bridge's "
@@ -311,37 +325,47 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         self.output: Output = output
         # JSON/text parsed; media stay compressed, decoded late
         self.decoder = MediaKeepingDecoder(self.media.max_json_bytes)
-        self.encoder = make_encoder(
-            tokenizer,
-            encoding=encoding,
-            media=self.media,
-            system_prompt=system_prompt,
-            loss_on=loss_on,
-            family=self.family,
-        )
-        self.layout = RowLayout(
+        self.layout = loader_layout(
+            "PackingTaskEncoder",
+            layout,
             seq_length,
             pad_to_multiple_of,
-            pad_to_max_length,
-            pad_token_id=default_pad_token_id(self.encoder.tokenizer),
+            old.get("layout", {}),
+            self.encoder.tokenizer,
         )
         self.overlong: Overlong = overlong
-        self.max_consecutive_skips = max_consecutive_skips
-        self.decode: Decode = decode
-        self.monitor = monitor
+        self.decode: Decode = self.buffer.decode
+        mrope = old.get("position_ids", {}).get("mrope")
         self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer, self._preset)
-        self.packer_options: dict[str, Any] = {
-            "align": self.layout.pad_to_multiple_of,
-            "max_wait": max_wait,
-            "min_fill": min_fill,
-            "max_bytes": packing_buffer_bytes,
-            "max_vision_tokens": max_vision_tokens,
-            "max_media": max_media,
-            "vision_balance": vision_balance,
-        }
-        """:class:`~energon_pack.OnlineBinPacker` keywords (the buffer size is the loader's)."""
         self._make_packer(1)  # checks the packer settings now, not in a worker
         self._warned_unbuffered = False
+
+    def _encoder_for(
+        self,
+        tokenizer: Tokenizer | None,
+        encoder: SampleEncoder | None,
+        media: MediaConfig | None,
+        options: dict[str, Any],
+    ) -> SampleEncoder:
+        """``encoder`` (checked against the family and ``media``), or the one ``make_encoder``
+        builds for ``tokenizer`` with the family's media and the deprecated encoder keywords
+        (``options``)."""
+        if encoder is None:
+            media = family_media(self._preset, media) or MediaConfig()
+            return make_encoder(tokenizer, media=media, family=self.family, **options)
+        if tokenizer is not None:
+            raise ValueError(
+                "PackingTaskEncoder got tokenizer= and encoder=; pass one: the encoder carries "
+                "its tokenizer (make_encoder(tokenizer, ...))"
+            )
+        check_config("encoder", encoder, SampleEncoder)
+        if media is not None and media != encoder.media:
+            raise ValueError(
+                "PackingTaskEncoder got media= that differs from encoder.media; build the "
+                "encoder with those settings (make_encoder(tokenizer, media=media)) and leave "
+                "media= out"
+            )
+        return check_encoder(encoder, self.family)
 
     @property
     def _preset(self) -> ModelFamily | None:
@@ -350,7 +374,12 @@ class PackingTaskEncoder(DefaultTaskEncoder):
 
     def _make_packer(self, buffer_size: int) -> functools.partial[OnlineBinPacker]:
         make = functools.partial(
-            OnlineBinPacker, self.layout.seq_length, buffer_size, **self.packer_options
+            OnlineBinPacker,
+            self.layout.seq_length,
+            buffer_size,
+            align=self.layout.pad_to_multiple_of,
+            buffer=self.buffer,
+            vision=self.vision,
         )
         make()
         return make
@@ -361,9 +390,9 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         return {
             **self.layout.fingerprint(),
             "packing_buffer_size": packing_buffer_size,
-            "packing_buffer_bytes": self.packer_options["max_bytes"],
-            "min_fill": self.packer_options["min_fill"],
-            "max_wait": self.packer_options["max_wait"],
+            "packing_buffer_bytes": self.buffer.max_bytes,
+            "min_fill": self.buffer.min_fill,
+            "max_wait": self.buffer.max_wait,
             "overlong": self.overlong,
             "decode": self.decode,
             "media": {
@@ -496,8 +525,8 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             size=_size,
             pack=self.pack_selected_samples,
             overlong=self.overlong,
-            max_consecutive_skips=self.max_consecutive_skips,
-            monitor=self.monitor,
+            max_consecutive_skips=self.buffer.max_consecutive_skips,
+            monitor=self.buffer.monitor,
             settings=self.packing_settings(packing_buffer_size),
             worker_config=worker_config,
         )
@@ -515,7 +544,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
 
 
 def _check_processor_family(
-    family: ProcessorFamily, output: str, decode: str, position_ids: str
+    family: ProcessorFamily, output: str, decode: str, position_ids: object
 ) -> None:
     """The settings a processor family takes: lazy decoding, ``"batch"`` output and 1-D
     positions (its tokenizer is checked by :func:`~energon_pack.make_encoder`)."""

@@ -4,6 +4,7 @@ mRoPE position ids and the topology rules. Nothing here reads files or decodes m
 * ``bins``: offline first/best fit decreasing, the fewest rows of a micro-batch, shared rules;
 * ``online``: :class:`OnlineBinPacker`, the bounded carry-over packer, and ``packer_state``,
   what it holds (:class:`PackerCounters`) and the check of its saved state;
+* ``buffer``: :class:`BufferConfig`, when a pack may leave the candidate buffer;
 * ``vision_budget``: :class:`VisionBudget`, caps on vision tokens and media per row, and the
   balance rule;
 * ``subset_sums``: subset sums as big-integer bitsets (the online packer's search);
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from energon_pack._moved import renamed
 from energon_pack.packing.bins import Bin, best_fit_decreasing, first_fit_decreasing
+from energon_pack.packing.buffer import BufferConfig
 from energon_pack.packing.mrope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
 from energon_pack.packing.online import OnlineBinPacker
 from energon_pack.packing.packed import EncodedSample, PackedSample, mrope_for_packed, pack_samples
@@ -30,17 +32,16 @@ from energon_pack.packing.row_layout import PackingWarning, RowLayout
 from energon_pack.packing.topology import (
     DerivedValues,
     TokenSlotRow,
+    TrainingSetup,
     equal_token_slot_table,
     pad_seq_to_mult,
-)
-from energon_pack.packing.topology import (
-    PackingConfig as TrainingSetup,  # until topology.py names the class TrainingSetup
 )
 from energon_pack.packing.vision_budget import VisionBudget, straggler_floor, straggler_ratio
 
 __all__ = [
     "IGNORE_INDEX",
     "Bin",
+    "BufferConfig",
     "DerivedValues",
     "EncodedSample",
     "MRopeConfig",

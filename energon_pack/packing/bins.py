@@ -58,6 +58,14 @@ def overlong_message(key: object, length: int, align: int, capacity: int) -> str
     )
 
 
+def overlong_refusal(key: object, length: int, align: int, capacity: int) -> str | None:
+    """Why a sample of ``length`` tokens cannot fit a row of ``capacity`` once padded to a
+    multiple of ``align``, or None when it fits: the one answer every packer and loader uses."""
+    if aligned_length(length, align) <= capacity:
+        return None
+    return overlong_message(key, length, align, capacity)
+
+
 class _MaxTree:
     """Segment tree over ``size`` slots holding ints; finds the leftmost slot >= a value."""
 
@@ -90,8 +98,8 @@ def _decreasing_order(lengths: Sequence[int], capacity: int, align: int) -> list
     check_capacity_and_align(capacity, align)
     for index, length in enumerate(lengths):
         check_length(index, length)
-        if aligned_length(length, align) > capacity:
-            raise ValueError(f"{overlong_message(index, length, align, capacity)}; {OVERLONG_FIX}")
+        if refusal := overlong_refusal(index, length, align, capacity):
+            raise ValueError(f"{refusal}; {OVERLONG_FIX}")
     return sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
 

@@ -165,23 +165,29 @@ class _RopeFamily(Protocol):
 
 
 def mrope_setting(
-    position_ids: PositionIds,
+    position_ids: PositionIds | MRopeConfig,
     mrope: MRopeConfig | None,
     tokenizer: _SpecialTokens,
     family: _RopeFamily | None = None,
 ) -> MRopeConfig | None:
     """The mRoPE config a packer uses for its ``position_ids`` option (None for ``"1d"``):
-    ``mrope`` if given, else the ``family``'s rule (its ``rope``, ``tokens_per_second`` and
-    merge size), else Qwen2-VL behaviour, with the tokenizer's special-token ids. An ``mrope``
-    given with ``"1d"`` is a ValueError (it would be ignored)."""
+    ``position_ids`` itself when it is an :class:`MRopeConfig`; for ``"mrope"``, ``mrope`` (the
+    deprecated keyword) if given, else the ``family``'s rule (its ``rope``,
+    ``tokens_per_second`` and merge size), else Qwen2-VL behaviour, with the tokenizer's
+    special-token ids. An ``mrope`` given with ``"1d"`` is a ValueError (it would be
+    ignored)."""
+    if isinstance(position_ids, MRopeConfig):
+        return position_ids
     if position_ids not in ("1d", "mrope"):
-        raise ValueError(f"position_ids must be '1d' or 'mrope', got {position_ids!r}")
+        raise ValueError(
+            f"position_ids must be '1d', 'mrope' or an MRopeConfig, got {position_ids!r}"
+        )
     if position_ids == "1d":
         if mrope is not None:
             raise ValueError(
                 f"mrope=MRopeConfig(rule={mrope.rule!r}, ...) is set but position_ids='1d' "
                 "computes no mRoPE ids, so batches would carry 1-D positions only; pass "
-                "position_ids='mrope' (or leave mrope unset for a text model)"
+                "position_ids=MRopeConfig(...) (or leave mrope unset for a text model)"
             )
         return None
     if mrope is not None:

@@ -14,9 +14,11 @@ rows with a bounded candidate buffer. Pure Python, no I/O, no torch. Its rule:
   a bin is only chosen if the remaining deadline bins can still be emitted in deadline order,
   otherwise the most urgent deadline bin leaves, topped up with the fullest subset of the rest.
 
-* A vision budget (``max_vision_tokens``, ``max_media``, ``vision_balance``; see
-  :mod:`~energon_pack.packing.vision_budget`) bounds and balances what bins hold besides
-  tokens; without one, none of it runs.
+* A vision budget (:class:`~energon_pack.VisionBudget`: ``max_vision_tokens``, ``max_media``,
+  ``balance``; see :mod:`~energon_pack.packing.vision_budget`) bounds and balances what bins
+  hold besides tokens. Which subset leaves is a chooser's decision
+  (:mod:`~energon_pack.packing.choosers`: tokens alone, capped or balanced, picked by the
+  budget); the packer keeps the buffer, deadlines, byte bound, counters and state.
 
 Emitted bins list their keys in stream order. Same pushes and settings give the same bins;
 ``state_dict()`` is plain JSON-able data and restoring it reproduces the remaining bins exactly.
@@ -26,65 +28,93 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from energon_pack.moved_keywords import Moved, regroup
 from energon_pack.packing.bins import (
     OVERLONG_FIX,
     Bin,
     Key,
     Overlong,
-    aligned_length,
     check_capacity_and_align,
     check_length,
-    overlong_message,
+    overlong_refusal,
 )
+from energon_pack.packing.buffer import BufferConfig
+from energon_pack.packing.choosers import chooser_for
 from energon_pack.packing.packer_state import (
     STATE_VERSION,
     Candidate,
     DeadlineBin,
-    PackerStats,
+    PackerCounters,
     StateReader,
 )
-from energon_pack.packing.subset_sums import SubsetSums, nearest_sum, prefixes, subset_with_sum
-from energon_pack.packing.vision_budget import (
-    BALANCE_SLACK,
-    BALANCE_TOLERANCE,
-    VISION_FIX,
-    Choice,
-    Room,
-    VisionBudget,
-    base_choice,
-    best_choice,
-    check_vision,
-    vision_target,
-)
+from energon_pack.packing.subset_sums import prefixes
+from energon_pack.packing.vision_budget import VISION_FIX, VisionBudget, check_vision, vision_target
 
-__all__ = ["OnlineBinPacker", "PackerStats"]
+__all__ = ["HeldSize", "OnlineBinPacker", "PackerCounters", "Refusal"]
 
 logger = logging.getLogger("energon_pack.packing")
+
+MOVED = {
+    "max_wait": Moved("buffer", "BufferConfig", "max_wait"),
+    "min_fill": Moved("buffer", "BufferConfig", "min_fill"),
+    "max_bytes": Moved("buffer", "BufferConfig", "max_bytes"),
+    "max_vision_tokens": Moved("vision", "VisionBudget", "max_vision_tokens"),
+    "max_media": Moved("vision", "VisionBudget", "max_media"),
+    "vision_balance": Moved("vision", "VisionBudget", "balance"),
+}
+"""The packer's keywords from before :class:`BufferConfig` and :class:`VisionBudget`."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a sample cannot be in any pack: longer than a row, or alone over a vision cap."""
+
+    reason: str
+    """``"overlong"``, ``"over_max_vision_tokens"`` or ``"over_max_media"``."""
+    message: str
+    """The statement naming the sample, its size and the limit."""
+    fix: str
+    """What to change."""
+
+    @property
+    def over_cap(self) -> bool:
+        """Whether a vision cap refuses it (else its tokens)."""
+        return self.reason != "overlong"
+
+
+@dataclass(frozen=True)
+class HeldSize:
+    """What a held candidate weighs, as the packer recorded it at its push."""
+
+    key: Key
+    length: int
+    vision_tokens: int
+    media: int
 
 
 class OnlineBinPacker:
     """Online packer with a bounded, carry-over candidate buffer (see the module docstring).
 
     Args:
-        capacity: tokens per bin (the packed sequence length).
-        buffer_size: most candidates held at once (>= 1).
-        align: every length is rounded up to a multiple of this before packing.
-        max_wait: most bins a candidate may wait for after its push, so that no sample
-            starves and data order stays close to the stream's (None: unbounded).
-        overlong: what to do with a candidate whose aligned length exceeds the capacity, or
-            whose vision tokens or media alone exceed a cap: ``"error"`` raises ValueError,
-            ``"skip"`` counts it in ``stats.rejected`` and logs its key.
-        min_fill: a bin leaves as soon as it can be filled to at least this fraction.
-        max_bytes: if set, the candidates' ``nbytes`` (given to :meth:`push`) held at once are
-            also bounded: while they sum above it, the fullest subset leaves.
-        max_vision_tokens: most vision tokens (``vision_tokens`` given to :meth:`push`) per bin
-            (None: no cap).
-        max_media: most media (``media`` given to :meth:`push`) per bin (None: no cap).
-        vision_balance: keep each bin's vision tokens near the stream's running mean (see
-            :mod:`~energon_pack.packing.vision_budget`).
+        capacity: tokens per bin (the packed sequence length, ``seq_length``).
+        buffer_size: most candidates held at once (>= 1; Energon's ``packing_buffer_size``).
+        align: every length is rounded up to a multiple of this before packing
+            (``pad_to_multiple_of``).
+        overlong: what to do with a candidate whose aligned length exceeds the capacity:
+            ``"error"`` raises ValueError, ``"skip"`` counts it in ``stats.rejected`` and logs
+            its key. One alone over a vision cap follows ``vision.over_cap`` (by default this).
+        buffer: when bins leave early (``min_fill``), how long a candidate may wait
+            (``max_wait``) and the bound on the bytes held (``max_bytes``); see
+            :class:`~energon_pack.BufferConfig`.
+        vision: caps on the vision tokens (``vision_tokens`` given to :meth:`push`) and media
+            per bin, and the balance mode (:class:`~energon_pack.VisionBudget`; default: none).
+
+    The keywords ``max_wait``, ``min_fill``, ``max_bytes``, ``max_vision_tokens``,
+    ``max_media`` and ``vision_balance`` of earlier releases still work, with a
+    ``DeprecationWarning`` naming the new spelling.
     """
 
     def __init__(
@@ -93,54 +123,50 @@ class OnlineBinPacker:
         buffer_size: int,
         *,
         align: int = 1,
-        max_wait: int | None = 64,
         overlong: Overlong = "error",
-        min_fill: float = 0.999,
-        max_bytes: int | None = None,
-        max_vision_tokens: int | None = None,
-        max_media: int | None = None,
-        vision_balance: bool = False,
+        buffer: BufferConfig | None = None,
+        vision: VisionBudget | None = None,
+        **moved: Any,
     ) -> None:
+        old = regroup("OnlineBinPacker", moved, MOVED, {"buffer": buffer, "vision": vision})
+        buffer = replace(buffer or BufferConfig(), **old.get("buffer", {}))
+        vision = replace(vision or VisionBudget(), **old.get("vision", {}))
         check_capacity_and_align(capacity, align)
         if not isinstance(buffer_size, int) or buffer_size < 1:
             raise ValueError(
                 f"buffer_size (packing_buffer_size) must be an int >= 1, got {buffer_size!r}"
             )
-        if max_wait is not None and (not isinstance(max_wait, int) or max_wait < 0):
-            raise ValueError(f"max_wait must be None or an int >= 0, got {max_wait!r}")
         if overlong not in ("error", "skip"):
             raise ValueError(f"overlong must be 'error' or 'skip', got {overlong!r}")
-        if not 0.0 < min_fill <= 1.0:
-            raise ValueError(f"min_fill must be in (0, 1], got {min_fill!r}")
-        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 1):
-            raise ValueError(
-                f"max_bytes (packing_buffer_bytes) must be None or an int >= 1, got {max_bytes!r}"
-            )
-        self.budget = VisionBudget(max_vision_tokens, max_media, vision_balance)
+        if not isinstance(buffer, BufferConfig):
+            raise ValueError(f"buffer must be a BufferConfig, got {type(buffer).__name__}")
+        if not isinstance(vision, VisionBudget):
+            raise ValueError(f"vision must be a VisionBudget, got {type(vision).__name__}")
+        self.buffer = buffer
+        """The buffer settings (the packer reads ``max_wait``, ``min_fill``, ``max_bytes``)."""
+        self.budget = vision
         """The per-bin vision caps and balance mode."""
-        self._budgeted = self.budget.active
+        self._budgeted = vision.active
         self.capacity = capacity
         self.buffer_size = buffer_size
         self.align = align
-        self.max_wait = max_wait
+        self.max_wait = buffer.max_wait
         self.overlong: Overlong = overlong
-        self.min_fill = min_fill
-        self.max_bytes = max_bytes
+        self.min_fill = buffer.min_fill
+        self.max_bytes = buffer.max_bytes
         self._cap_units = capacity // align
         self._mask = (1 << (self._cap_units + 1)) - 1
         # Units a bin needs to leave early; the epsilon keeps min_fill=1.0 exact under rounding.
-        self._fill_units = min(self._cap_units, math.ceil(min_fill * capacity / align - 1e-9))
+        self._fill_units = min(self._cap_units, math.ceil(self.min_fill * capacity / align - 1e-9))
         self._reset()
 
     def _reset(self) -> None:
-        self.stats = PackerStats(capacity=self.capacity)
+        self.stats = PackerCounters(capacity=self.capacity)
         self._held: list[Candidate] = []
         self._units: list[int] = []  # the held candidates' units, in the same order
         self._held_bytes = 0
         self._prefix: list[int] = [1]  # _prefix[i]: subset sums reachable by _held[:i]
-        # With a vision budget: the text-only candidates by units, the others by vision tokens.
-        self._text = SubsetSums("units", self._mask)
-        self._visual = SubsetSums("vision", (1 << (self.capacity + 1)) - 1)
+        self._chooser = chooser_for(self.budget, self._cap_units, self.capacity)
         self._held_vision = 0
         self._held_tokens = 0
         self._emitted = 0
@@ -162,7 +188,59 @@ class OnlineBinPacker:
         """Keys of the held candidates, in stream order."""
         return [c.key for c in self._held]
 
+    def held_sizes(self) -> list[HeldSize]:
+        """What each held candidate weighs, in stream order, as recorded at its push."""
+        return [HeldSize(c.key, c.length, c.vision, c.media) for c in self._held]
+
+    # --- what a chooser reads (:class:`~energon_pack.packing.choosers.Pool`) ------------------
+    @property
+    def candidates(self) -> list[Candidate]:
+        """The held candidates, in stream order."""
+        return self._held
+
+    @property
+    def units(self) -> list[int]:
+        """The held candidates' aligned units, in stream order."""
+        return self._units
+
+    @property
+    def prefix(self) -> list[int]:
+        """Subset sums of the held units: ``prefix[i]`` for the first ``i`` candidates."""
+        return self._prefix
+
+    @property
+    def cap_units(self) -> int:
+        """A bin's size in units of ``align``."""
+        return self._cap_units
+
+    @property
+    def fill_units(self) -> int:
+        """Units a bin needs to leave early (``min_fill``)."""
+        return self._fill_units
+
+    def vision_target(self) -> float:
+        """The stream's vision tokens per token so far (emitted and held) times the capacity."""
+        stats = self.stats
+        vision = stats.vision_tokens + self._held_vision
+        tokens = stats.real_tokens + self._held_tokens
+        return vision_target(vision, tokens, self.capacity)
+
     # ----------------------------------------------------------------------------- public API
+    def refusal(
+        self, key: Key, length: int, vision_tokens: int = 0, media: int = 0
+    ) -> Refusal | None:
+        """Why a sample cannot be in any bin (its aligned length is above the capacity, or it
+        alone is over a vision cap), or None when it can."""
+        if message := overlong_refusal(key, length, self.align, self.capacity):
+            return Refusal("overlong", message, OVERLONG_FIX)
+        if excess := self.budget.excess(key, vision_tokens, media):
+            return Refusal(f"over_max_{excess[0]}", excess[1], VISION_FIX)
+        return None
+
+    def fits(self, lengths: list[int]) -> bool:
+        """Whether samples of these lengths fit one bin together (after alignment)."""
+        return sum(-(-length // self.align) for length in lengths) <= self._cap_units
+
     def push(
         self, key: Key, length: int, *, nbytes: int = 0, vision_tokens: int = 0, media: int = 0
     ) -> list[Bin]:
@@ -184,17 +262,18 @@ class OnlineBinPacker:
                 f"sample {key!r}: vision_tokens={vision} is more than its length={length} "
                 "(vision tokens are among the sample's tokens)"
             )
-        units = aligned_length(length, self.align) // self.align
+        units = -(-length // self.align)
         refusal = None
-        if units > self._cap_units:
-            refusal = overlong_message(key, length, self.align, self.capacity), OVERLONG_FIX
-        elif self._budgeted and (excess := self.budget.excess(key, vision, media)):
-            refusal = excess[1], VISION_FIX
+        if units > self._cap_units or (self._budgeted and self.budget.excess(key, vision, media)):
+            refusal = self.refusal(key, length, vision, media)
         if refusal is not None:
-            if self.overlong == "error":
-                raise ValueError(f"{refusal[0]}; {refusal[1]}")
+            policy = (
+                self.budget.over_cap_policy(self.overlong) if refusal.over_cap else self.overlong
+            )
+            if policy == "error":
+                raise ValueError(f"{refusal.message}; {refusal.fix}")
             self.stats.rejected += 1
-            logger.warning("skipping %s", refusal[0])
+            logger.warning("skipping %s", refusal.message)
             return []
         out: list[Bin] = []
         cand = Candidate(key, length, units, self._emitted, -1, nbytes, vision, media)
@@ -207,8 +286,7 @@ class OnlineBinPacker:
         self._held_tokens += length
         last = self._prefix[-1]
         self._prefix.append((last | (last << units)) & self._mask)
-        if self._budgeted:
-            (self._visual if cand.visual else self._text).append(cand)
+        self._chooser.added(cand)
         if self.max_wait is not None:
             self._deadline_bins.setdefault(cand.deadline_bin, DeadlineBin()).add(cand)
             while len(self._deadline_bins) > self.max_wait:
@@ -278,28 +356,13 @@ class OnlineBinPacker:
             for cand in checked.held:
                 self._deadline_bins[cand.deadline_bin].add(cand)
         self._prefix = prefixes(self._units, 1, self._mask)
-        if self._budgeted:
-            self._text.reset([c for c in self._held if not c.visual])
-            self._visual.reset([c for c in self._held if c.visual])
+        self._chooser.reset(self._held)
 
     # ------------------------------------------------------------------------------ internals
-    def _fullest_subset(self) -> list[int]:
-        """Indices of the fullest subset of held candidates; older ones preferred."""
-        prefix = self._prefix
-        return subset_with_sum(prefix, self._units, prefix[-1].bit_length() - 1)
-
     def _next_subset(self, *, early: bool) -> list[int] | None:
-        """The bin to leave next. ``early`` (a bin leaving by the fill rule): only a bin that is
-        full enough (and balanced, with ``vision_balance``), else None."""
-        if self.budget.balance:
-            chosen = self._balanced_subset([], early=early)
-        elif self._budgeted:
-            best, ready = self._budget_subsets([])
-            chosen = ready if early else best
-        else:
-            chosen = self._fullest_subset()
-            if early and self._units_of(chosen) < self._fill_units:
-                chosen = None
+        """The bin to leave next. ``early`` (a bin leaving by the fill rule): only a bin good
+        enough to leave now (full enough; balanced, with ``vision_balance``), else None."""
+        chosen = self._chooser.choose(self, [], early=early)
         if chosen is None or self.max_wait is None or self._schedulable(chosen):
             return chosen
         urgent = self._most_urgent_subset()
@@ -314,98 +377,6 @@ class OnlineBinPacker:
     def _units_of(self, chosen: list[int]) -> int:
         units = self._units
         return sum(units[i] for i in chosen)
-
-    def _budget_subsets(self, forced: list[int]) -> tuple[list[int], list[int] | None]:
-        """With a vision budget: the best bin holding ``forced`` (indices of held candidates)
-        and the best one ready to leave early, if any (found by
-        :func:`~energon_pack.packing.vision_budget.best_choice`)."""
-        held = self._held
-        members = [held[i] for i in forced]
-        text, visual_sums = self._without(members)
-        visual = visual_sums.items
-        budget = self.budget
-        base = base_choice(members)
-        room = Room(
-            self._cap_units - base.units,
-            None if budget.max_vision_tokens is None else budget.max_vision_tokens - base.vision,
-            None if budget.max_media is None else budget.max_media - base.media,
-        )
-        best, ready = best_choice(
-            visual,
-            text.prefix[-1],
-            room,
-            base=base,
-            target=self._vision_target() if budget.balance else None,
-            capacity_units=self._cap_units,
-            fill_units=self._fill_units,
-        )
-
-        def indices(choice: Choice) -> list[int]:
-            picked = [visual[p] for p in choice.visual] + text.subset(choice.text_units)
-            return forced + self._positions(picked)
-
-        return indices(best), None if ready is None else indices(ready)
-
-    def _balanced_subset(self, forced: list[int], *, early: bool) -> list[int] | None:
-        """With ``vision_balance``: ``forced`` (indices of held candidates) plus the
-        media-carrying candidates whose vision tokens bring the bin nearest to the target,
-        without passing it by more than :data:`BALANCE_TOLERANCE` (the oldest one goes alone
-        if it alone is above that), topped up with the fullest text-only subset. ``early``:
-        only a bin at least :data:`BALANCE_SLACK` near the target and full enough, else None.
-        Where those media break the row or ``max_media``, the search of
-        :meth:`_budget_subsets` decides."""
-        held, budget = self._held, self.budget
-        members = [held[i] for i in forced]
-        text, visual = self._without(members)
-        target = self._vision_target() - sum(c.vision for c in members)
-        over = math.floor(target * (1 + BALANCE_TOLERANCE))
-        high = self.capacity if budget.max_vision_tokens is None else budget.max_vision_tokens
-        high -= sum(c.vision for c in members)
-        if not members and visual.items and visual.items[0].vision > over:
-            picked = visual.items[:1]
-        else:
-            low = math.ceil(target * (1 - BALANCE_SLACK)) if early else 0
-            high = max(min(high, over), 0)  # forced members may pass the target already
-            nearest = nearest_sum(visual.prefix[-1], max(round(target), 0), low, high)
-            if nearest is None:
-                return None if early else self._budget_subsets(forced)[0]
-            picked = visual.subset(nearest)
-        units = sum(c.units for c in members + picked)
-        media = sum(c.media for c in members + picked)
-        if units > self._cap_units or (budget.max_media is not None and media > budget.max_media):
-            return None if early else self._budget_subsets(forced)[0]
-        reach = text.prefix[-1] & ((1 << (self._cap_units - units + 1)) - 1)
-        text_units = reach.bit_length() - 1
-        if early and units + text_units < self._fill_units:
-            return None
-        return forced + self._positions(picked + text.subset(text_units))
-
-    def _positions(self, cands: list[Candidate]) -> list[int]:
-        """Indices of ``cands`` among the held candidates."""
-        index = {id(c): i for i, c in enumerate(self._held)}
-        return [index[id(c)] for c in cands]
-
-    def _without(self, members: list[Candidate]) -> tuple[SubsetSums, SubsetSums]:
-        """The text-only and media-carrying sums without ``members`` (the kept ones where
-        nothing is removed)."""
-        if not members:
-            return self._text, self._visual
-        leaving = {id(c) for c in members}
-        sums = []
-        for kept in (self._text, self._visual):
-            if any(id(c) in leaving for c in kept.items):
-                rebuilt = SubsetSums(kept.size, kept.mask)
-                rebuilt.reset([c for c in kept.items if id(c) not in leaving])
-                kept = rebuilt
-            sums.append(kept)
-        return sums[0], sums[1]
-
-    def _vision_target(self) -> float:
-        """The stream's vision tokens per token so far (emitted and held) times the capacity."""
-        stats = self.stats
-        vision = stats.vision_tokens + self._held_vision
-        tokens = stats.real_tokens + self._held_tokens
-        return vision_target(vision, tokens, self.capacity)
 
     # --- max_wait: deadline bins -------------------------------------------------------------
     # Every held candidate sits in a deadline bin whose items fit the capacity (and the vision
@@ -433,55 +404,21 @@ class OnlineBinPacker:
         return all(deadline >= after + j for j, deadline in enumerate(deadlines))
 
     def _most_urgent_subset(self) -> list[int]:
-        """The earliest-deadline bin, topped up with the best subset of the others."""
+        """The earliest-deadline bin, topped up by the chooser with the best of the others."""
         urgent_id = min(
             self._deadline_bins, key=lambda b: (self._deadline(self._deadline_bins[b].members), b)
         )
         urgent = [i for i, c in enumerate(self._held) if c.deadline_bin == urgent_id]
-        if self.budget.balance:
-            chosen = self._balanced_subset(urgent, early=False)
-            assert chosen is not None
-            return chosen
-        if self._budgeted:
-            return self._budget_subsets(urgent)[0]
-        others = [i for i, c in enumerate(self._held) if c.deadline_bin != urgent_id]
-        units = [self._units[i] for i in others]
-        room = self._cap_units - self._units_of(urgent)
-        prefix = prefixes(units, 1, (1 << (room + 1)) - 1)
-        picked = subset_with_sum(prefix, units, prefix[-1].bit_length() - 1)
-        return urgent + [others[p] for p in picked]
+        chosen = self._chooser.choose(self, urgent, early=False)
+        assert chosen is not None
+        return chosen
 
     def _deadline_bin_for(self, cand: Candidate) -> int:
-        """Id of the best-fit deadline bin for a new candidate (maybe a new one). With
-        ``vision_balance`` a bin whose vision tokens stay within the target is preferred, since
-        a deadline bin may have to leave as it is."""
-        if self._budgeted:
-            return self._budgeted_deadline_bin_for(cand)
-        best, best_free = -1, self._cap_units + 1
-        for bin_id, deadline_bin in self._deadline_bins.items():
-            free = self._cap_units - deadline_bin.units
-            if cand.units <= free < best_free:
-                best, best_free = bin_id, free
-        if best < 0:
-            best = self._next_deadline_bin
-            self._next_deadline_bin += 1
-        return best
-
-    def _budgeted_deadline_bin_for(self, cand: Candidate) -> int:
-        budget, bins = self.budget, self._deadline_bins
-        fitting = [
-            (self._cap_units - deadline_bin.units, bin_id)
-            for bin_id, deadline_bin in bins.items()
-            if cand.units <= self._cap_units - deadline_bin.units
-            and budget.fits(deadline_bin.vision + cand.vision, deadline_bin.media + cand.media)
-        ]
-        if budget.balance and cand.visual and fitting:
-            over = self._vision_target() * (1 + BALANCE_TOLERANCE)
-            balanced = [f for f in fitting if bins[f[1]].vision + cand.vision <= over]
-            room_for_a_bin = self.max_wait is not None and len(bins) < self.max_wait
-            fitting = balanced or ([] if room_for_a_bin else fitting)
-        if fitting:
-            return min(fitting, key=lambda f: f[0])[1]  # the fullest; ties to the earlier bin
+        """Id of the deadline bin a new candidate joins (the chooser's pick, else a new one)."""
+        assert self.max_wait is not None
+        found = self._chooser.deadline_bin(self, self._deadline_bins, cand, self.max_wait)
+        if found is not None:
+            return found
         self._next_deadline_bin += 1
         return self._next_deadline_bin - 1
 
@@ -521,10 +458,7 @@ class OnlineBinPacker:
         start = order[0]
         prefix = self._prefix
         prefix[start + 1 :] = prefixes(self._units[start:], prefix[start], self._mask)[1:]
-        if self._budgeted:
-            leaving = {id(c) for c in cands}
-            self._text.remove(leaving)
-            self._visual.remove(leaving)
+        self._chooser.removed(cands)
         return Bin(
             keys=tuple(c.key for c in cands),
             lengths=tuple(c.length for c in cands),

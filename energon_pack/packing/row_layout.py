@@ -4,7 +4,7 @@
 :func:`~energon_pack.pack_samples`), both loaders, the offline packer and the settings
 fingerprint take. The rules that other settings objects share (the offline
 :class:`~energon_pack.offline.PackingSpec`, the topology check
-:class:`~energon_pack.PackingConfig`) are the functions below, written once.
+:class:`~energon_pack.TrainingSetup`) are the functions below, written once.
 No torch: the topology check and the CLI use this without loading it. :meth:`RowLayout.bridge_row`
 lays a row out in Megatron-Bridge's packed parquet form (the offline ``format="bridge"``).
 """
@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from energon_pack.packing.bins import aligned_length, overlong_message
+from energon_pack.packing.bins import aligned_length, overlong_refusal
 
 __all__ = [
     "OverlongPolicy",
@@ -100,9 +100,7 @@ class RowLayout:
 
     def overlong(self, key: object, length: int) -> str | None:
         """Why a sample of ``length`` tokens cannot fit a row, or None when it fits."""
-        if self.aligned(length) <= self.seq_length:
-            return None
-        return overlong_message(key, length, self.pad_to_multiple_of, self.seq_length)
+        return overlong_refusal(key, length, self.pad_to_multiple_of, self.seq_length)
 
     @property
     def static_segments(self) -> int | None:
@@ -245,3 +243,32 @@ def default_pad_token_id(tokenizer: object) -> int:
 
 def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def loader_layout(
+    owner: str,
+    layout: RowLayout | None,
+    seq_length: int | None,
+    pad_to_multiple_of: int,
+    fields: dict[str, Any],
+    tokenizer: object,
+) -> RowLayout:
+    """A loader's row layout: ``layout`` as given, or the one its ``seq_length`` /
+    ``pad_to_multiple_of`` shortcut and the row keywords of earlier releases (``fields``) give,
+    padding with the tokenizer's pad id (:func:`default_pad_token_id`) unless one is given."""
+    if layout is not None:
+        if seq_length is not None or pad_to_multiple_of != 1:
+            raise ValueError(
+                f"{owner}: pass seq_length and pad_to_multiple_of, or layout=RowLayout(...) with "
+                "them, not both"
+            )
+        return layout
+    if seq_length is None:
+        raise ValueError(f"{owner} needs seq_length (or layout=RowLayout(...))")
+    pad_token_id = fields.pop("pad_token_id", None)
+    return RowLayout(
+        seq_length,
+        pad_to_multiple_of,
+        **fields,
+        pad_token_id=default_pad_token_id(tokenizer) if pad_token_id is None else pad_token_id,
+    )

@@ -20,7 +20,7 @@ def prefixes(sizes: Sequence[int], start: int, mask: int) -> list[int]:
     return out
 
 
-def subset_with_sum(prefix: list[int], sizes: Sequence[int], target: int) -> list[int]:
+def subset_with_sum(prefix: Sequence[int], sizes: Sequence[int], target: int) -> list[int]:
     """Positions in ``sizes`` of a subset summing to ``target`` (a bit of ``prefix[-1]``),
     preferring older (earlier) ones."""
     chosen = []

@@ -1,8 +1,8 @@
 """Parallel topology helpers and packing configuration checks. Pure logic, no I/O.
 
 :func:`pad_seq_to_mult` gives the multiple every packed segment (and ``seq_length``) must be
-padded to under tensor / context / sequence parallelism. :class:`PackingConfig` holds the settings
-that interact with sequence packing; :meth:`PackingConfig.validate` lists every violated rule at
+padded to under tensor / context / sequence parallelism. :class:`TrainingSetup` holds the settings
+that interact with sequence packing; :meth:`TrainingSetup.validate` lists every violated rule at
 once, each message naming the setting, its value, the rule and the fix.
 """
 
@@ -12,9 +12,11 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from energon_pack._moved import renamed
 from energon_pack.packing.row_layout import fixed_width_problem, multiple_problem
+from energon_pack.packing.vision_budget import VisionBudget
 
 Mode = Literal["online", "collate", "offline", "none"]
 MODES: tuple[Mode, ...] = ("online", "collate", "offline", "none")
@@ -54,7 +56,7 @@ def pad_seq_to_mult(tp: int, cp: int, sp: bool, eval_cp: int | None = None) -> i
 
 @dataclass(frozen=True)
 class DerivedValues:
-    """Values that follow from a :class:`PackingConfig`."""
+    """Values that follow from a :class:`TrainingSetup`."""
 
     mode: Mode
     pad_seq_to_mult: int
@@ -93,7 +95,7 @@ def equal_token_slot_table(
 
 
 @dataclass(frozen=True)
-class PackingConfig:
+class TrainingSetup:
     """Settings that interact with sequence packing (YAML keys are these field names).
 
     ``mode`` picks one packing path: ``online`` (Energon buffer, MBS 1), ``collate``
@@ -132,11 +134,36 @@ class PackingConfig:
     online_packing: bool = False
     collate_packing: bool = False
     offline_packing: bool = False
+    vision: VisionBudget | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The vision budget as one object, instead of ``max_vision_tokens``, ``max_media`` and
+    ``vision_balance`` (the YAML keys, set from it)."""
 
     def __post_init__(self) -> None:
+        if self.vision is not None:
+            self._take_vision(self.vision)
         problems = [p for f in dataclasses.fields(self) if (p := self._type_problem(f.name))]
         if problems:
-            raise ValueError("invalid PackingConfig: " + "; ".join(problems))
+            raise ValueError("invalid TrainingSetup: " + "; ".join(problems))
+
+    def _take_vision(self, vision: object) -> None:
+        """Set the vision budget's fields from ``vision`` (a :class:`VisionBudget`)."""
+        if not isinstance(vision, VisionBudget):
+            raise ValueError(
+                f"invalid TrainingSetup: vision must be a VisionBudget, got {type(vision).__name__}"
+            )
+        given = [name for name in _VISION_FIELDS if getattr(self, name) not in (None, False)]
+        if given:
+            raise ValueError(
+                f"invalid TrainingSetup: vision= and {', '.join(given)} are both given; pass "
+                "the vision budget once (vision=VisionBudget(...), or its fields)"
+            )
+        object.__setattr__(self, "max_vision_tokens", vision.max_vision_tokens)
+        object.__setattr__(self, "max_media", vision.max_media)
+        object.__setattr__(self, "vision_balance", vision.balance)
+
+    def vision_budget(self) -> VisionBudget:
+        """The vision caps and balance these settings give (``over_cap`` is a loader's)."""
+        return VisionBudget(self.max_vision_tokens, self.max_media, self.vision_balance)
 
     def _type_problem(self, name: str) -> str | None:
         value = getattr(self, name)
@@ -158,9 +185,9 @@ class PackingConfig:
         return None
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> PackingConfig:
+    def from_mapping(cls, data: Mapping[str, Any]) -> TrainingSetup:
         """Build from a mapping (e.g. parsed YAML); unknown keys and wrong types raise."""
-        valid = [f.name for f in dataclasses.fields(cls)]
+        valid = [f.name for f in dataclasses.fields(cls) if f.name != "vision"]
         unknown = sorted(str(k) for k in data if k not in valid)
         if unknown:
             raise ValueError(
@@ -172,7 +199,7 @@ class PackingConfig:
         return cls(**data)
 
     @classmethod
-    def long_context_preset(cls, **overrides: Any) -> PackingConfig:
+    def long_context_preset(cls, **overrides: Any) -> TrainingSetup:
         """16K-token online packing with CP 2, TP 4 + SP, finetuning loss settings for CP."""
         settings: dict[str, Any] = {
             "seq_length": 16384,
@@ -333,7 +360,7 @@ class PackingConfig:
         out: list[str] = []
         budget = [
             f"{name}={getattr(self, name)!r}"
-            for name in ("max_vision_tokens", "max_media", "vision_balance")
+            for name in _VISION_FIELDS
             if getattr(self, name) not in (None, False)
         ]
         if budget and not {"online", "collate"} & set(modes):
@@ -422,6 +449,7 @@ def _scope_problem(value: object) -> str | None:
     )
 
 
+_VISION_FIELDS = ("max_vision_tokens", "max_media", "vision_balance")
 _POSITIVE_INTS = frozenset(
     {"seq_length", "micro_batch_size", "global_batch_size", "data_parallel_size", "tp", "cp", "pp"}
 )
@@ -441,3 +469,9 @@ _BOOLS = frozenset(
         *LEGACY_MODE_FLAGS,
     }
 )
+
+
+if TYPE_CHECKING:  # the old name, for type checkers
+    PackingConfig = TrainingSetup
+else:  # the old name, with a DeprecationWarning
+    __getattr__ = renamed(__name__, "PackingConfig")

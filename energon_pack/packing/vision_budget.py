@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from energon_pack.packing.bins import Overlong
+
 BALANCE_TOLERANCE = 0.05
 """With ``balance``: how far above its target a row's vision tokens may be (a row above the mean
 delays the whole step)."""
@@ -40,7 +42,8 @@ SEARCH_NODES = 256
 
 VISION_FIX = (
     "raise the cap, lower the media's resolution or frame count (MediaConfig max_pixels, "
-    "video_max_frames), or pass overlong='skip' to count and skip such samples"
+    "video_max_frames), or pass VisionBudget(over_cap='skip') (or overlong='skip') to count and "
+    "skip such samples"
 )
 """The fix a sample over a vision cap names (after :meth:`VisionBudget.excess`)."""
 
@@ -66,23 +69,43 @@ def _check_cap(name: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class VisionBudget:
-    """Per-row vision caps and the balance mode (all off by default).
+    """Per-pack vision caps and the balance mode (all off by default), for
+    :class:`~energon_pack.OnlineBinPacker`, :class:`~energon_pack.PackingTaskEncoder` (``vision=``),
+    :class:`~energon_pack.VLMPackingCollator` (``vision=``), ``tune`` and the topology check.
 
     Args:
-        max_vision_tokens: most vision tokens per row (None: no cap).
-        max_media: most images + videos per row (None: no cap).
-        balance: keep each row's vision tokens near the stream's running mean.
+        max_vision_tokens: most vision tokens per pack (None: no cap), counted from the media
+            probe before any decode.
+        max_media: most images + videos per pack (None: no cap).
+        balance: keep each pack's vision tokens near the stream's running mean, so that
+            data-parallel ranks wait less for each other's vision encoder.
+        over_cap: a sample alone over a cap: ``"error"`` raises, ``"skip"`` counts and skips
+            it; None (default) follows the loader's ``overlong`` (``"truncate"`` skips, since
+            cutting text does not lower a sample's vision tokens).
     """
 
     max_vision_tokens: int | None = None
     max_media: int | None = None
     balance: bool = False
+    over_cap: Overlong | None = None
 
     def __post_init__(self) -> None:
         _check_cap("max_vision_tokens", self.max_vision_tokens)
         _check_cap("max_media", self.max_media)
         if not isinstance(self.balance, bool):
-            raise ValueError(f"vision_balance must be True or False, got {self.balance!r}")
+            raise ValueError(
+                f"vision_balance must be True or False (VisionBudget.balance), got {self.balance!r}"
+            )
+        if self.over_cap not in (None, "error", "skip"):
+            raise ValueError(
+                f"over_cap must be None (as overlong), 'error' or 'skip', got {self.over_cap!r}"
+            )
+
+    def over_cap_policy(self, overlong: str) -> Overlong:
+        """What happens to a sample alone over a cap, given the loader's ``overlong``."""
+        if self.over_cap is not None:
+            return self.over_cap
+        return "error" if overlong == "error" else "skip"
 
     @property
     def active(self) -> bool:
@@ -99,6 +122,8 @@ class VisionBudget:
             out["max_media"] = self.max_media
         if self.balance:
             out["vision_balance"] = True
+        if self.over_cap is not None:
+            out["over_cap"] = self.over_cap
         return out
 
     def fits(self, vision: int, media: int) -> bool:

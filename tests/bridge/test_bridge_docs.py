@@ -38,7 +38,9 @@ def test_a_page_with_bridge_blocks_runs_whole(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "fixtures").symlink_to(ROOT / "fixtures", target_is_directory=True)
-    monkeypatch.syspath_prepend(str(ROOT / "tests"))
+    # The pages' helpers import the test suite's shared helpers (tests/support); the test
+    # modules they take builders from are on the path by the root conftest.py (TEST_PATHS).
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "support"))
     monkeypatch.syspath_prepend(str(ROOT / "docs" / "_fixtures"))
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
     document = Sybil(parsers=[PythonCodeBlockParser()]).parse(page)

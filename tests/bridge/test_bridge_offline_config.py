@@ -2,7 +2,7 @@
 
 Each case is one training setup written twice: as Bridge's config (GPT model provider, an
 offline GPT SFT dataset or an in-batch-packing dataset) and as a
-:class:`~energon_pack.PackingConfig`. Both accept it, both refuse it, or Bridge accepts
+:class:`~energon_pack.TrainingSetup`. Both accept it, both refuse it, or Bridge accepts
 and check-config refuses with a message that says why it is stricter. Runs in the Bridge test
 environment (``bash scripts/test_bridge.sh``); skipped elsewhere.
 """
@@ -38,7 +38,7 @@ from megatron.bridge.training.config import (  # noqa: E402
 from megatron.bridge.training.tokenizers.config import TokenizerConfig  # noqa: E402
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
 
-from energon_pack.packing.topology import PackingConfig  # noqa: E402
+from energon_pack.packing import TrainingSetup  # noqa: E402
 
 STRICTER = "Megatron-Bridge 0.6.2"
 """What a stricter check-config message names."""
@@ -62,9 +62,9 @@ class Setup:
     per_token_loss: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def packing_config(self) -> PackingConfig:
+    def packing_config(self) -> TrainingSetup:
         modules = None if self.graph in (None, "full_iteration") else self.graph
-        return PackingConfig(
+        return TrainingSetup(
             seq_length=self.seq_length,
             mode=self.mode,  # type: ignore[arg-type]
             micro_batch_size=self.mbs,
@@ -137,7 +137,7 @@ class Setup:
                 enable_offline_packing=True,
                 offline_packing_specs=PackedSequenceSpecs(
                     packed_sequence_size=self.seq_length,
-                    pad_seq_to_mult=PackingConfig(
+                    pad_seq_to_mult=TrainingSetup(
                         seq_length=self.seq_length, tp=self.tp, cp=self.cp, sp=self.sp
                     ).pad_seq_to_mult(),
                     pad_cu_seqlens=self.pad_cu_seqlens,

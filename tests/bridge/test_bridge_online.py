@@ -173,11 +173,12 @@ def test_the_docs_bridge_quick_start_runs_as_written(monkeypatch: pytest.MonkeyP
 def test_the_fallback_visual_inputs_have_bridges_fields() -> None:
     from dataclasses import fields
 
-    from energon_pack.train.bridge import VisualInputs
+    from energon_pack.train.bridge import BridgeVisualInputs
 
-    assert [f.name for f in fields(VisualInputs)] == [f.name for f in fields(GenericVisualInputs)]
+    ours_fields = [f.name for f in fields(BridgeVisualInputs)]
+    assert ours_fields == [f.name for f in fields(GenericVisualInputs)]
     pixels = torch.ones(2, 3, 4, 1, 1)
-    ours = VisualInputs(pixel_values=pixels).normalized_for_model()
+    ours = BridgeVisualInputs(pixel_values=pixels).normalized_for_model()
     theirs = GenericVisualInputs(pixel_values=pixels).normalized_for_model()
     assert ours.keys() == theirs.keys()
     assert torch.equal(ours["pixel_values"], theirs["pixel_values"])
