@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from energon_pack.checks import check_int, check_number
+from energon_pack.checks import check_config, check_int, check_number
 from energon_pack.packing.row import first_true
 
 TextAfterVision = Literal["max", "spatial"]
@@ -176,6 +176,7 @@ def mrope_setting(
     ``tokens_per_second`` and merge size), else Qwen2-VL behaviour, with the tokenizer's
     special-token ids. An ``mrope`` given with ``"1d"`` is a ValueError (it would be
     ignored)."""
+    check_config("mrope", mrope, MRopeConfig)
     if isinstance(position_ids, MRopeConfig):
         return position_ids
     if position_ids not in ("1d", "mrope"):
