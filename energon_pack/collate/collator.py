@@ -174,14 +174,8 @@ class VLMPackingCollator:
         self.family = None if family is None else model_family(family)
         self.encoder = self._encoder_for(encoder)
         tokenizer = self.encoder.tokenizer
-        self.layout = loader_layout(
-            "VLMPackingCollator",
-            layout,
-            seq_length,
-            pad_to_multiple_of,
-            old.get("layout", {}),
-            tokenizer,
-        )
+        shortcut = seq_length, pad_to_multiple_of, old.get("layout", {})
+        self.layout = loader_layout("VLMPackingCollator", layout, *shortcut, tokenizer)
         self.budget = replace(vision or VisionBudget(), **old.get("vision", {}))
         """The per-row vision caps and balance mode."""
         self.overlong: OverlongPolicy = overlong

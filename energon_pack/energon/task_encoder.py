@@ -325,14 +325,8 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         self.output: Output = output
         # JSON/text parsed; media stay compressed, decoded late
         self.decoder = MediaKeepingDecoder(self.media.max_json_bytes)
-        self.layout = loader_layout(
-            "PackingTaskEncoder",
-            layout,
-            seq_length,
-            pad_to_multiple_of,
-            old.get("layout", {}),
-            self.encoder.tokenizer,
-        )
+        shortcut = seq_length, pad_to_multiple_of, old.get("layout", {})
+        self.layout = loader_layout("PackingTaskEncoder", layout, *shortcut, self.encoder.tokenizer)
         self.overlong: Overlong = overlong
         self.decode: Decode = self.buffer.decode
         mrope = old.get("position_ids", {}).get("mrope")

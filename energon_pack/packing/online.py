@@ -31,6 +31,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from energon_pack._moved import renamed
 from energon_pack.moved_keywords import Moved, regroup
 from energon_pack.packing.bins import (
     OVERLONG_FIX,
@@ -467,3 +468,6 @@ class OnlineBinPacker:
             vision_tokens=vision,
             media=media,
         )
+
+
+__getattr__ = renamed(__name__, "PackerStats")  # the old name, with a DeprecationWarning

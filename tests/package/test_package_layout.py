@@ -21,10 +21,11 @@ TESTS = Path(__file__).resolve().parents[1]
 STAGES = (
     "checks",
     "_moved",
+    "moved_keywords",
     "media",
     "formats",
-    "packing",
     "memory",
+    "packing",
     "encoding",
     "train",
     "collate",

@@ -33,26 +33,12 @@ OLD_NAMES = [
     ("energon_pack.media.assembly", "VisionInputs"),
 ]
 """(module, old name): every module that exported the old name."""
-PENDING = {
-    ("energon_pack.packing.online", "PackerStats"): "online.py has no __getattr__ for it yet",
-    ("energon_pack.packing.topology", "PackingConfig"): "topology.py may not have renamed it yet",
-}
-"""Old names whose modules are being rewritten and may not warn yet (take them off once they do)."""
 HOME = {"MediaTensors": "energon_pack.media"}
 """Where a new name that is not in ``energon_pack`` is public."""
 
 
 def _params() -> list[object]:
-    return [
-        pytest.param(
-            module,
-            old,
-            marks=[pytest.mark.xfail(reason=PENDING[module, old])]
-            if (module, old) in PENDING
-            else [],
-        )
-        for module, old in OLD_NAMES
-    ]
+    return [pytest.param(module, old) for module, old in OLD_NAMES]
 
 
 def _module(name: str) -> ModuleType:
@@ -95,9 +81,8 @@ def test_an_old_name_imports_with_from(module_name: str, old: str) -> None:
 
 def test_old_names_are_not_public_and_other_names_stay_missing() -> None:
     assert not set(RENAMED) & set(energon_pack.__all__)
-    rewritten = {module for module, _ in PENDING}
     for module_name, old in OLD_NAMES:
-        if module_name in OLD_PATHS or module_name in rewritten:
+        if module_name in OLD_PATHS:
             continue
         module = _module(module_name)
         public = getattr(module, "__all__", None)
@@ -110,15 +95,7 @@ def test_old_names_are_not_public_and_other_names_stay_missing() -> None:
 
 @pytest.mark.parametrize(
     "new",
-    [
-        pytest.param(
-            new,
-            marks=[pytest.mark.xfail(reason=PENDING["energon_pack.packing.topology", old])]
-            if old == "PackingConfig"
-            else [],
-        )
-        for old, new in RENAMED.items()
-    ],
+    list(RENAMED.values()),
 )
 def test_the_classes_carry_their_new_names(new: str) -> None:
     cls = getattr(importlib.import_module(HOME.get(new, "energon_pack")), new)
