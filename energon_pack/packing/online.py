@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from energon_pack._moved import renamed
 from energon_pack.moved_keywords import Moved, regroup
@@ -470,4 +470,7 @@ class OnlineBinPacker:
         )
 
 
-__getattr__ = renamed(__name__, "PackerStats")  # the old name, with a DeprecationWarning
+if TYPE_CHECKING:  # the old name, for type checkers
+    PackerStats = PackerCounters
+else:  # the old name, with a DeprecationWarning
+    __getattr__ = renamed(__name__, "PackerStats")
