@@ -437,9 +437,10 @@ class VLMPackingCollator:
         return None
 
     def _over_vision_cap(self, key: str, reason: str, skipped: list[str]) -> None:
-        """A sample alone over a vision cap: raised with ``overlong="error"``, else skipped
-        (cutting its text would not lower its vision tokens)."""
-        if self.overlong == "error":
+        """A sample alone over a vision cap: raised or skipped as the budget's ``over_cap``
+        says (by default as ``overlong``; ``"truncate"`` skips, since cutting its text would
+        not lower its vision tokens)."""
+        if self.budget.over_cap_policy(self.overlong) == "error":
             raise ValueError(f"{reason}; {VISION_FIX}")
         skipped.append(key)
         logger.warning("skipping: %s", reason)

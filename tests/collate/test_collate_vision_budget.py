@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,17 @@ def test_a_sample_alone_over_a_cap_is_skipped_or_refused(encoded: list[Any]) -> 
         match=rf"sample {big.key!r} has {big.vision_tokens} vision tokens, above max_vision_t",
     ):
         _collator(seq_length=8192, max_vision_tokens=cap)([big, *small])
+
+
+def test_over_cap_decides_apart_from_overlong(encoded: list[Any]) -> None:
+    big = max(encoded, key=lambda s: s.vision_tokens)
+    small = [s for s in encoded if 0 < s.vision_tokens < 50][:3]
+    skip = VisionBudget(max_vision_tokens=big.vision_tokens - 1, over_cap="skip")
+    out = _collator(seq_length=8192, vision=skip)([big, *small])  # overlong stays "error"
+    assert out.skipped_keys == (big.key,)
+    strict = replace(skip, over_cap="error")
+    with pytest.raises(ValueError, match=rf"sample {big.key!r} has {big.vision_tokens} vision"):
+        _collator(seq_length=8192, vision=strict, overlong="truncate")([big, *small])
 
 
 def test_bad_caps_are_refused_at_construction() -> None:

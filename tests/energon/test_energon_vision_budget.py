@@ -21,6 +21,7 @@ from helpers import (
     train_dataset,
 )
 
+from energon_pack import VisionBudget
 from energon_pack.encoding.chatml import ConversationEncoder
 from energon_pack.energon import restore_state_rank
 
@@ -105,6 +106,12 @@ def test_a_sample_over_a_cap_is_counted_or_refused_by_name(
         ValueError, match=r"vision tokens, above max_vision_tokens=100; raise the cap"
     ):
         list(batches(train_dataset(vlm_demo_path, 16, max_vision_tokens=100)))
+    # What a sample over a cap gets is its own setting: skipped here while overlong="error".
+    budget = VisionBudget(max_vision_tokens=100, over_cap="skip")
+    kept = Counter(
+        k for b in batches(train_dataset(vlm_demo_path, 16, vision=budget)) for k in b.__keys__
+    )
+    assert kept == emitted
 
 
 def test_a_restore_under_another_cap_is_refused_by_name(vlm_demo_path: Path) -> None:
