@@ -155,6 +155,15 @@ packer_settings = st.fixed_dictionaries(
 
 
 Scenario = tuple[dict[str, Any], list[tuple[int, int]]]
+
+
+def packer_of(config: dict[str, Any], **options: Any) -> OnlineBinPacker:
+    """The packer of a drawn flat config (its buffer settings as one BufferConfig)."""
+    buffer = BufferConfig(config["max_wait"], config["min_fill"], config["max_bytes"])
+    size, align = config["buffer_size"], config["align"]
+    return OnlineBinPacker(config["capacity"], size, align=align, buffer=buffer, **options)
+
+
 RESUME_EXAMPLES = int(os.environ.get("RESUME_EXAMPLES", "1000"))
 """Examples of the restore-at-every-push property (raise it for a longer fuzz run)."""
 
@@ -173,7 +182,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
 @given(scenarios())
 def test_online_invariants(scenario: Scenario) -> None:
     config, stream = scenario
-    run = Run(OnlineBinPacker(**config, overlong="skip"))
+    run = Run(packer_of(config, overlong="skip"))
     for key, (length, nbytes) in enumerate(stream):
         run.push(key, length, nbytes)
     run.flush()
@@ -213,7 +222,7 @@ def _push_steps(stream: list[tuple[int, int]]) -> list[Callable[[OnlineBinPacker
 def test_online_restore_at_every_push_index(scenario: Scenario) -> None:
     config, stream = scenario
     assert_restore_at_every_step_is_invisible(
-        lambda: OnlineBinPacker(**config, overlong="skip"),
+        lambda: packer_of(config, overlong="skip"),
         _push_steps(stream),
         save=OnlineBinPacker.state_dict,
         load=OnlineBinPacker.load_state_dict,
@@ -229,7 +238,7 @@ def test_online_resume_gives_the_same_remaining_bins(
     steps = _push_steps(stream)
     at = data.draw(st.integers(0, len(steps) - 1), label="resume at")
     assert_resume_equivalent(
-        lambda: OnlineBinPacker(**config, overlong="skip"),
+        lambda: packer_of(config, overlong="skip"),
         steps,
         at,
         save=OnlineBinPacker.state_dict,

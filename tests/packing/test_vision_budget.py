@@ -27,6 +27,24 @@ Scenario = tuple[dict[str, Any], list[Item]]
 RESUME_EXAMPLES = int(os.environ.get("RESUME_EXAMPLES", "300"))
 
 
+def budget_of(settings: dict[str, Any]) -> VisionBudget:
+    """The vision budget of flat settings (``vision_balance`` is its ``balance``)."""
+    return VisionBudget(
+        settings.get("max_vision_tokens"),
+        settings.get("max_media"),
+        settings.get("vision_balance", False),
+    )
+
+
+def packer_of(config: dict[str, Any], **options: Any) -> OnlineBinPacker:
+    """The packer of a drawn flat config (its settings as a BufferConfig and a VisionBudget)."""
+    buffer = BufferConfig(config["max_wait"], config["min_fill"])
+    size, align = config["buffer_size"], config["align"]
+    return OnlineBinPacker(
+        config["capacity"], size, align=align, buffer=buffer, vision=budget_of(config), **options
+    )
+
+
 @st.composite
 def items(draw: st.DrawFn, capacity: int) -> Item:
     length = draw(st.integers(1, capacity + capacity // 4))
@@ -68,7 +86,7 @@ def _accepted(config: dict[str, Any], stream: list[Item]) -> list[int]:
 @given(scenarios())
 def test_every_bin_holds_the_caps_and_every_sample_leaves_once(scenario: Scenario) -> None:
     config, stream = scenario
-    packer = OnlineBinPacker(**config, overlong="skip")
+    packer = packer_of(config, overlong="skip")
     bins = []
     pushed_at = {}
     for key, (length, vision, media) in enumerate(stream):
@@ -112,7 +130,7 @@ def _steps(stream: list[Item]) -> list[Callable[[OnlineBinPacker], Any]]:
 def test_restore_at_every_push_with_a_vision_budget(scenario: Scenario) -> None:
     config, stream = scenario
     assert_restore_at_every_step_is_invisible(
-        lambda: OnlineBinPacker(**config, overlong="skip"),
+        lambda: packer_of(config, overlong="skip"),
         _steps(stream),
         save=OnlineBinPacker.state_dict,
         load=OnlineBinPacker.load_state_dict,
@@ -135,7 +153,7 @@ def test_resume_at_eight_cut_points_on_a_vlm_mix(budget: dict[str, Any]) -> None
     steps = _steps(MIX_ITEMS)
     for at in range(1, len(steps), len(steps) // 8):
         assert_resume_equivalent(
-            lambda: OnlineBinPacker(8192, 32, overlong="skip", **budget),
+            lambda: OnlineBinPacker(8192, 32, overlong="skip", vision=budget_of(budget)),
             steps,
             at,
             save=OnlineBinPacker.state_dict,
@@ -145,7 +163,7 @@ def test_resume_at_eight_cut_points_on_a_vlm_mix(budget: dict[str, Any]) -> None
 
 def _packs(samples: list[tuple[int, int, int]], **budget: Any) -> list[int]:
     """Vision tokens of each bin (the end-of-stream flush left out)."""
-    packer = OnlineBinPacker(16384, 64, overlong="skip", **budget)
+    packer = OnlineBinPacker(16384, 64, overlong="skip", vision=budget_of(budget))
     out = []
     for key, (length, vision, media) in enumerate(samples):
         out += [
@@ -215,7 +233,7 @@ def test_balance_ends_near_the_floor_where_large_samples_are_common() -> None:
     stream = vision_mix(16000, seed=5, cap=8192, text_median=150)
 
     def packs(samples: list[Any], **budget: Any) -> list[tuple[int, int]]:
-        packer = OnlineBinPacker(8192, 64, overlong="skip", **budget)
+        packer = OnlineBinPacker(8192, 64, overlong="skip", vision=budget_of(budget))
         out = []
         for key, s in enumerate(samples):
             for b in packer.push(key, s.length, vision_tokens=s.vision_tokens, media=s.media):
@@ -305,7 +323,9 @@ def test_bad_vision_figures_name_the_sample(kwargs: dict[str, Any], message: str
 
 
 def _held_state(**budget: Any) -> dict[str, Any]:
-    packer = OnlineBinPacker(100, 8, **budget, buffer=BufferConfig(max_wait=4, min_fill=1.0))
+    packer = OnlineBinPacker(
+        100, 8, vision=budget_of(budget), buffer=BufferConfig(max_wait=4, min_fill=1.0)
+    )
     for key, (length, vision, media) in enumerate([(30, 20, 1), (20, 0, 0), (25, 10, 2)]):
         packer.push(key, length, vision_tokens=vision, media=media)
     return packer.state_dict()
