@@ -60,8 +60,9 @@ from energon_pack.energon.workers import (
     saved_index,
     topology_refusal,
 )
-from energon_pack.memory.monitor import BufferSnapshot, MonitorConfig, RSSMonitor
+from energon_pack.memory.monitor import BufferSnapshot, RSSMonitor
 from energon_pack.packing.bins import Bin, Overlong, aligned_length
+from energon_pack.packing.buffer import BufferConfig
 from energon_pack.packing.online import OnlineBinPacker
 from energon_pack.packing.packed import SkippedSample, pack_dropping_failures
 
@@ -154,12 +155,13 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             from the others (:func:`~energon_pack.packing.packed.pack_dropping_failures`). Must be
             stateless (it runs again on restore).
         overlong: a sample longer than the packer's capacity raises ValueError (``"error"``)
-            or is counted and skipped (``"skip"``).
-        max_consecutive_skips: stop with an error after this many samples were skipped (when
-            encoded or when decoded) without a pack being emitted in between (0: never), since
-            that means the data or the settings are broken. ``pack([])`` must give an empty
-            pack (see the module docstring).
-        monitor: if set, each worker runs an :class:`~energon_pack.memory.RSSMonitor`.
+            or is counted and skipped (``"skip"``); one alone over a vision cap follows the
+            packer's ``VisionBudget.over_cap`` (by default this).
+        buffer: the buffer settings; the wrapper reads ``max_consecutive_skips`` (stop with an
+            error after this many samples were skipped, when encoded or when decoded, without a
+            pack being emitted in between, 0: never, since that means the data or the settings
+            are broken; ``pack([])`` must give an empty pack, see the module docstring) and
+            ``monitor`` (each worker runs an :class:`~energon_pack.memory.RSSMonitor`).
         settings: what else the packs depend on (the task encoder's settings, nested mappings
             or dataclasses of JSON-able values), checked on restore with the packer settings,
             ``overlong``, the global worker count and the worker's global index.
@@ -184,18 +186,18 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         size: Callable[[T_sample], SampleSize],
         pack: Callable[[list[T_sample]], T_pack],
         overlong: Overlong = "error",
-        max_consecutive_skips: int = 100,
-        monitor: MonitorConfig | None = None,
+        buffer: BufferConfig | None = None,
         settings: Mapping[str, Any] | None = None,
         worker_config: WorkerConfig,
     ) -> None:
         super().__init__(dataset, worker_config=worker_config)
         self._make_packer = make_packer
         self._size = size
-        self.monitor_config = monitor
+        buffer = buffer or BufferConfig()
+        self.monitor_config = buffer.monitor
         self._pack = pack
         self.overlong: Overlong = overlong
-        self.max_consecutive_skips = max_consecutive_skips
+        self.max_consecutive_skips = buffer.max_consecutive_skips
         self.reset_state_own()
         self.fingerprint = settings_fingerprint(
             {

@@ -519,8 +519,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             size=_size,
             pack=self.pack_selected_samples,
             overlong=self.overlong,
-            max_consecutive_skips=self.buffer.max_consecutive_skips,
-            monitor=self.buffer.monitor,
+            buffer=self.buffer,
             settings=self.packing_settings(packing_buffer_size),
             worker_config=worker_config,
         )
