@@ -140,21 +140,11 @@ _group("Encoding")
 __all__ += ["normalize_pixels", "vision_block", "vision_tokens"]
 _group("Media")
 
-# Bin packing (online and offline), the vision balance and THD row assembly.
-__all__ += [
-    "IGNORE_INDEX",
-    "Bin",
-    "OnlineBinPacker",
-    "PackedSample",
-    "PackerCounters",
-    "best_fit_decreasing",
-    "build_packed_row",
-    "first_fit_decreasing",
-    "pack_samples",
-    "straggler_floor",
-    "straggler_ratio",
-    "unpack",
-]
+# Bin packing: the online packer and its counters, the offline packers, the vision balance ...
+__all__ += ["Bin", "OnlineBinPacker", "PackerCounters"]
+__all__ += ["best_fit_decreasing", "first_fit_decreasing", "straggler_floor", "straggler_ratio"]
+# ... and THD row assembly.
+__all__ += ["IGNORE_INDEX", "PackedSample", "build_packed_row", "pack_samples", "unpack"]
 _group("Packing core")
 
 # Qwen-VL multimodal rotary position ids, per segment of a row.
@@ -171,18 +161,17 @@ __all__ += [
 ]
 _group("Topology")
 
-# What crosses the border to the trainer: transformers inputs, losses, trainer checks and the
-# batch of Megatron-Bridge's VLM step.
+# What crosses the border to the trainer: transformers inputs, losses and trainer checks ...
 __all__ += [
-    "BridgeVisualInputs",
     "HFTarget",
     "PackedLoss",
-    "bridge_batch",
     "check_trainer",
     "hf_model_inputs",
     "loss_normaliser",
     "packed_loss",
 ]
+# ... and the batch of Megatron-Bridge's VLM step.
+__all__ += ["BridgeVisualInputs", "bridge_batch"]
 _group("Training adapters")
 
 # Packs written ahead of training, and reading them back.

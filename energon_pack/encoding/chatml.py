@@ -19,9 +19,10 @@ import re
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict
 
 import torch
+from typing_extensions import Unpack
 
 from energon_pack.checks import check_config, check_type
 from energon_pack.encoding.bounded import BoundedTemplate, RenderLimitError
@@ -197,6 +198,20 @@ before them tokenised on its own; only the default expansion (``media_block=None
 timestamped video's first timestamp together with the text before it, as the processor does
 (:func:`~energon_pack.media.tokens.vision_parts`), so its ids can differ from
 ``encoder.media_block(item)``'s at that one place."""
+
+
+class TurnOptions(TypedDict, total=False):
+    """The settings every encoder takes besides its tokenizer (see :class:`SampleEncoder`)."""
+
+    media: MediaConfig | None
+    system_prompt: str | None
+    loss_on: LossOn
+
+
+class EncoderOptions(TurnOptions, total=False):
+    """:class:`TurnOptions` and the media expansion hook of the Qwen encoders."""
+
+    media_block: MediaBlock | None
 
 
 class SampleEncoder(ABC):
@@ -396,19 +411,10 @@ class ConversationEncoder(SampleEncoder):
         self,
         tokenizer: Tokenizer | None = None,
         *,
-        media: MediaConfig | None = None,
-        system_prompt: str | None = None,
-        loss_on: LossOn = "assistant",
         template_system: bool = True,
-        media_block: MediaBlock | None = None,
+        **options: Unpack[EncoderOptions],
     ) -> None:
-        super().__init__(
-            tokenizer,
-            media=media,
-            system_prompt=system_prompt,
-            loss_on=loss_on,
-            media_block=media_block,
-        )
+        super().__init__(tokenizer, **options)
         if not isinstance(template_system, bool):
             raise ValueError(
                 f"template_system must be True or False, got {template_system!r}; False uses no "
@@ -421,13 +427,13 @@ class ConversationEncoder(SampleEncoder):
         self._im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self._newline = self._text("\n")
         self._headers = {role: self._text(f"{role}\n") for role in set(_ROLES.values())}
-        if system_prompt is not None:
+        if self.system_prompt is not None:
             try:
-                self._text(system_prompt)
+                self._text(self.system_prompt)
             except Exception as error:  # any tokenizer's failure, as for a sample's text
                 raise ValueError(
-                    f"system_prompt={system_prompt!r} cannot be tokenised: "
-                    f"{_why_unencodable(system_prompt, error)}; fix the setting"
+                    f"system_prompt={self.system_prompt!r} cannot be tokenised: "
+                    f"{_why_unencodable(self.system_prompt, error)}; fix the setting"
                 ) from error
 
     def settings(self) -> dict[str, Any]:

@@ -21,17 +21,18 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from typing_extensions import Unpack
 
 from energon_pack.encoding.bounded import (
     BoundedTemplate,
     has_generation_markers,
     template_sha256,
 )
-from energon_pack.encoding.chatml import LossOn, SampleEncoder
+from energon_pack.encoding.chatml import SampleEncoder, TurnOptions
 from energon_pack.encoding.families.base import ProcessorFamily
 from energon_pack.encoding.rendering import render_sample, tokenise_text, with_system
 from energon_pack.formats.raw import RawSample
-from energon_pack.media import MediaConfig, MediaError, MediaItem
+from energon_pack.media import MediaError, MediaItem
 from energon_pack.media.displayed import displayed_image_size
 from energon_pack.media.probe import Frames
 from energon_pack.packing.packed import EncodedSample
@@ -61,15 +62,11 @@ class ProcessorEncoder(SampleEncoder):
         self,
         family: ProcessorFamily,
         *,
-        media: MediaConfig | None = None,
-        system_prompt: str | None = None,
-        loss_on: LossOn = "assistant",
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        **options: Unpack[TurnOptions],
     ) -> None:
-        super().__init__(
-            family.tokenizer, media=media, system_prompt=system_prompt, loss_on=loss_on
-        )
+        super().__init__(family.tokenizer, **options)
         self.family = family
         template = chat_template or _template_of(family)
         if template is None:

@@ -37,6 +37,7 @@ from itertools import pairwise
 from typing import Any, Literal
 
 import numpy as np
+from typing_extensions import Unpack
 
 from energon_pack.checks import check_choice
 from energon_pack.encoding.bounded import (
@@ -48,6 +49,7 @@ from energon_pack.encoding.bounded import (
 )
 from energon_pack.encoding.chatml import (
     ConversationEncoder,
+    EncoderOptions,
     LossOn,
     MediaBlock,
     SampleEncoder,
@@ -113,12 +115,9 @@ class TemplateEncoder(SampleEncoder):
         self,
         tokenizer: Tokenizer,
         *,
-        media: MediaConfig | None = None,
-        system_prompt: str | None = None,
-        loss_on: LossOn = "assistant",
-        media_block: MediaBlock | None = None,
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        **options: Unpack[EncoderOptions],
     ) -> None:
         named = getattr(tokenizer, "chat_template", None)
         if chat_template is None and isinstance(named, Mapping):
@@ -140,13 +139,7 @@ class TemplateEncoder(SampleEncoder):
                 f"template_kwargs must be a mapping of template variables, got "
                 f"{type(template_kwargs).__name__}; pass e.g. {{'enable_thinking': False}}"
             )
-        super().__init__(
-            tokenizer,
-            media=media,
-            system_prompt=system_prompt,
-            loss_on=loss_on,
-            media_block=media_block,
-        )
+        super().__init__(tokenizer, **options)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise ValueError(

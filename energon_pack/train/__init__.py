@@ -15,6 +15,11 @@ from energon_pack.train.hf import HFTarget, hf_model_inputs
 from energon_pack.train.loss import PackedLoss, loss_normaliser, packed_loss
 from energon_pack.train.trainers import check_trainer
 
+if TYPE_CHECKING:  # the old name, for type checkers
+    VisualInputs = BridgeVisualInputs
+else:  # the old name, with a DeprecationWarning
+    __getattr__ = renamed(__name__, "VisualInputs")
+
 __all__ = [
     "BridgeVisualInputs",
     "HFTarget",
@@ -25,9 +30,3 @@ __all__ = [
     "loss_normaliser",
     "packed_loss",
 ]
-
-if TYPE_CHECKING:  # the old name, for type checkers
-    VisualInputs = BridgeVisualInputs
-    __all__ += ["VisualInputs"]
-else:  # the old name, with a DeprecationWarning
-    __getattr__ = renamed(__name__, "VisualInputs")
