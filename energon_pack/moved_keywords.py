@@ -51,16 +51,14 @@ def regroup(
         if groups.get(move.group) is not None:
             raise ValueError(
                 f"{owner}: {old}= and {move.group}= are both given, and {old} is part of "
-                f"{move.group} now; pass {_spelling(move, {old: value})} instead of {old}="
+                f"{move.group} now; pass {_spelling(moves, {old: value})} instead of {old}="
             )
         out.setdefault(move.group, {})[move.field or old] = value
     if given:
         by_group: dict[str, dict[str, Any]] = {}
         for old, value in given.items():
             by_group.setdefault(moves[old].group, {})[old] = value
-        spellings = ", ".join(
-            _spelling(moves[next(iter(olds))], olds, moves) for olds in by_group.values()
-        )
+        spellings = ", ".join(_spelling(moves, olds) for olds in by_group.values())
         warnings.warn(
             f"{owner}({', '.join(f'{old}=' for old in given)}) is deprecated and will be removed "
             f"in the next release; pass {spellings}",
@@ -70,13 +68,10 @@ def regroup(
     return out
 
 
-def _spelling(
-    move: Moved, olds: Mapping[str, Any], moves: Mapping[str, Moved] | None = None
-) -> str:
-    """The new spelling of the old keywords ``olds`` of one group (``move``'s)."""
+def _spelling(moves: Mapping[str, Moved], olds: Mapping[str, Any]) -> str:
+    """The new spelling of the old keywords ``olds``, all of one group."""
+    move = moves[next(iter(olds))]
     if move.field is None:
         return f"{move.group}={next(iter(olds.values()))!r}"
-    fields = ", ".join(
-        f"{(moves or {}).get(old, move).field or old}={value!r}" for old, value in olds.items()
-    )
+    fields = ", ".join(f"{moves[old].field}={value!r}" for old, value in olds.items())
     return f"{move.group}={move.setting}({move.leading}{fields})"
