@@ -500,7 +500,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                 f"{counters['in_a_row']} samples in a row were skipped without a pack emitted "
                 f"(kinds: {seen}; last: {key!r}, {reason}: {message}); the "
                 "dataset or the packing settings are likely wrong. See the log for each key, "
-                "fix the data or settings, or raise max_consecutive_skips."
+                "fix the data or settings, or raise BufferConfig(max_consecutive_skips=...)."
             )
 
     def stats(self) -> PackingStats:
