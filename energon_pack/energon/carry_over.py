@@ -422,8 +422,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         refusal = packer.refusal(key, size.length, size.vision_tokens, size.media)
         if refusal is None:
             return False
-        policy = packer.budget.over_cap_policy(self.overlong) if refusal.over_cap else self.overlong
-        if policy == "error":
+        if refusal.policy(self.overlong, packer.budget) == "error":
             raise ValueError(f"{refusal.message}; {refusal.fix}")
         self._skip(key, refusal.reason, refusal.message)
         return True

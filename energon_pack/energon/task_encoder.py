@@ -328,7 +328,6 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         shortcut = seq_length, pad_to_multiple_of, old.get("layout", {})
         self.layout = loader_layout("PackingTaskEncoder", layout, *shortcut, self.encoder.tokenizer)
         self.overlong: Overlong = overlong
-        self.decode: Decode = self.buffer.decode
         mrope = old.get("position_ids", {}).get("mrope")
         self.mrope = mrope_setting(position_ids, mrope, self.encoder.tokenizer, self._preset)
         self._make_packer(1)  # checks the packer settings now, not in a worker
@@ -360,6 +359,11 @@ class PackingTaskEncoder(DefaultTaskEncoder):
                 "media= out"
             )
         return check_encoder(encoder, self.family)
+
+    @property
+    def decode(self) -> Decode:
+        """When media are decoded (``buffer.decode``)."""
+        return self.buffer.decode
 
     @property
     def _preset(self) -> ModelFamily | None:

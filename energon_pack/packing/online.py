@@ -38,12 +38,13 @@ from energon_pack.packing.bins import (
     Bin,
     Key,
     Overlong,
+    aligned_length,
     check_capacity_and_align,
     check_length,
     overlong_refusal,
 )
 from energon_pack.packing.buffer import BufferConfig
-from energon_pack.packing.choosers import chooser_for
+from energon_pack.packing.choosers import chooser_for, units_of
 from energon_pack.packing.packer_state import (
     STATE_VERSION,
     Candidate,
@@ -80,10 +81,10 @@ class Refusal:
     fix: str
     """What to change."""
 
-    @property
-    def over_cap(self) -> bool:
-        """Whether a vision cap refuses it (else its tokens)."""
-        return self.reason != "overlong"
+    def policy(self, overlong: Overlong, budget: VisionBudget) -> Overlong:
+        """What the sample gets: ``overlong`` for its tokens, the budget's ``over_cap`` rule
+        for a vision cap."""
+        return overlong if self.reason == "overlong" else budget.over_cap_policy(overlong)
 
 
 @dataclass(frozen=True)
@@ -240,7 +241,7 @@ class OnlineBinPacker:
 
     def fits(self, lengths: list[int]) -> bool:
         """Whether samples of these lengths fit one bin together (after alignment)."""
-        return sum(-(-length // self.align) for length in lengths) <= self._cap_units
+        return sum(aligned_length(n, self.align) for n in lengths) <= self.capacity
 
     def push(
         self, key: Key, length: int, *, nbytes: int = 0, vision_tokens: int = 0, media: int = 0
@@ -263,15 +264,12 @@ class OnlineBinPacker:
                 f"sample {key!r}: vision_tokens={vision} is more than its length={length} "
                 "(vision tokens are among the sample's tokens)"
             )
-        units = -(-length // self.align)
+        units = aligned_length(length, self.align) // self.align
         refusal = None
         if units > self._cap_units or (self._budgeted and self.budget.excess(key, vision, media)):
             refusal = self.refusal(key, length, vision, media)
         if refusal is not None:
-            policy = (
-                self.budget.over_cap_policy(self.overlong) if refusal.over_cap else self.overlong
-            )
-            if policy == "error":
+            if refusal.policy(self.overlong, self.budget) == "error":
                 raise ValueError(f"{refusal.message}; {refusal.fix}")
             self.stats.rejected += 1
             logger.warning("skipping %s", refusal.message)
@@ -367,17 +365,13 @@ class OnlineBinPacker:
         if chosen is None or self.max_wait is None or self._schedulable(chosen):
             return chosen
         urgent = self._most_urgent_subset()
-        return None if early and self._units_of(urgent) < self._fill_units else urgent
+        return None if early and units_of(self, urgent) < self._fill_units else urgent
 
     def _leaving(self) -> list[int]:
         """The bin that leaves when one must (full buffer, end of stream): never empty (the
         oldest candidate alone where the choice holds nothing, e.g. only media without vision
         tokens are held while the target is above 0)."""
         return self._next_subset(early=False) or [0]
-
-    def _units_of(self, chosen: list[int]) -> int:
-        units = self._units
-        return sum(units[i] for i in chosen)
 
     # --- max_wait: deadline bins -------------------------------------------------------------
     # Every held candidate sits in a deadline bin whose items fit the capacity (and the vision
