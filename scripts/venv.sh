@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# Create or reuse .venv and install energon_pack with its test and docs extras.
+# Create or reuse .venv and install energon_pack with its test and docs extras, at the versions
+# of constraints/test.txt (what CI tests; refreshed on purpose by scripts/lock.sh).
 # torch is pinned and installed first so that no dependency can pull an unpinned (CUDA) build.
+#
+#     VENV=DIR bash scripts/venv.sh                 # another folder than .venv
+#     VENV=DIR CONSTRAINTS= bash scripts/venv.sh    # no lock: the newest versions the extras allow
+#     ... EXTRA="pkg==1.2" bash scripts/venv.sh     # and these requirements too (scripts/lock.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TORCH_PIN="torch==2.13.0"
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
-VENV=".venv"
+VENV="${VENV:-.venv}"
+CONSTRAINTS="${CONSTRAINTS-constraints/test.txt}"
+read -r -a EXTRA <<< "${EXTRA:-}"
 STAMP="$VENV/.energon_pack-installed"
-WANT="$(cat pyproject.toml scripts/venv.sh | sha256sum | cut -d' ' -f1)"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
-    exit 0
+if [ -n "$CONSTRAINTS" ]; then
+    LOCK=(-c "$CONSTRAINTS")
+    WANT="$(cat pyproject.toml scripts/venv.sh "$CONSTRAINTS" | sha256sum | cut -d' ' -f1)"
+    if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+        exit 0
+    fi
+else  # unlocked: resolve anew on every run, upgrading what a newer release exists of
+    LOCK=(--upgrade --upgrade-strategy eager)
+    WANT="unlocked"
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "$TORCH_PIN"
-"$VENV/bin/python" -m pip install --quiet -e ".[test,docs]" "$TORCH_PIN"
+"$VENV/bin/python" -m pip install --quiet "${LOCK[@]}" -e ".[test,docs]" "$TORCH_PIN" \
+    "${EXTRA[@]}"
 # Test reference only: torchvision for transformers' Qwen3-VL processors, installed without its
 # dependencies (it would replace the CPU torch) into a folder outside sys.path; only the child
 # processes of tests/support/qwen3_reference.py and tests/support/torchvision_child.py import

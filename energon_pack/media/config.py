@@ -89,10 +89,10 @@ class MediaConfig:
     (``linspace(0, frames - 1, n)`` rounded), an odd count padded with the last frame; all
     frames together are resized within ``[video_min_pixels, video_total_pixels]`` counted over
     ``t*h*w`` (``video_max_pixels`` is not used), and each temporal patch is its own vision block
-    preceded by its timestamp text (:mod:`energon_pack.media.tokens`), as transformers 4.57
-    writes it; ``video_outer_block=True`` keeps transformers 5.x's outer ``<|vision_start|>`` /
-    ``<|vision_end|>`` pair around those blocks. A model family preset
-    (:func:`energon_pack.model_family`) sets all of these for its checkpoints.
+    preceded by its timestamp text (:mod:`energon_pack.media.tokens`), as transformers 4.57 and
+    5.25 write it; ``video_outer_block=True`` keeps the outer ``<|vision_start|>`` /
+    ``<|vision_end|>`` pair that transformers 5.0 to 5.24 write around those blocks. A model
+    family preset (:func:`energon_pack.model_family`) sets all of these for its checkpoints.
     Limits reject a sample before decoding: ``max_image_pixels`` (decoded-size bomb guard, also
     applied to video frames), ``max_images_per_sample``, ``max_video_source_frames`` and
     ``max_video_seconds``.
@@ -172,7 +172,8 @@ class MediaConfig:
         if not isinstance(self.video_outer_block, bool):
             raise ValueError(
                 f"MediaConfig.video_outer_block must be True or False, got "
-                f"{self.video_outer_block!r}; True writes transformers 5.x's Qwen3-VL video form"
+                f"{self.video_outer_block!r}; True writes the Qwen3-VL video form of "
+                "transformers 5.0 to 5.24"
             )
         if self.video_frames_fps is not None:
             check_number(

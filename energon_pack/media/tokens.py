@@ -3,9 +3,10 @@
 An image, and a video without timestamps, is one block ``<|vision_start|>`` + pads +
 ``<|vision_end|>``. A video with timestamps (``video_rule="qwen3_vl"``) is one block per
 temporal patch, each preceded by the text ``<{t:.1f} seconds>``, as ``Qwen3VLProcessor`` of
-transformers 4.57 (the release the Qwen3-VL checkpoints came with) writes it: the blocks replace
-the template's ``<|vision_start|><|video_pad|><|vision_end|>`` whole. transformers 5.x keeps that
-outer pair around the blocks; ``MediaConfig(video_outer_block=True)`` writes that form.
+transformers 4.57 (the release the Qwen3-VL checkpoints came with) and 5.25 write it: the blocks
+replace the template's ``<|vision_start|><|video_pad|><|vision_end|>`` whole. transformers 5.0 to
+5.24 keep that outer pair around the blocks; ``MediaConfig(video_outer_block=True)`` writes that
+form.
 
 The processor tokenises the expanded text whole, so in the 4.57 form the first timestamp is
 tokenised together with the text before the medium (``"Watch this: <0.3 seconds>"`` may merge

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ import torch
 from family_kit import IGNORE, packed_matches_alone, png_bytes
 from family_kit import test_images as make_images
 from PIL import Image, ImageOps
+from torchvision_child import available, run_in_child
 from transformers import PreTrainedModel
 
 from energon_pack import PackingTaskEncoder, VLMPackingCollator, make_encoder, model_family
@@ -175,6 +177,60 @@ def test_saved_directory_gives_the_same_family(
     assert loaded.settings() == family.settings()
     sizes = [(50, 120), (7, 300)]
     assert loaded.expansions(sizes) == family.expansions(sizes)
+
+
+RELOAD_SIZES = [(50, 120), (64, 48), (300, 20)]
+"""Image sizes (height, width) the saved and the reloaded processor's families process."""
+RELOAD_TOLERANCE = {"gemma3": 4 / 255 + 1e-6, "idefics3": 22 / 255 + 1e-6}
+"""Largest |difference| between the pixels (normalised to [-1, 1]) of the PIL and the torchvision
+image processor on :data:`RELOAD_SIZES`: measured one 8-bit level (Gemma 3) and ten (Idefics3,
+whose resizes differ more); one level more is allowed (a level is 2/255 here)."""
+
+
+def saved_and_reloaded(names: list[str]) -> dict[str, dict[str, Any]]:
+    """Run where torchvision imports (:func:`torchvision_child.run_in_child`): each family of
+    ``names`` built from its processor and from that processor's saved directory, with the
+    image processor class of each, whether their settings and expansions agree, and the largest
+    pixel difference between them on :data:`RELOAD_SIZES`."""
+    out: dict[str, dict[str, Any]] = {}
+    images = make_images(7, RELOAD_SIZES)
+    for name in names:
+        processor = CASES[name].processor()
+        family = model_family(processor)
+        with tempfile.TemporaryDirectory() as saved:
+            processor.save_pretrained(saved)
+            loaded = model_family(Path(saved))
+        assert isinstance(loaded, ProcessorFamily)
+        ours, theirs = family.media_inputs(images), loaded.media_inputs(images)
+        out[name] = {
+            "saved": type(processor.image_processor).__name__,
+            "reloaded": type(loaded.processor.image_processor).__name__,
+            "settings": loaded.settings() == family.settings(),
+            "expansions": loaded.expansions(RELOAD_SIZES) == family.expansions(RELOAD_SIZES),
+            "shapes": {k: (tuple(v.shape), tuple(theirs[k].shape)) for k, v in ours.items()},
+            "worst": max(
+                float((v.double() - theirs[k].double()).abs().max()) for k, v in ours.items()
+            ),
+        }
+    return out
+
+
+@pytest.mark.skipif(not available(), reason="the reference torchvision is not installed")
+def test_a_saved_directory_reloads_with_torchvision_where_it_imports() -> None:
+    """Where torchvision imports, transformers (5.24 and 5.25 alike) reloads a saved PIL image
+    processor with its torchvision backend; the directory's family is that processor's: the
+    saved one's settings and token expansions, the same pixel shapes, pixels that differ only
+    by the two backends' resizing (:data:`RELOAD_TOLERANCE`)."""
+    results = run_in_child("test_processor_families:saved_and_reloaded", sorted(SAVABLE))
+    results.pop("child_seconds")
+    assert sorted(results) == sorted(SAVABLE)
+    for name, found in results.items():
+        assert found["saved"].endswith("Pil"), (name, found)
+        assert found["reloaded"] == found["saved"].removesuffix("Pil"), (name, found)
+        assert found["settings"], name
+        assert found["expansions"], name
+        assert all(ours == theirs for ours, theirs in found["shapes"].values()), (name, found)
+        assert found["worst"] <= RELOAD_TOLERANCE[name], (name, found["worst"])
 
 
 def test_collated_row_trains_like_its_samples(case: tuple[str, Any, ProcessorFamily]) -> None:

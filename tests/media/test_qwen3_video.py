@@ -1,6 +1,7 @@
-"""Qwen3-VL video against transformers' ``Qwen3VLProcessor`` (5.24, its own
-``Qwen3VLVideoProcessor``, loaded from a model directory holding only processor/config JSON
-files and the tokenizer), run in a child process (:mod:`qwen3_reference`).
+"""Qwen3-VL video against transformers' ``Qwen3VLProcessor`` (the installed release, 5.24 or
+5.25, in the video form of that release: :data:`OUTER_BLOCK`; its own ``Qwen3VLVideoProcessor``,
+loaded from a model directory holding only processor/config JSON files and the tokenizer), run
+in a child process (:mod:`qwen3_reference`).
 
 Our side is the preset built from that same directory (:func:`energon_pack.model_family`):
 ids with timestamps, ``video_grid_thw``, the sampled frame indices and the pixels, on the
@@ -17,6 +18,7 @@ import re
 import tarfile
 from dataclasses import replace
 from fractions import Fraction
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ import torch
 from chat_templates import MARKED, QWEN2_VL, QWEN3_VL
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from packaging.version import Version
 from real_qwen import real_qwen_tokenizer
 
 from energon_pack import ConversationEncoder, TemplateEncoder, model_family
@@ -72,6 +75,12 @@ DIFFERING_SHARE = 0.005
 """Most values of one clip allowed to differ by more than float rounding (measured: 0.1%)."""
 
 TOKENIZER = real_qwen_tokenizer(chat_template=QWEN3_VL)
+OUTER_BLOCK = Version(version("transformers")) < Version("5.25")
+"""The video form of the installed transformers' ``Qwen3VLProcessor``, the reference here:
+5.24 keeps the template's outer ``<|vision_start|>`` / ``<|vision_end|>`` pair around a video's
+timestamped blocks (``video_outer_block=True``); 5.25 replaces the pair by the blocks, as 4.57
+did (``video_outer_block=False``, the default)."""
+TIMESTAMP = r"<\d+\.\d seconds>"
 
 
 def clip_bytes(width: int, height: int, frames: int, fps: Fraction | int) -> bytes:
@@ -227,22 +236,55 @@ def _marked_template_encoder(media: MediaConfig) -> TemplateEncoder:
 
 
 def without_outer_block(ids: list[int]) -> list[int]:
-    """transformers 4.57's form of 5.24's ids: its processor replaced the template's
-    ``<|vision_start|><|video_pad|><|vision_end|>`` by the blocks and then tokenised the text;
-    here the outer pairs are cut from 5.24's text (a start before a timestamp, the second of
-    two ends) and the text tokenised again."""
+    """The form without the outer pair (transformers 4.57's and 5.25's) of ids in 5.24's form:
+    those processors replace the template's ``<|vision_start|><|video_pad|><|vision_end|>`` by
+    the blocks and then tokenise the text; here the outer pairs are cut from 5.24's text (a
+    start before a timestamp, the second of two ends) and the text tokenised again."""
     text = TOKENIZER.decode(ids, skip_special_tokens=False)
-    text = re.sub(r"<\|vision_start\|>(?=<\d)", "", text)
+    text = re.sub(rf"<\|vision_start\|>(?={TIMESTAMP})", "", text)
     text = text.replace("<|vision_end|><|vision_end|>", "<|vision_end|>")
     result: list[int] = TOKENIZER(text)["input_ids"]
     return result
 
 
+def with_outer_block(ids: list[int]) -> list[int]:
+    """5.24's form of ids without the outer pair: a start before each video's first timestamp
+    (one not right after a block's end), a second end after its last block (an end that no
+    timestamp follows), the text tokenised again."""
+    text = TOKENIZER.decode(ids, skip_special_tokens=False)
+    text = re.sub(rf"(?<!<\|vision_end\|>)(?={TIMESTAMP})", "<|vision_start|>", text)
+    text = re.sub(rf"<\|vision_end\|>(?!{TIMESTAMP})", "<|vision_end|><|vision_end|>", text)
+    result: list[int] = TOKENIZER(text)["input_ids"]
+    return result
+
+
+def both_forms(ids: list[int]) -> dict[bool, list[int]]:
+    """The installed processor's ids (in its form, :data:`OUTER_BLOCK`) and the same ids in the
+    other form, by the ``video_outer_block`` value that writes each."""
+    if OUTER_BLOCK:
+        return {True: ids, False: without_outer_block(ids)}
+    return {False: ids, True: with_outer_block(ids)}
+
+
+def test_the_reference_writes_the_video_form_of_its_release(reference: dict[str, Any]) -> None:
+    """The one difference in video text between the releases this file follows: 5.24 opens a
+    video with the outer ``<|vision_start|>`` before its first timestamp and closes it with a
+    second ``<|vision_end|>``; 5.25 writes neither. The other form is derived exactly."""
+    for ref in [*reference["videos"].values(), *(r for *_, r in reference["framed"])]:
+        text = TOKENIZER.decode(ref["input_ids"], skip_special_tokens=False)
+        opened = re.search(rf"<\|vision_start\|>{TIMESTAMP}", text) is not None
+        assert opened == OUTER_BLOCK, text
+        assert ("<|vision_end|><|vision_end|>" in text) == OUTER_BLOCK, text
+        forms = both_forms(ref["input_ids"])
+        assert with_outer_block(forms[False]) == forms[True]
+        assert without_outer_block(forms[True]) == forms[False]
+
+
 def test_ids_grid_and_frames_equal_the_processor(
     model_dirs: dict[str, Path], clips: dict[str, bytes], reference: dict[str, Any]
 ) -> None:
-    """For every clip and both checkpoints: ids with timestamps in the 4.57 form (and, with
-    ``video_outer_block=True``, 5.24's own form), the grid and the sampled frames."""
+    """For every clip and both checkpoints: ids with timestamps in the installed release's form
+    and in the other one (:func:`both_forms`), the grid and the sampled frames."""
     checked = 0
     for (form, name), ref in reference["videos"].items():
         media = model_family(model_dirs[form]).media
@@ -253,11 +295,9 @@ def test_ids_grid_and_frames_equal_the_processor(
         assert (probe.source_frames, probe.fps) == (ref["total"], ref["fps"]), (form, name)
         sample = _sample(f"<video>{PROMPT}", "0.mp4", data)
         for make in (_encoder, _template_encoder):
-            encoded = make(media).encode_sample(name, sample)
-            assert encoded.input_ids.tolist() == without_outer_block(ref["input_ids"]), (form, name)
-            wrapped = make(replace(media, video_outer_block=True))
-            encoded = wrapped.encode_sample(name, sample)
-            assert encoded.input_ids.tolist() == ref["input_ids"], (form, name)
+            for outer, expected in both_forms(ref["input_ids"]).items():
+                encoded = make(replace(media, video_outer_block=outer)).encode_sample(name, sample)
+                assert encoded.input_ids.tolist() == expected, (form, name, outer)
         checked += 1
     generated = sum(name.startswith("gen-") for name in clips)
     assert checked == len(clips) + generated + math.ceil((len(clips) - generated) / 3)
@@ -273,27 +313,27 @@ def test_text_before_the_video_is_tokenised_with_its_first_timestamp(
     model_dirs: dict[str, Path], clips: dict[str, bytes], reference: dict[str, Any]
 ) -> None:
     """Ten user turns with text before and after the video (:data:`FRAMED`): the processor
-    tokenises the expanded text whole, so in the 4.57 form the first timestamp merges with the
-    text before it (``" <"``, ``"(<"``, ``".<"``); both encoders (the template one with and
-    without generation markers) give those ids, and 5.24's with ``video_outer_block=True``.
-    The loss stays on the answer alone."""
+    tokenises the expanded text whole, so without the outer pair (4.57, 5.25) the first timestamp
+    merges with the text before it (``" <"``, ``"(<"``, ``".<"``); both encoders (the template
+    one with and without generation markers) give those ids, and 5.24's with
+    ``video_outer_block=True``. The loss stays on the answer alone."""
     media = model_family(model_dirs["released"]).media
     assert len(reference["framed"]) == len(FRAMED)
     differing: dict[str, list[str]] = {}
     for name, before, after, ref in reference["framed"]:
         expanded = TOKENIZER.decode(ref["input_ids"], skip_special_tokens=False)
         assert TOKENIZER(expanded)["input_ids"] == ref["input_ids"], name  # decoding is exact
-        assert f"{before}<|vision_start|><" in expanded, name
+        opening = "<|vision_start|>" if OUTER_BLOCK else ""
+        assert f"{before}{opening}<" in expanded, name
         sample = _sample(f"{before}<video>{after}", "0.mp4", clips[name])
-        forms = {"4.57": (media, without_outer_block(ref["input_ids"]))}
-        forms["5.24"] = (replace(media, video_outer_block=True), ref["input_ids"])
         for make in (_encoder, _template_encoder, _marked_template_encoder):
-            for form, (cfg, expected) in forms.items():
-                encoded = make(cfg).encode_sample(name, sample)
+            for outer, expected in both_forms(ref["input_ids"]).items():
+                encoded = make(replace(media, video_outer_block=outer)).encode_sample(name, sample)
                 if encoded.input_ids.tolist() != expected:
-                    differing.setdefault(f"{make.__name__} {form}", []).append(before)
+                    case = f"{make.__name__} video_outer_block={outer}"
+                    differing.setdefault(case, []).append(before)
                 targets = encoded.input_ids[encoded.loss_mask.bool()].tolist()
-                assert TOKENIZER.decode(targets) == f"{ANSWER}<|im_end|>", (name, form)
+                assert TOKENIZER.decode(targets) == f"{ANSWER}<|im_end|>", (name, outer)
     assert not differing, "; ".join(
         f"{case}: {len(b)} of {len(FRAMED)} differ {b}" for case, b in differing.items()
     )
@@ -395,9 +435,10 @@ def test_images_equal_the_processor_of_the_directory(
 
 def test_decoded_frames_take_an_explicit_fps(reference: dict[str, Any]) -> None:
     """Frames without a container (Bridge-style arrays) with ``Frames(fps=...)``: the same ids
-    as the processor given those frames and that rate; without the fps, a clear error."""
+    as the processor given those frames and that rate (in its form, :data:`OUTER_BLOCK`);
+    without the fps, a clear error."""
     array, ref = reference["frames"]
-    media = model_family("qwen3_vl").media_config(video_outer_block=True)
+    media = model_family("qwen3_vl").media_config(video_outer_block=OUTER_BLOCK)
     turns = (("user", f"<video>{PROMPT}"), ("assistant", ANSWER))
 
     def encode(frames: Frames, cfg: MediaConfig) -> list[int]:

@@ -2,7 +2,7 @@
 Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE, on single sequences and on packed rows that mix images,
 videos (one block per temporal patch behind its timestamp text) and text-only samples.
 
-Both video forms are covered: the one transformers 5.x writes (the template's outer
+Both video forms are covered: the one transformers 5.0-5.24 write (the template's outer
 ``<|vision_start|>``/``<|vision_end|>`` kept around the per-frame blocks) and the bare per-frame
 blocks. The position rule reads only the pad runs, so both must give the reference's ids.
 """

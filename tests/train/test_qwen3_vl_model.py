@@ -455,7 +455,7 @@ def video_conversations(media: MediaConfig) -> tuple[ConversationEncoder, list[E
     ]
 
 
-@pytest.mark.parametrize("outer", [False, True], ids=["4.57 form", "5.x form"])
+@pytest.mark.parametrize("outer", [False, True], ids=["4.57 and 5.25 form", "5.24 form"])
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe"])
 def test_decoded_videos_through_the_family_collator_equal_one_by_one(
     family: str, outer: bool
