@@ -1,7 +1,9 @@
 """Bin fill vs packing buffer size: the online packer against the window scheme and offline BFD.
 
 Schemes, side by side on the same seeded length streams:
-  online      energon_pack.OnlineBinPacker (carry-over, bounded buffer, default settings)
+  online      energon_pack.OnlineBinPacker (carry-over, default settings, except that the buffer is
+              bounded by its count alone, BufferConfig(min_rows=None), so that each column is
+              the size named; by default a buffer of short samples grows to two rows' worth)
   best-fit    a plain best-fit carry-over packer: each sample goes to the fullest open bin it
               fits, a bin leaves when less than 1% free, the fullest leaves when the buffer is full
   window-ffd  the scheme Megatron-Bridge runs on Energon's packing buffer: fill the buffer, run
@@ -18,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from energon_pack import OnlineBinPacker, best_fit_decreasing, first_fit_decreasing
+from energon_pack import BufferConfig, OnlineBinPacker, best_fit_decreasing, first_fit_decreasing
 from energon_pack.cli.tables import format_table
 from energon_pack.packing.bins import groups_fill
 from energon_pack.packing.synthetic import DISTRIBUTIONS, lengths_for
@@ -28,7 +30,7 @@ BUFFER_SIZES = (4, 8, 16, 32, 64, 128, 256)
 
 def online(lengths: list[int], capacity: int, buffer_size: int) -> tuple[float, float]:
     """Bin fill and microseconds per item of the online packer."""
-    packer = OnlineBinPacker(capacity, buffer_size)
+    packer = OnlineBinPacker(capacity, buffer_size, buffer=BufferConfig(min_rows=None))
     start = time.perf_counter()
     for key, length in enumerate(lengths):
         packer.push(key, length)

@@ -44,12 +44,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from energon_pack import OnlineBinPacker, straggler_floor, straggler_ratio
+from energon_pack import BufferConfig, OnlineBinPacker, straggler_floor, straggler_ratio
 from energon_pack.cli.tables import format_table
 from energon_pack.packing.synthetic import VisionSample, vision_mix
 
 SEQ_LENGTHS = (8192, 16384)
 BUFFERS = (16, 64)
+COUNT_BOUND = BufferConfig(min_rows=None)
+"""Each buffer exactly the size named (by default a buffer of short samples grows)."""
 RANKS = (8, 64)
 
 Pack = list[int]
@@ -62,7 +64,13 @@ def online(**budget: object) -> Packer:
     """The online packer with ``budget`` keywords."""
 
     def run(samples: Sequence[VisionSample], seq: int, buffer: int) -> tuple[list[Pack], int]:
-        packer = OnlineBinPacker(seq, buffer, overlong="skip", **budget)  # type: ignore[arg-type]
+        packer = OnlineBinPacker(
+            seq,
+            buffer,
+            overlong="skip",
+            buffer=COUNT_BOUND,
+            **budget,  # type: ignore[arg-type]
+        )
         packs: list[Pack] = []
         for index, s in enumerate(samples):
             bins = packer.push(index, s.length, vision_tokens=s.vision_tokens, media=s.media)

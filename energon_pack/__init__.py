@@ -9,76 +9,168 @@ import sys
 from typing import TYPE_CHECKING
 
 from energon_pack import _moved
-from energon_pack.collate import CollatedBatch, VLMPackingCollator
-from energon_pack.encoding import (
-    ByteTokenizer,
-    ConversationEncoder,
-    ModelFamily,
-    ProcessorEncoder,
-    ProcessorFamily,
-    SampleEncoder,
-    TemplateEncoder,
-    make_encoder,
-    model_family,
-)
-from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
-from energon_pack.formats import ChatDataset, parse_any
-from energon_pack.formats.native import parse_sample
-from energon_pack.formats.raw import RawSample
-from energon_pack.media import (
-    MediaConfig,
-    MediaError,
-    normalize_pixels,
-    vision_block,
-    vision_tokens,
-)
-from energon_pack.memory import BufferMemoryWarning, MonitorConfig, ReportWriteWarning, RSSMonitor
-from energon_pack.offline import (
-    OfflinePackResult,
-    PackedDataset,
-    PackingSpec,
-    PackMetadata,
-    pack_offline,
-)
-from energon_pack.packing import (
-    IGNORE_INDEX,
-    Bin,
-    BufferConfig,
-    DerivedValues,
-    EncodedSample,
-    MRopeConfig,
-    OnlineBinPacker,
-    PackedRow,
-    PackedSample,
-    PackerCounters,
-    PackingWarning,
-    RowLayout,
-    TokenSlotRow,
-    TrainingSetup,
-    VisionBudget,
-    best_fit_decreasing,
-    build_packed_row,
-    equal_token_slot_table,
-    first_fit_decreasing,
-    mrope_for_packed,
-    mrope_position_ids,
-    pack_samples,
-    packed_mrope_position_ids,
-    pad_seq_to_mult,
-    straggler_floor,
-    straggler_ratio,
-    unpack,
-)
-from energon_pack.train import (
-    BridgeVisualInputs,
-    HFTarget,
-    PackedLoss,
-    bridge_batch,
-    check_trainer,
-    hf_model_inputs,
-    loss_normaliser,
-    packed_loss,
-)
+
+if TYPE_CHECKING:  # the public names, for type checkers (read lazily below)
+    from energon_pack.collate import CollatedBatch, VLMPackingCollator
+    from energon_pack.encoding import (
+        ByteTokenizer,
+        ConversationEncoder,
+        ModelFamily,
+        ProcessorEncoder,
+        ProcessorFamily,
+        SampleEncoder,
+        TemplateEncoder,
+        make_encoder,
+        model_family,
+    )
+    from energon_pack.energon import PackedBatch, PackingStats, PackingTaskEncoder
+    from energon_pack.formats import ChatDataset, parse_any
+    from energon_pack.formats.native import parse_sample
+    from energon_pack.formats.raw import RawSample
+    from energon_pack.media import (
+        MediaConfig,
+        MediaError,
+        normalize_pixels,
+        vision_block,
+        vision_tokens,
+    )
+    from energon_pack.memory import (
+        BufferMemoryWarning,
+        MonitorConfig,
+        ReportWriteWarning,
+        RSSMonitor,
+    )
+    from energon_pack.offline import (
+        OfflinePackResult,
+        PackedDataset,
+        PackingSpec,
+        PackMetadata,
+        pack_offline,
+    )
+    from energon_pack.packing import (
+        IGNORE_INDEX,
+        Bin,
+        BufferConfig,
+        DerivedValues,
+        EncodedSample,
+        MRopeConfig,
+        OnlineBinPacker,
+        PackedRow,
+        PackedSample,
+        PackerCounters,
+        PackingWarning,
+        RowLayout,
+        TokenSlotRow,
+        TrainingSetup,
+        VisionBudget,
+        best_fit_decreasing,
+        build_packed_row,
+        equal_token_slot_table,
+        first_fit_decreasing,
+        mrope_for_packed,
+        mrope_position_ids,
+        pack_samples,
+        packed_mrope_position_ids,
+        pad_seq_to_mult,
+        straggler_floor,
+        straggler_ratio,
+        unpack,
+    )
+    from energon_pack.train import (
+        BridgeVisualInputs,
+        HFTarget,
+        PackedLoss,
+        bridge_batch,
+        check_trainer,
+        hf_model_inputs,
+        loss_normaliser,
+        packed_loss,
+    )
+
+_HOMES: dict[str, str] = {
+    name: module
+    for module, names in {
+        "energon_pack.collate": ("CollatedBatch", "VLMPackingCollator"),
+        "energon_pack.encoding": (
+            "ByteTokenizer",
+            "ConversationEncoder",
+            "ModelFamily",
+            "ProcessorEncoder",
+            "ProcessorFamily",
+            "SampleEncoder",
+            "TemplateEncoder",
+            "make_encoder",
+            "model_family",
+        ),
+        "energon_pack.energon": ("PackedBatch", "PackingStats", "PackingTaskEncoder"),
+        "energon_pack.formats": ("ChatDataset", "parse_any"),
+        "energon_pack.formats.native": ("parse_sample",),
+        "energon_pack.formats.raw": ("RawSample",),
+        "energon_pack.media": (
+            "MediaConfig",
+            "MediaError",
+            "normalize_pixels",
+            "vision_block",
+            "vision_tokens",
+        ),
+        "energon_pack.memory": (
+            "BufferMemoryWarning",
+            "MonitorConfig",
+            "ReportWriteWarning",
+            "RSSMonitor",
+        ),
+        "energon_pack.offline": (
+            "OfflinePackResult",
+            "PackedDataset",
+            "PackingSpec",
+            "PackMetadata",
+            "pack_offline",
+        ),
+        "energon_pack.packing": (
+            "IGNORE_INDEX",
+            "Bin",
+            "BufferConfig",
+            "DerivedValues",
+            "EncodedSample",
+            "MRopeConfig",
+            "OnlineBinPacker",
+            "PackedRow",
+            "PackedSample",
+            "PackerCounters",
+            "PackingWarning",
+            "RowLayout",
+            "TokenSlotRow",
+            "TrainingSetup",
+            "VisionBudget",
+            "best_fit_decreasing",
+            "build_packed_row",
+            "equal_token_slot_table",
+            "first_fit_decreasing",
+            "mrope_for_packed",
+            "mrope_position_ids",
+            "pack_samples",
+            "packed_mrope_position_ids",
+            "pad_seq_to_mult",
+            "straggler_floor",
+            "straggler_ratio",
+            "unpack",
+        ),
+        "energon_pack.train": (
+            "BridgeVisualInputs",
+            "HFTarget",
+            "PackedLoss",
+            "bridge_batch",
+            "check_trainer",
+            "hf_model_inputs",
+            "loss_normaliser",
+            "packed_loss",
+        ),
+    }.items()
+    for name in names
+}
+"""Public name -> the module it is imported from on its first read (PEP 562), so that
+``import energon_pack`` and the ``energon-pack`` command import torch, transformers and
+Megatron-Energon only where a name needs them."""
 
 __version__ = "0.1.0"
 
@@ -193,7 +285,9 @@ if TYPE_CHECKING:  # the old names, for type checkers
     PackingConfig = TrainingSetup
     VisualInputs = BridgeVisualInputs
     __all__ += ["PackerStats", "PackingConfig", "VisualInputs"]
-else:  # the old names, with a DeprecationWarning
-    __getattr__ = _moved.renamed(__name__, "PackerStats", "PackingConfig", "VisualInputs")
+else:  # every public name on its first read, and the old names with a DeprecationWarning
+    __getattr__, __dir__ = _moved.lazy(
+        __name__, _HOMES, "PackerStats", "PackingConfig", "VisualInputs"
+    )
 
 _moved.install(sys.modules[__name__])

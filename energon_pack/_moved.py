@@ -9,6 +9,10 @@ Renamed public names (:data:`RENAMED`) stay readable the same way: a module that
 name sets ``__getattr__ = renamed(__name__, "OldName", ...)``, so ``module.OldName`` (and
 ``from module import OldName``) gives the object under its new name, with a
 ``DeprecationWarning`` naming it.
+
+A package's public names can also be read lazily: ``__getattr__, __dir__ = lazy(__name__,
+{name: module, ...}, "OldName", ...)`` imports a name's module on its first read, so importing
+the package (or the ``energon-pack`` command, which needs few of them) stays light.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import importlib.machinery
 import sys
 import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 MOVED: dict[str, tuple[str, ...]] = {
     "energon_pack.binpack": ("energon_pack.packing.bins", "energon_pack.packing.online"),
@@ -58,12 +62,26 @@ def renamed(module: str, *old: str) -> Callable[[str], object]:
     """A module-level ``__getattr__`` for ``module`` (its ``__name__``) that gives each of the
     ``old`` names of :data:`RENAMED` as ``module``'s object under the new name, with a
     ``DeprecationWarning`` naming that name; any other missing name is an ``AttributeError``."""
+    return lazy(module, {}, *old)[0]
+
+
+def lazy(
+    module: str, homes: Mapping[str, str], *old: str
+) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    """A module-level ``__getattr__`` and ``__dir__`` for ``module`` (its ``__name__``): each
+    name of ``homes`` (name -> the module that defines it) is imported from its module on its
+    first read and kept in ``module``; the ``old`` names read as in :func:`renamed`."""
     unknown = [name for name in old if name not in RENAMED]
     if unknown:
         raise ValueError(f"{unknown} are not old names of RENAMED")
     names = {name: RENAMED[name] for name in old}
 
     def __getattr__(name: str) -> object:
+        home = homes.get(name)
+        if home is not None:
+            value = getattr(importlib.import_module(home), name)
+            setattr(sys.modules[module], name, value)
+            return value
         new = names.get(name)
         if new is None:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
@@ -75,7 +93,10 @@ def renamed(module: str, *old: str) -> Callable[[str], object]:
         )
         return getattr(sys.modules[module], new)
 
-    return __getattr__
+    def __dir__() -> list[str]:
+        return sorted({*vars(sys.modules[module]), *homes})
+
+    return __getattr__, __dir__
 
 
 class _MovedModule(types.ModuleType):

@@ -6,7 +6,7 @@ input or setting, 3 a failed read or write (full disk, file-size limit, read-onl
 folder, a file where a folder is expected or the reverse, no permission), 130 Ctrl-C (``tune``).
 """
 
-from energon_pack.cli.commands import EXIT_IO, EXIT_USAGE, EXIT_VIOLATIONS
+from energon_pack.cli.exits import EXIT_IO, EXIT_USAGE, EXIT_VIOLATIONS
 from energon_pack.cli.parser import build_parser, main
 
 __all__ = ["EXIT_IO", "EXIT_USAGE", "EXIT_VIOLATIONS", "build_parser", "main"]

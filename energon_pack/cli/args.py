@@ -42,6 +42,11 @@ def positive_float(text: str) -> float:
     return value
 
 
+def rows_or_none(text: str) -> float | None:
+    """A positive number of rows, or ``none``."""
+    return None if text.lower() == "none" else positive_float(text)
+
+
 def output_file(text: str) -> Path:
     """A file to write: not a directory, in an existing directory."""
     path = Path(text)
@@ -68,6 +73,12 @@ TOKENIZER_HELP = (
     "transformers tokenizer directory or cached name (AutoTokenizer.from_pretrained(PATH), "
     "loaded offline, never downloaded) for every token count; default: the built-in byte "
     "tokenizer"
+)
+
+CHAT_TEMPLATE_HELP = (
+    "Jinja chat template file set as the tokenizer's chat_template (e.g. the model's "
+    "chat_template.jinja), for a --tokenizer without one or to train with another; without "
+    "a template the built-in ChatML rule counts, with a warning (the encoding is printed)"
 )
 
 FAMILY_HELP = (

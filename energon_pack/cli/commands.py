@@ -1,5 +1,7 @@
 """What each ``energon-pack`` subcommand does (``demo``, ``check-config``, ``offline``, ``tune``,
-``report``, ``redist``), and the exit statuses they return.
+``report``, ``redist``), and the exit statuses (:mod:`~energon_pack.cli.exits`) they return.
+Each command imports torch, transformers or Megatron-Energon itself, where it needs them, so
+that ``check-config`` and the parser stay light.
 """
 
 from __future__ import annotations
@@ -13,56 +15,30 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import yaml
 from tqdm import tqdm
 
 from energon_pack.cli.args import CONFIG_FLAGS, vision_budget
+from energon_pack.cli.exits import EXIT_VIOLATIONS
 from energon_pack.cli.tables import format_table
-from energon_pack.cli.tune_plots import plot_results, plot_vision_caps
-from energon_pack.encoding.families import ProcessorFamily
-from energon_pack.encoding.family import model_family
-from energon_pack.formats.dataset_trust import check_dataset_code
-from energon_pack.memory.monitor import MB
-from energon_pack.memory.report import (
-    SUMMARY_HEADERS,
-    load_report,
-    plot_report,
-    summarize,
-    summary_rows,
-)
-from energon_pack.offline.build import pack_offline
 from energon_pack.offline.manifest import name_os_errors
-from energon_pack.offline.spec import PackingSpec, PackMetadata
+from energon_pack.offline.spec import PackingSpec
 from energon_pack.packing.bins import best_fit_decreasing, groups_fill
-from energon_pack.packing.online import OnlineBinPacker
-from energon_pack.packing.packed import Decode
 from energon_pack.packing.synthetic import DISTRIBUTIONS, lengths_for
 from energon_pack.packing.topology import TrainingSetup
-from energon_pack.tune import (
-    TUNE_HEADERS,
-    CtrlC,
-    TuneError,
-    TuneResult,
-    TuneSettings,
-    buffer_bound_note,
-    default_dataset,
-    describe_tokenizer,
-    load_tokenizer,
-    projected_rss_mb,
-    recommend,
-    run_once,
-    tune_row,
-    worker_total_mb,
-)
 
-EXIT_VIOLATIONS = 1
-EXIT_USAGE = 2
-EXIT_IO = 3
+if TYPE_CHECKING:  # the commands import torch, transformers and Energon where they run
+    from energon_pack.offline.spec import PackMetadata
+    from energon_pack.packing.packed import Decode
+    from energon_pack.tune import TuneResult, TuneSettings
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from energon_pack.packing.online import OnlineBinPacker
+
     distributions = DISTRIBUTIONS if args.distribution == "all" else (args.distribution,)
     results = []
     for distribution in distributions:
@@ -126,6 +102,9 @@ def _load_config(args: argparse.Namespace) -> TrainingSetup:
 
 def _family_rows(source: str) -> list[list[object]]:
     """The settings of a model family preset (a bad name or directory raises ValueError)."""
+    from energon_pack.encoding.families import ProcessorFamily
+    from energon_pack.encoding.family import model_family
+
     family = model_family(source)
     if isinstance(family, ProcessorFamily):
         return [
@@ -230,8 +209,19 @@ def _metadata_rows(meta: PackMetadata) -> list[list[object]]:
 
 
 def cmd_offline(args: argparse.Namespace) -> int:
+    from energon_pack.encoding.describe import encoding_line
+    from energon_pack.offline.build import pack_offline
+    from energon_pack.tune import load_tokenizer
+
     spec = _offline_spec(args)
-    tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
+    if args.chat_template is not None and args.tokenizer is None:
+        raise ValueError(
+            f"--chat-template {args.chat_template!r} needs --tokenizer (an HF tokenizer to apply "
+            "it to; the built-in byte tokenizer has no chat template)"
+        )
+    tokenizer = (
+        None if args.tokenizer is None else load_tokenizer(args.tokenizer, args.chat_template)
+    )
     result = pack_offline(
         args.input, args.out_dir, spec, tokenizer, force=args.force, format=args.format
     )
@@ -243,6 +233,7 @@ def cmd_offline(args: argparse.Namespace) -> int:
     )
     action = "reused the up-to-date pack in" if result.reused else "wrote"
     print(f"{action} {result.out_dir}: {', '.join(path.name for path in result.files)}")
+    print(f"encoding: {encoding_line(result.tokenizer)}")
     if result.format == "bridge":
         data, metadata = result.files
         print(
@@ -278,6 +269,8 @@ def _measure(
 ) -> None:
     """Run every (decode, buffer size, vision cap), appending to ``results``; a Ctrl-C leaves
     its run's row marked as interrupted and propagates."""
+    from energon_pack.tune import TuneResult, run_once
+
     for decode in decodes:
         for buffer_size in buffer_sizes:
             for cap in vision_caps:
@@ -289,7 +282,8 @@ def _measure(
                 description = f"{decode} buffer {buffer_size}" + (
                     "" if cap is None else f" vision cap {cap}"
                 )
-                with tqdm(desc=description, unit=" samples", total=settings.max_samples) as bar:
+                total = None if settings.one_epoch else settings.min_packs
+                with tqdm(desc=description, unit=" packs", total=total) as bar:
                     results[-1] = run_once(
                         settings, buffer_size, decode, report_dir, bar.update, cap
                     )
@@ -298,6 +292,29 @@ def _measure(
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from energon_pack.cli.tune_plots import plot_results, plot_vision_caps
+    from energon_pack.encoding.describe import encoding_line
+    from energon_pack.encoding.family import model_family
+    from energon_pack.formats.dataset_trust import check_dataset_code
+    from energon_pack.memory.monitor import MB
+    from energon_pack.tune import (
+        TUNE_HEADERS,
+        CtrlC,
+        TuneError,
+        TuneSettings,
+        buffer_bound_note,
+        default_dataset,
+        describe_tokenizer,
+        measurement_note,
+        projected_rss_mb,
+        recommend,
+        still_rising_notes,
+        too_few_packs_note,
+        tune_row,
+        untimed_note,
+        worker_total_mb,
+    )
+
     dataset = Path(args.dataset) if args.dataset else default_dataset()
     if not (dataset / ".nv-meta").is_dir():
         raise ValueError(
@@ -313,8 +330,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         pad_to_multiple_of=args.pad_to_multiple_of,
         num_workers=args.num_workers,
         max_samples=args.max_samples,
+        min_packs=args.min_packs,
+        min_rows=args.min_rows,
+        one_epoch=args.one_epoch,
         pixel_dtype=args.pixel_dtype,
         tokenizer=args.tokenizer,
+        chat_template=args.chat_template,
         overlong=args.overlong,
         dataset_config=args.dataset_config,
         family=args.family,
@@ -331,7 +352,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             family = model_family(args.family) if args.family else None
             # Forked loader workers use the tokenizer after the main process did: no Rust pool.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-            tokenizer = describe_tokenizer(settings.tokenizer, family)
+            tokenizer = describe_tokenizer(settings.tokenizer, family, settings.chat_template)
             budget = args.rss_budget_mb or psutil.virtual_memory().total / MB / 2
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
@@ -359,9 +380,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
             f"{tokenizer['vocab_size']} tokens), overlong samples: {settings.overlong}, "
             f"model family: {family.name if family else 'none (MediaConfig defaults)'}"
             + _vision_budget_note(settings)
+            + f"\nencoding: {encoding_line(tokenizer)}"
         )
-        print(format_table(TUNE_HEADERS, [tune_row(r) for r in results]))
+        print(format_table(TUNE_HEADERS, [tune_row(r, settings.min_packs) for r in results]))
+        print(f"\n{measurement_note(settings)}")
+        too_few = [note for r in results if (note := too_few_packs_note(r, settings))]
+        for note in filter(None, [untimed_note(results), *too_few]):
+            print(note)
         for note in filter(None, map(buffer_bound_note, results)):
+            print(f"\n{note}")
+        for note in still_rising_notes(results):
             print(f"\n{note}")
         if any(r.skipped for r in results):
             print(f"\nskipped samples are logged with their keys in {out / 'tune.log'}")
@@ -374,11 +402,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         best = recommend(results, num_workers=args.num_workers, rss_budget_mb=budget)
         if best is not None:
             projected = projected_rss_mb(best, args.num_workers)
+            low = best.packs < settings.min_packs
             print(
                 f"\nrecommended: packing_buffer_size={best.buffer_size} ({best.decode} decode): "
                 f"bin fill {best.bin_fill:.4f}, {args.num_workers} workers x "
                 f"{worker_total_mb(best):.0f} MiB (worker + decoder) = {projected:.0f} MiB of "
-                f"{budget:.0f} MiB"
+                f"{budget:.0f} MiB" + (f" (low confidence: {best.packs} packs)" if low else "")
             )
         elif any(not r.interrupted for r in results):
             print(
@@ -388,7 +417,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         else:
             print("\nno run completed, so there is no recommendation")
         with name_os_errors(out):
-            plots = plot_results(results, out, settings, rss_budget_mb=budget, best=best)
+            plots = plot_results(
+                results, out, settings, tokenizer=tokenizer, rss_budget_mb=budget, best=best
+            )
             if args.max_vision_tokens and any(not r.interrupted for r in results):
                 plots.append(plot_vision_caps(results, out, settings))
         report = {
@@ -398,6 +429,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             "results": [asdict(r) for r in results],
             "recommendation": None if best is None else asdict(best),
             "interrupted": interrupted is not None,
+            "warnings": too_few,
             "plots": [str(p) for p in plots],
         }
         with name_os_errors(out / "tune.json"):
@@ -407,6 +439,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from energon_pack.memory.report import (
+        SUMMARY_HEADERS,
+        load_report,
+        plot_report,
+        summarize,
+        summary_rows,
+    )
+
     readings = load_report(args.report_dir)
     png = args.png or Path(args.report_dir) / "rss.png"
     print(format_table(SUMMARY_HEADERS, summary_rows(summarize(readings))))

@@ -1,15 +1,22 @@
-"""The ``energon-pack`` argument parser (:func:`build_parser`) and entry point (:func:`main`)."""
+"""The ``energon-pack`` argument parser (:func:`build_parser`) and entry point (:func:`main`).
+
+Light on purpose: ``--help``, ``check-config`` and argument errors answer without importing
+torch, transformers or Megatron-Energon; :func:`main` imports ``commands`` only once the
+arguments parsed, and each command imports what it needs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from energon_pack.cli.args import (
+    CHAT_TEMPLATE_HELP,
     CONFIG_FLAGS,
     FAMILY_HELP,
     TOKENIZER_HELP,
@@ -19,30 +26,57 @@ from energon_pack.cli.args import (
     output_file,
     positive_float,
     positive_int,
+    rows_or_none,
 )
-from energon_pack.cli.commands import (
-    EXIT_IO,
-    EXIT_USAGE,
-    cmd_check_config,
-    cmd_demo,
-    cmd_offline,
-    cmd_redist,
-    cmd_report,
-    cmd_tune,
-)
+from energon_pack.cli.exits import EXIT_IO, EXIT_USAGE
 from energon_pack.offline.spec import FORMATS
 from energon_pack.packing.synthetic import DISTRIBUTIONS
 from energon_pack.packing.topology import MODES
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help that ends each flag's line with its default, ``(default: 8192)`` (a list as
+    ``4,8,16``), unless the help already names it; flags that are off or unset show none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        default = action.default
+        shown = ",".join(map(str, default)) if isinstance(default, list) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
 class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line, ``energon-pack: error: ...``."""
+    """An argument parser whose errors are one line, ``energon-pack: error: ...``, pointing to
+    the ``--help`` of the subcommand at fault, and whose help shows the defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.commands: Mapping[str, argparse.ArgumentParser] = {}
+        """Subcommand name -> its parser (set by :func:`build_parser` on the top-level one)."""
+
+    def parse_known_args(
+        self, args: Iterable[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        """Parse; an argument a subcommand does not know is that subcommand's error."""
+        parsed, extra = super().parse_known_args(args, namespace)
+        command = self.commands.get(getattr(parsed, "command", None) or "")
+        if extra and command is not None:
+            flags = [flag for action in command._actions for flag in action.option_strings]
+            close = difflib.get_close_matches(extra[0], flags, n=1)
+            hint = f" (did you mean {close[0]}?)" if close and extra[0].startswith("-") else ""
+            command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+        return parsed, extra
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"energon-pack: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``energon-pack`` and its subcommands; ``args.command`` names the one to
+    run (``check-config`` runs ``commands.cmd_check_config``)."""
     parser = _Parser(
         prog="energon-pack",
         description="Online sequence packing for Megatron-Energon.",
@@ -56,17 +90,25 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="stream synthetic sample lengths through the online packer; bin fill vs buffer size",
     )
-    demo.add_argument("--distribution", choices=[*DISTRIBUTIONS, "all"], default="all")
     demo.add_argument(
-        "--capacity", type=positive_int, default=8192, help="seq_length (default 8192)"
+        "--distribution",
+        choices=[*DISTRIBUTIONS, "all"],
+        default="all",
+        help="the synthetic length mix (all: each in turn)",
     )
-    demo.add_argument("--samples", type=positive_int, default=20000)
-    demo.add_argument("--buffer-sizes", type=int_list, default=[4, 8, 16, 32, 64, 128])
-    demo.add_argument("--seed", type=integer, default=0)
+    demo.add_argument("--capacity", type=positive_int, default=8192, help="seq_length")
+    demo.add_argument("--samples", type=positive_int, default=20000, help="samples per mix")
+    demo.add_argument(
+        "--buffer-sizes",
+        type=int_list,
+        default=[4, 8, 16, 32, 64, 128],
+        metavar="N1,N2,...",
+        help="packing_buffer_size of each run",
+    )
+    demo.add_argument("--seed", type=integer, default=0, help="seed of the synthetic lengths")
     demo.add_argument(
         "--json", type=output_file, metavar="FILE", help="also write the results to this file"
     )
-    demo.set_defaults(run=cmd_demo)
 
     check = commands.add_parser(
         "check-config",
@@ -92,19 +134,21 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             check.add_argument(flag, dest=field, type=kind, metavar="N", help=f"sets {field}")
     check.add_argument("--family", metavar="NAME|DIR", help=FAMILY_HELP)
-    check.set_defaults(run=cmd_check_config)
 
     offline = commands.add_parser(
         "offline",
         help="tokenise and pack a JSONL file of text SFT samples into a packed dataset directory",
-        description="Input lines: {'input', 'output'} pairs, {'conversations'} or pre-tokenised "
-        "{'input_ids', 'loss_mask'}; tokenised with --tokenizer (default: the built-in byte "
-        "tokenizer). --format bridge writes Megatron-Bridge's packed parquet. An up-to-date "
+        description="Input: a JSONL file (one sample per line) or a JSON file holding one array "
+        "of samples: {'input', 'output'} pairs, chat rows {'messages'} or {'conversations'} "
+        "(as the collator reads them, text only) or pre-tokenised {'input_ids', 'loss_mask'}; "
+        "tokenised with --tokenizer (default: the built-in byte tokenizer) through its chat "
+        "template or --chat-template, else ChatML (the encoding is printed and in the "
+        "manifest). --format bridge writes Megatron-Bridge's packed parquet. An up-to-date "
         "OUT_DIR is reused; a stale one is refused unless --force. Exit status 2 on bad input "
         "or settings, 3 when a file cannot be read or written.",
     )
-    offline.add_argument("input", type=Path, metavar="INPUT.jsonl")
-    offline.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    offline.add_argument("input", type=Path, metavar="INPUT.jsonl", help="the samples to pack")
+    offline.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="the packed directory")
     offline.add_argument(
         "--size", type=positive_int, required=True, help="packed_sequence_size (tokens)"
     )
@@ -133,8 +177,18 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_argument(
         "--max-segments", type=positive_int, metavar="N", help="most sequences per pack"
     )
-    offline.add_argument("--algorithm", choices=["bfd", "ffd"], default="bfd")
-    offline.add_argument("--overlong", choices=["error", "skip", "truncate"], default="error")
+    offline.add_argument(
+        "--algorithm",
+        choices=["bfd", "ffd"],
+        default="bfd",
+        help="best fit or first fit decreasing",
+    )
+    offline.add_argument(
+        "--overlong",
+        choices=["error", "skip", "truncate"],
+        default="error",
+        help="what a sample longer than --size gets",
+    )
     offline.add_argument("--seed", type=integer, default=0, help="seed of the pack order shuffle")
     offline.add_argument(
         "--format",
@@ -144,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         "training_<size>.idx.parquet and <size>_metadata.jsonl for Megatron-Bridge",
     )
     offline.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP)
+    offline.add_argument("--chat-template", metavar="FILE", help=CHAT_TEMPLATE_HELP)
     offline.add_argument(
         "--train-newline-after-im-end",
         action="store_true",
@@ -151,7 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
         "convention; default: the chat templates' assistant masks, which end at <|im_end|>)",
     )
     offline.add_argument("--force", action="store_true", help="rebuild a stale OUT_DIR")
-    offline.set_defaults(run=cmd_offline)
 
     tune = commands.add_parser(
         "tune",
@@ -163,9 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "dataset", nargs="?", help="prepared Energon dataset (default: the shipped fixtures)"
     )
-    tune.add_argument("--buffer-sizes", type=int_list, default=[4, 8, 16, 32, 64])
-    tune.add_argument("--seq-length", type=positive_int, default=8192)
-    tune.add_argument("--pad-to-multiple-of", type=positive_int, default=1)
+    tune.add_argument(
+        "--buffer-sizes",
+        type=int_list,
+        default=[4, 8, 16, 32, 64],
+        metavar="N1,N2,...",
+        help="packing_buffer_size of each run",
+    )
+    tune.add_argument("--seq-length", type=positive_int, default=8192, help="tokens per row")
+    tune.add_argument(
+        "--pad-to-multiple-of",
+        type=positive_int,
+        default=1,
+        help="each sample's padding multiple (pad_seq_to_mult)",
+    )
     tune.add_argument(
         "--num-workers",
         type=non_negative_int,
@@ -173,7 +238,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="loader workers per rank (0: load in the main process)",
     )
     tune.add_argument(
-        "--max-samples", type=positive_int, help="samples per run (default: one epoch)"
+        "--min-packs",
+        type=positive_int,
+        default=200,
+        metavar="N",
+        help="packs each run measures: the dataset repeats until a run has N, so bin fill is the "
+        "steady state's, with no end-of-epoch flush in it; a run with fewer is flagged",
+    )
+    tune.add_argument(
+        "--min-rows",
+        type=rows_or_none,
+        default=2.0,
+        metavar="ROWS",
+        help="BufferConfig.min_rows: the buffer grows past --buffer-sizes while its samples hold "
+        "less than ROWS rows' worth of tokens; 'none' bounds it by its size alone",
+    )
+    tune.add_argument(
+        "--one-epoch",
+        action="store_true",
+        help="stream one epoch per run instead, without repeating: the end-of-epoch flush is in "
+        "the bin fill, and every sample is accounted for (unaccounted)",
+    )
+    tune.add_argument(
+        "--max-samples", type=positive_int, help="stop each run after this many samples"
     )
     tune.add_argument(
         "--rss-budget-mb",
@@ -189,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="dtype of the batches' pixels (uint8: 4x smaller, normalise in the training step)",
     )
     tune.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP)
+    tune.add_argument("--chat-template", metavar="FILE", help=CHAT_TEMPLATE_HELP)
     tune.add_argument(
         "--overlong",
         choices=["skip", "error"],
@@ -225,19 +313,19 @@ def build_parser() -> argparse.ArgumentParser:
         "file); refused without it",
     )
     tune.add_argument("--out", default="tune-out", help="directory for JSON, plots, reports")
-    tune.set_defaults(run=cmd_tune)
 
     report = commands.add_parser(
         "report", help="summarise a memory report directory and plot RSS over time"
     )
-    report.add_argument("report_dir")
+    report.add_argument(
+        "report_dir", help="the report_dir of MonitorConfig or tune's OUT/reports/RUN"
+    )
     report.add_argument(
         "--png",
         type=output_file,
         metavar="FILE",
         help="plot path, written as PNG whatever its suffix (default: REPORT_DIR/rss.png)",
     )
-    report.set_defaults(run=cmd_report)
 
     redist = commands.add_parser(
         "redist",
@@ -251,19 +339,24 @@ def build_parser() -> argparse.ArgumentParser:
         "a file cannot be read or written.",
     )
     redist.add_argument("files", type=Path, nargs="+", metavar="STATE.pt", help="one per rank")
-    redist.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    redist.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="where the new files go")
     redist.add_argument(
         "--new-world-size", type=positive_int, required=True, metavar="NEW", help="ranks"
     )
-    redist.set_defaults(run=cmd_redist)
+    parser.commands = commands.choices
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``energon-pack``."""
     args = build_parser().parse_args(argv)
+    import energon_pack.cli.commands as commands  # only now: each imports what it runs
+
+    run: Callable[[argparse.Namespace], int] = getattr(
+        commands, "cmd_" + args.command.replace("-", "_")
+    )
     try:
-        code: int = args.run(args)
+        code = run(args)
     except ValueError as error:
         print(f"energon-pack: error: {error}", file=sys.stderr)
         return EXIT_USAGE

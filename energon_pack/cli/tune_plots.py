@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from energon_pack.tune import (
     TuneResult,
@@ -12,6 +13,22 @@ from energon_pack.tune import (
     projected_rss_mb,
     tokenizer_label,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def plot_title(settings: TuneSettings, tokenizer: dict[str, object]) -> str:
+    """Two lines: the dataset, seq_length, workers and what counted the tokens; then what each
+    run measured (the steady state over ``min_packs`` packs, or one epoch with its flush)."""
+    setup = (
+        f"{Path(settings.dataset).name}: seq_length {settings.seq_length}, "
+        f"{settings.num_workers} workers, tokens: {tokenizer_label(tokenizer)}"
+    )
+    if settings.one_epoch:
+        return f"{setup}\none epoch per run, end-of-epoch flush included"
+    cap = "" if settings.max_samples is None else f" (or {settings.max_samples} samples)"
+    return f"{setup}\nsteady state: dataset repeated to {settings.min_packs} packs per run{cap}"
 
 
 def rss_axis(values: Sequence[float], budget: float) -> tuple[float, float, bool]:
@@ -36,14 +53,41 @@ def plot_results(
     out_dir: Path,
     settings: TuneSettings,
     *,
+    tokenizer: dict[str, object],
     rss_budget_mb: float,
     best: TuneResult | None,
 ) -> list[Path]:
-    """``bin_fill.png`` and ``rss.png`` over buffer size, one line per decode mode.
+    """Write :func:`results_figures` to ``out_dir`` as ``bin_fill.png`` and ``rss.png``."""
+    figures = results_figures(
+        results, settings, tokenizer=tokenizer, rss_budget_mb=rss_budget_mb, best=best
+    )
+    import matplotlib.pyplot as plt  # after results_figures chose the Agg backend
 
-    Both are titled with the dataset, seq_length, workers and tokenizer and mark the
-    recommended run. ``rss.png`` shows projected worker memory with the budget as a horizontal
-    line; ``bin_fill.png`` crosses out the runs over the budget. Interrupted runs are left out.
+    written = []
+    for name, figure in figures.items():
+        path = out_dir / f"{name}.png"
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def results_figures(
+    results: Sequence[TuneResult],
+    settings: TuneSettings,
+    *,
+    tokenizer: dict[str, object],
+    rss_budget_mb: float,
+    best: TuneResult | None,
+) -> dict[str, Figure]:
+    """Bin fill (``bin_fill``) and projected worker RSS (``rss``) over buffer size, one line per
+    decode mode (and vision cap).
+
+    Both are titled by :func:`plot_title` (``tokenizer``: :func:`~energon_pack.tune.
+    describe_tokenizer`'s answer) and mark the recommended run. ``rss`` shows projected worker
+    memory with the budget as a horizontal line; ``bin_fill`` crosses out the runs over the
+    budget and rings those of fewer than ``min_packs`` packs, each only where there is one.
+    Interrupted runs are left out.
     """
     import matplotlib
 
@@ -53,10 +97,9 @@ def plot_results(
     done = [r for r in results if not r.interrupted]
     workers = settings.num_workers
     over = [r for r in done if projected_rss_mb(r, workers) > rss_budget_mb]
-    title = (
-        f"{Path(settings.dataset).name}: seq_length {settings.seq_length}, "
-        f"{workers} workers, tokenizer {tokenizer_label(settings.tokenizer)}"
-    )
+    few = [r for r in done if r.packs < settings.min_packs]
+    title = plot_title(settings, tokenizer)
+    lines = sorted({(r.decode, r.max_vision_tokens) for r in done}, key=_line_order)
     budget_label = f"budget {rss_budget_mb:.0f} MiB"
     charts: list[tuple[str, Callable[[TuneResult], float], str]] = [
         ("bin_fill", lambda r: r.bin_fill, "bin fill"),
@@ -66,13 +109,16 @@ def plot_results(
             f"worker RSS: {workers} x (peak + decoder) (MiB)",
         ),
     ]
-    written = []
+    figures = {}
     for name, value, label in charts:
         figure, axis = plt.subplots(figsize=(7, 4.5))
-        for decode in ("lazy", "eager"):
-            own = sorted((r for r in done if r.decode == decode), key=lambda r: r.buffer_size)
-            if own:
-                axis.plot([r.buffer_size for r in own], [value(r) for r in own], "o-", label=decode)
+        for decode, cap in lines:
+            own = sorted(
+                (r for r in done if (r.decode, r.max_vision_tokens) == (decode, cap)),
+                key=lambda r: r.buffer_size,
+            )
+            line = _run_label(own[0])
+            axis.plot([r.buffer_size for r in own], [value(r) for r in own], "o-", label=line)
         if name == "rss":
             bottom, top, budget_shown = rss_axis([value(r) for r in done], rss_budget_mb)
             axis.set_ylim(bottom, top)
@@ -84,19 +130,12 @@ def plot_results(
                     [], [], color="red", linestyle="--", label=f"{budget_label} (far {where})"
                 )
         else:
-            axis.plot(
-                [r.buffer_size for r in over],
-                [value(r) for r in over],
-                "x",
-                color="red",
-                markersize=12,
-                markeredgewidth=2,
-                label=f"over the {budget_label}",
-            )
+            _mark(axis, over, value, "x", "red", f"over the {budget_label}")
+            few_label = f"under {settings.min_packs} packs: low confidence"
+            _mark(axis, few, value, "o", "none", few_label, edge="gray", size=14)
         if best is None:
-            axis.text(
-                0.5, 0.5, "no completed run fits the budget", transform=axis.transAxes, ha="center"
-            )
+            empty = "no completed run fits the budget" if done else "no run completed"
+            axis.text(0.5, 0.5, empty, transform=axis.transAxes, ha="center")
         else:
             axis.plot(
                 [best.buffer_size],
@@ -105,7 +144,7 @@ def plot_results(
                 color="gold",
                 markeredgecolor="black",
                 markersize=18,
-                label=f"recommended: {best.buffer_size} ({best.decode})",
+                label=f"recommended: {best.buffer_size} ({_run_label(best)})",
             )
         axis.set_xscale("log", base=2)
         sizes = sorted({r.buffer_size for r in done})
@@ -115,11 +154,46 @@ def plot_results(
         axis.set_title(title, fontsize="medium")
         axis.legend(fontsize="small")
         figure.tight_layout()
-        path = out_dir / f"{name}.png"
-        figure.savefig(path, dpi=100)
-        plt.close(figure)
-        written.append(path)
-    return written
+        figures[name] = figure
+    return figures
+
+
+def _run_label(result: TuneResult) -> str:
+    """``lazy`` or ``lazy, vision cap 600``."""
+    cap = result.max_vision_tokens
+    return result.decode if cap is None else f"{result.decode}, vision cap {cap}"
+
+
+def _line_order(line: tuple[str, int | None]) -> tuple[bool, int]:
+    """Lazy lines first, then by vision cap (none first)."""
+    decode, cap = line
+    return decode != "lazy", cap or 0
+
+
+def _mark(
+    axis: Any,
+    runs: Sequence[TuneResult],
+    value: Callable[[TuneResult], float],
+    marker: str,
+    color: str,
+    label: str,
+    *,
+    edge: str | None = None,
+    size: int = 12,
+) -> None:
+    """Mark ``runs`` with ``marker`` and a legend entry, where there is any run to mark."""
+    if runs:
+        axis.plot(
+            [r.buffer_size for r in runs],
+            [value(r) for r in runs],
+            marker,
+            color=color,
+            markeredgecolor=edge or color,
+            markersize=size,
+            markeredgewidth=2,
+            linestyle="none",
+            label=label,
+        )
 
 
 def plot_vision_caps(results: Sequence[TuneResult], out_dir: Path, settings: TuneSettings) -> Path:

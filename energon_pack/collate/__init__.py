@@ -7,13 +7,13 @@ over, or an already padded HF batch dict) and returns a
 form, with the media of all rows concatenated in row-then-segment order. Every row is built by
 :func:`~energon_pack.pack_samples`.
 
-* Default (``pad_to_max_length=False``): the whole micro-batch becomes one row (``R == 1``), the
-  samples in micro-batch order (Megatron-Bridge's in-batch packing). If it does not fit
-  ``seq_length`` that is an error.
-* ``pad_to_max_length=True``: rows are exactly ``seq_length`` wide; a micro-batch that does not fit
-  one row is split into the fewest rows (an exact search for small micro-batches, bounded by a
-  fixed node budget, else best-fit decreasing). Within a row the samples keep their micro-batch
-  order; rows are ordered by their first sample.
+* A micro-batch that fits ``seq_length`` (and the vision caps) becomes one row (``R == 1``), the
+  samples in micro-batch order (Megatron-Bridge's in-batch packing), as wide as its samples
+  (``pad_to_max_length=False``, the default) or exactly ``seq_length`` wide.
+* One that does not is split into the fewest rows (an exact search for small micro-batches,
+  bounded by a fixed node budget, else best-fit decreasing), each ``seq_length`` wide with
+  ``pad_to_max_length=True``, else as wide as the widest. Within a row the samples keep their
+  micro-batch order; rows are ordered by their first sample.
 
 The collator keeps no state across batches (its output depends on the micro-batch alone), so
 resuming a ``DataLoader`` is exact by construction. Nothing is dropped silently: samples skipped by

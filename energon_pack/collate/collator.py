@@ -82,9 +82,10 @@ class VLMPackingCollator:
         pad_to_multiple_of: each segment's physical span is a multiple of this (e.g.
             :func:`~energon_pack.pad_seq_to_mult`).
         layout: the row layout as one object (:class:`~energon_pack.RowLayout`: fixed-width
-            rows with ``pad_to_max_length`` — a micro-batch that does not fit one row is then
-            split into several —, static ``cu_seqlens`` with ``pad_cu_seqlens`` and
-            ``max_segments``, the ``pad_token_id``), instead of the two settings above.
+            rows with ``pad_to_max_length``, static ``cu_seqlens`` with ``pad_cu_seqlens`` and
+            ``max_segments``, the ``pad_token_id``), instead of the two settings above. A
+            micro-batch that does not fit one row is split into the fewest rows; without
+            ``pad_to_max_length`` they are as wide as the widest.
         encoder: encodes raw samples and gives the media preprocessing used to decode; it must be
             the encoder (tokenizer) that produced any :class:`EncodedSample` given directly.
             Default: ``ConversationEncoder()`` (with ``family``: with the family's media); for an
@@ -97,9 +98,10 @@ class VLMPackingCollator:
             default encoder is ``make_encoder(family=family)``, and the rows carry the
             processor's media outputs and token-level inputs
             (:attr:`CollatedBatch.family_inputs`).
-        overlong: a sample longer than ``seq_length`` (after alignment): ``"error"`` raises,
-            ``"skip"`` skips it, ``"truncate"`` cuts text tokens after its last vision block
-            (all media kept); if the cut would enter a vision block the sample is skipped.
+        overlong: a sample longer than ``seq_length`` (after alignment): ``"skip"`` (default)
+            skips it, listed in ``skipped_keys`` and logged; ``"error"`` raises;
+            ``"truncate"`` cuts text tokens after its last vision block (all media kept); if
+            the cut would enter a vision block the sample is skipped.
         on_media_error: a sample whose media cannot be parsed, probed or decoded
             (:class:`~energon_pack.media.MediaError`): ``"error"`` re-raises, ``"skip"`` skips it.
         position_ids: ``"1d"`` (default); ``"mrope"``: batches also carry Qwen-VL 3-D
@@ -118,9 +120,8 @@ class VLMPackingCollator:
         vision: caps on the image/video pad tokens and media per row and the balance mode
             (:class:`~energon_pack.VisionBudget`). A sample alone over a cap follows
             ``vision.over_cap`` (by default ``overlong``; ``"truncate"`` skips it, listed in
-            ``skipped_keys``). With ``pad_to_max_length`` the micro-batch is split into rows
-            within the caps; with one row, a micro-batch over a cap is a ValueError. Balance
-            spreads the vision tokens evenly over several rows (the fewest rows still).
+            ``skipped_keys``). A micro-batch over a cap is split into rows within the caps.
+            Balance spreads the vision tokens evenly over several rows (the fewest rows still).
         loss_segments: with ``output="hf"``, the dict also carries
             :data:`~energon_pack.train.loss.LOSS_SEGMENTS` (each target token's sample) for the
             ``"sample"`` / ``"sqrt"`` reductions of :mod:`energon_pack.train.loss`; it is not a
@@ -140,7 +141,7 @@ class VLMPackingCollator:
         layout: RowLayout | None = None,
         encoder: SampleEncoder | None = None,
         family: Family | str | Any = None,
-        overlong: OverlongPolicy = "error",
+        overlong: OverlongPolicy = "skip",
         on_media_error: OnMediaError = "error",
         position_ids: PositionIds | MRopeConfig = "1d",
         output: Output = "batch",
@@ -376,9 +377,10 @@ class VLMPackingCollator:
         A failing sample is raised as :class:`~energon_pack.packing.packed.SkippedSample` at
         its position in ``ready``."""
         groups = self._groups(ready)
+        layout = self._split_layout(ready, groups)
         if isinstance(self.family, ProcessorFamily):
             packs = [
-                pack_samples([ready[i] for i in group], self.layout, with_pixels=False)
+                pack_samples([ready[i] for i in group], layout, with_pixels=False)
                 for group in groups
             ]
             rows = [[(i, ready[i]) for i in group] for group in groups]
@@ -388,7 +390,7 @@ class VLMPackingCollator:
         packs = [
             pack_samples(
                 [ready[i] for i in group],
-                self.layout,
+                layout,
                 media=self.encoder.media,
                 mrope=self.mrope,
                 with_pixels=single_row,
@@ -480,7 +482,15 @@ class VLMPackingCollator:
             weights,
             layout.seq_length // align,
             self.budget,
-            several=layout.pad_to_max_length,
             max_items=layout.static_segments,
-            align=align,
         )
+
+    def _split_layout(self, ready: list[EncodedSample], groups: list[list[int]]) -> RowLayout:
+        """The layout the rows are built with: the collator's, or, where a micro-batch of
+        variable-width rows was split, rows as wide as the widest (its padding absorbed in
+        each row's last segment, as with ``pad_to_max_length``)."""
+        layout = self.layout
+        if len(groups) == 1 or layout.pad_to_max_length:
+            return layout
+        width = max(sum(layout.aligned(ready[i].length) for i in group) for group in groups)
+        return replace(layout, seq_length=width, pad_to_max_length=True)

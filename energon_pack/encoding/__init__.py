@@ -11,6 +11,7 @@
   the image size, media through the processor, the packing rule;
 * ``processor_encoder``: :class:`ProcessorEncoder`, token-exact with a family's processor;
 * ``fingerprint``: the identities and settings records that saved states carry.
+* ``describe``: which encoder counts the tokens, as a record (manifests, reports) and a line.
 """
 
 from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder, SampleEncoder

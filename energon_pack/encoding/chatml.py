@@ -156,6 +156,38 @@ class ByteTokenizer:
         return "".join(out)
 
 
+def check_special_tokens(tokenizer: object, name: str | None = None) -> None:
+    """Raise ValueError naming the :data:`SPECIAL_TOKENS` that ``tokenizer`` lacks (no id, or
+    its unknown token's id) and the fix; the ChatML and template encoders need them all.
+    ``name`` is how the message calls the tokenizer (default: its name or path and class)."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return
+    unknown = {None, getattr(tokenizer, "unk_token_id", None)}
+    missing = [t for t in SPECIAL_TOKENS if _token_id(tokenizer, t) in unknown]
+    if not missing:
+        return
+    if name is None:
+        path = getattr(tokenizer, "name_or_path", None)
+        name = (
+            f"tokenizer {path!r} ({type(tokenizer).__name__})" if path else type(tokenizer).__name__
+        )
+    raise ValueError(
+        f"{name} has no special tokens {missing}, which the ChatML / Qwen2-VL template uses; "
+        "pass a Qwen2-VL tokenizer, or add them with tokenizer.add_special_tokens("
+        f"{{'additional_special_tokens': {missing}}}) and save it"
+    )
+
+
+def _token_id(tokenizer: object, token: str) -> int | None:
+    """The id ``tokenizer`` gives ``token``, or None (no such token, no int id)."""
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
+    try:
+        found = convert(token) if callable(convert) else None
+    except (KeyError, ValueError, TypeError):  # tokenizers refuse unknown tokens differently
+        return None
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+
 def template_system_prompt(tokenizer: object) -> str | None:
     """The system prompt a tokenizer's ChatML chat template inserts when a conversation has
     none (e.g. ``"You are a helpful assistant."`` for Qwen2-VL), or None.
@@ -171,15 +203,22 @@ def template_system_prompt(tokenizer: object) -> str | None:
     if not isinstance(template, str):
         return None
     special = getattr(tokenizer, "special_tokens_map", None)
+    variables = dict(special) if isinstance(special, Mapping) else {}
+    return default_system_prompt(template, variables, type(tokenizer).__name__)
+
+
+def default_system_prompt(
+    template: str, variables: Mapping[str, Any], owner: str = "the tokenizer"
+) -> str | None:
+    """The system prompt the ChatML chat ``template`` inserts when a conversation has none, or
+    None (see :func:`template_system_prompt`; ``owner`` names the template in errors)."""
     try:
         text, _ = BoundedTemplate(template).render(
-            [{"role": "user", "content": "?"}],
-            tools=None,
-            variables=dict(special) if isinstance(special, Mapping) else {},
+            [{"role": "user", "content": "?"}], tools=None, variables=variables
         )
     except RenderLimitError as error:
         raise ValueError(
-            f"the chat template of {type(tokenizer).__name__} went over a render bound while "
+            f"the chat template of {owner} went over a render bound while "
             f"finding its default system prompt: {error}"
         ) from None
     except Exception as exc:  # a template may reject string content; then it has no default
@@ -414,6 +453,8 @@ class ConversationEncoder(SampleEncoder):
         template_system: bool = True,
         **options: Unpack[EncoderOptions],
     ) -> None:
+        if tokenizer is not None:
+            check_special_tokens(tokenizer)
         super().__init__(tokenizer, **options)
         if not isinstance(template_system, bool):
             raise ValueError(

@@ -25,13 +25,15 @@ text and a timestamp is a target where its text is).
 
 :func:`make_encoder` chooses the encoder explicitly: the template encoder for an HF tokenizer
 with a chat template, the hand-written ChatML :class:`~energon_pack.ConversationEncoder`
-for the built-in byte tokenizer, a tokenizer without a template, or ``encoding="chatml"``.
+for the built-in byte tokenizer, a tokenizer without a template (with a
+:class:`~energon_pack.PackingWarning`, once per tokenizer), or ``encoding="chatml"``.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any, Literal
@@ -48,12 +50,15 @@ from energon_pack.encoding.bounded import (
     template_sha256,
 )
 from energon_pack.encoding.chatml import (
+    ByteTokenizer,
     ConversationEncoder,
     EncoderOptions,
     LossOn,
     MediaBlock,
     SampleEncoder,
     Tokenizer,
+    check_special_tokens,
+    default_system_prompt,
 )
 from energon_pack.encoding.families import ProcessorFamily, delimited_spans
 from energon_pack.encoding.family import Family, family_media, model_family
@@ -62,6 +67,7 @@ from energon_pack.encoding.rendering import render_sample, tokenise_text, with_s
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import MediaConfig, MediaError, MediaItem
 from energon_pack.packing.packed import EncodedSample
+from energon_pack.packing.row_layout import PackingWarning
 
 __all__ = ["Encoding", "TemplateEncoder", "chat_template_of", "make_encoder", "template_sha256"]
 
@@ -126,6 +132,7 @@ class TemplateEncoder(SampleEncoder):
                 "pass the one to train with as chat_template= (e.g. "
                 "tokenizer.chat_template['default'])"
             )
+        check_special_tokens(tokenizer)
         template = chat_template if chat_template is not None else chat_template_of(tokenizer)
         if not isinstance(template, str) or not template:
             raise ValueError(
@@ -165,6 +172,11 @@ class TemplateEncoder(SampleEncoder):
         special = getattr(tokenizer, "special_tokens_map", None)
         self._special_tokens: dict[str, Any] = dict(special) if isinstance(special, Mapping) else {}
         self._check_masking()
+        self.default_system_prompt = default_system_prompt(
+            template, self._special_tokens, self.template_name
+        )
+        """The system prompt the template inserts in a conversation without one (Qwen2-VL's
+        ``"You are a helpful assistant."``), or None."""
 
     @property
     def template_name(self) -> str:
@@ -386,6 +398,11 @@ def make_encoder(
     encoder for an HF tokenizer with a chat template and the ChatML encoder otherwise (the byte
     tokenizer, a tokenizer without a template: each turn ``<|im_start|>{role}\\n{content}
     <|im_end|>\\n``, loss on the assistant content and its ``<|im_end|>``).
+    That fallback for an HF tokenizer is never silent: a
+    :class:`~energon_pack.PackingWarning` names it, once per tokenizer (``encoding="chatml"``
+    chooses ChatML without one). The tokenizer must have the Qwen2-VL special tokens
+    (:func:`~energon_pack.encoding.chatml.check_special_tokens`: a ValueError names the
+    missing ones and the fix).
 
     ``family`` (anything :func:`~energon_pack.model_family` takes: a processor, its saved
     directory, a preset name, ...): a Qwen preset gives the encoder its media settings
@@ -414,7 +431,35 @@ def make_encoder(
             )
         return TemplateEncoder(tokenizer, **options)
     logger.debug("ChatML encoder: %s", "chosen" if encoding == "chatml" else "no chat template")
-    return ConversationEncoder(tokenizer, **options)
+    encoder = ConversationEncoder(tokenizer, **options)
+    if encoding == "auto" and not isinstance(encoder.tokenizer, ByteTokenizer):
+        _warn_no_template(encoder)
+    return encoder
+
+
+_warned_no_template: set[str] = set()
+"""The tokenizers (name or path) already warned about: :func:`make_encoder` warns once each."""
+
+
+def _warn_no_template(encoder: ConversationEncoder) -> None:
+    """A :class:`~energon_pack.PackingWarning`, once per tokenizer, that ``"auto"`` fell back
+    to the ChatML encoder because the tokenizer has no chat template."""
+    tokenizer = encoder.tokenizer
+    name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+    if name in _warned_no_template:
+        return
+    _warned_no_template.add(name)
+    system = encoder.system_prompt
+    warnings.warn(
+        f"tokenizer {name!r} has no chat template, so conversations are encoded with the "
+        "built-in ChatML rule ("
+        + ("no system prompt" if system is None else f"system prompt {system!r:.60}")
+        + "), not your model's template: token counts and packs differ where the template "
+        "differs (Qwen2-VL's adds a default system prompt). Set tokenizer.chat_template (on the "
+        "command line: --chat-template FILE), or pass encoding='chatml' to choose ChatML",
+        PackingWarning,
+        stacklevel=3,
+    )
 
 
 def check_encoder(encoder: SampleEncoder, family: Family | None) -> SampleEncoder:

@@ -1,6 +1,7 @@
 """Megatron-Energon integration: the packing task encoder and its carry-over wrapper."""
 
 from energon_pack.energon.carry_over import CarryOverPackingDataset, PackingStats, RejectedSample
+from energon_pack.energon.dataset_path import check_dataset_path
 from energon_pack.energon.redist import redistribute
 from energon_pack.energon.resume import check_loader_state, restore_state_rank
 from energon_pack.energon.task_encoder import (
@@ -21,6 +22,7 @@ __all__ = [
     "PreparedSample",
     "RejectedSample",
     "SkippedSample",
+    "check_dataset_path",
     "check_loader_state",
     "cook_conversation",
     "redistribute",

@@ -65,6 +65,7 @@ from energon_pack.packing.bins import Bin, Overlong, aligned_length
 from energon_pack.packing.buffer import BufferConfig
 from energon_pack.packing.online import OnlineBinPacker
 from energon_pack.packing.packed import SkippedSample, pack_dropping_failures
+from energon_pack.packing.packer_state import GROWTH_SETTINGS
 
 logger = logging.getLogger("energon_pack.energon")
 
@@ -139,6 +140,12 @@ class SampleSize:
     """Image and video pad tokens among ``length`` (for the packer's vision budget)."""
     media: int = 0
     """Images plus videos (for the packer's vision budget)."""
+
+
+FREE_ON_RESTORE = frozenset({"overlong"})
+"""Fingerprint settings a state may be restored under another value of: what happens to a sample
+that fits no row does not change the packs of the samples that fit. (A state saved by a buffer
+bounded by its count alone restores as one: see the packer's ``GROWTH_SETTINGS``.)"""
 
 
 class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sample, T_pack]):
@@ -269,6 +276,12 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         ``num_workers``, ``world_size`` and ``rank`` instead) restores only where it was saved:
         same topology, same rank."""
         current: dict[str, Any] = {**self.fingerprint, "global_worker": global_worker}
+        if isinstance(saved, Mapping):
+            free = set(FREE_ON_RESTORE)
+            if not any(f"packer.{name}" in saved for name in GROWTH_SETTINGS):
+                free |= {f"packer.{name}" for name in GROWTH_SETTINGS}  # it restores as saved
+            saved = {k: v for k, v in saved.items() if k not in free}
+            current = {k: v for k, v in current.items() if k not in free}
         if isinstance(saved, Mapping) and before_global_workers(saved):
             current = self._placement_before_global_workers(saved, current, what)
         elif isinstance(saved, Mapping):
@@ -432,7 +445,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         sizes = [(key, size.nbytes) for key, size in measured]
         return BufferSnapshot(
             count=len(sizes),
-            capacity=self.packer.buffer_size,
+            capacity=self.packer.max_held,
             bytes=sum(nbytes for _, nbytes in sizes),
             decoded_bytes=sum(size.decoded_nbytes for _, size in measured),
             biggest=tuple(sorted(sizes, key=lambda item: -item[1])[:3]),

@@ -240,12 +240,15 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         family: a model family preset, its name, a model directory or a transformers
             model/config (:func:`~energon_pack.model_family`): its media settings are
             used (or checked against ``media``) and it is recorded in the saved state.
-        overlong: ``"error"`` raises for a sample longer than ``seq_length``; ``"skip"``
-            counts it in ``packing_stats.skipped["overlong"]`` and logs its key.
+        overlong: a sample longer than ``seq_length``: ``"skip"`` (default) counts it in
+            ``packing_stats.skipped["overlong"]`` and logs a warning naming its key and
+            length; ``"error"`` raises.
         buffer: the candidate buffer's behaviour (:class:`~energon_pack.BufferConfig`):
             ``max_wait``, ``min_fill``, ``max_bytes``, ``decode`` (``"lazy"``: media decoded
             after a sample is chosen; ``"eager"``: before the buffer, for comparison),
-            ``monitor`` (an RSS monitor in every worker) and ``max_consecutive_skips``.
+            ``monitor`` (an RSS monitor in every worker), ``max_consecutive_skips``, and how
+            far the buffer grows past ``packing_buffer_size`` to fill rows of short samples
+            (``min_rows``, ``max_size``).
         vision: caps on the image/video pad tokens and media per pack, counted from the media
             probe before any decode, and the balance mode (:class:`~energon_pack.VisionBudget`;
             see :mod:`~energon_pack.packing.vision_budget`). A sample alone over a cap follows
@@ -283,7 +286,7 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         encoder: SampleEncoder | None = None,
         media: MediaConfig | None = None,
         family: Family | str | Any = None,
-        overlong: Overlong = "error",
+        overlong: Overlong = "skip",
         buffer: BufferConfig | None = None,
         vision: VisionBudget | None = None,
         position_ids: PositionIds | MRopeConfig = "1d",
@@ -371,12 +374,15 @@ class PackingTaskEncoder(DefaultTaskEncoder):
         return self.family if isinstance(self.family, ModelFamily) else None
 
     def _make_packer(self, buffer_size: int) -> functools.partial[OnlineBinPacker]:
+        buffer = self.buffer
+        if buffer.decode == "eager" and buffer.max_bytes is None:  # decoded samples weigh MBs
+            buffer = dataclasses.replace(buffer, min_rows=None)
         make = functools.partial(
             OnlineBinPacker,
             self.layout.seq_length,
             buffer_size,
             align=self.layout.pad_to_multiple_of,
-            buffer=self.buffer,
+            buffer=buffer,
             vision=self.vision,
         )
         make()

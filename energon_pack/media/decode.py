@@ -5,17 +5,24 @@ process with ``decode_isolation="off"``. They probe video containers, decode and
 to the probed grid, and write the uint8 patch levels (:func:`patch_levels`) into the array an
 :data:`~energon_pack.media.guard.Alloc` gives; :mod:`energon_pack.media.pixels` turns levels
 into model-ready patches. Bad media raise :class:`~energon_pack.media.errors.MediaFailure`; the
-caller's boundary names the sample.
+caller's boundary names the sample. What decord and FFmpeg print to the terminal while they
+open or decode a video (``moov atom not found``) goes into that failure's message instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
+import os
+import re
 import struct
+import sys
+import tempfile
+import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import decord
@@ -100,12 +107,14 @@ def decode_video_levels(
     reader = _open_video(data)
     width, height = _video_size(reader, data)
     plan = _video_plan(reader, width, height, cfg)
+    native: list[str] = []
     try:
-        batch = _as_numpy(reader.get_batch(list(plan.frame_indices)))
+        with _native_messages(native):
+            batch = _as_numpy(reader.get_batch(list(plan.frame_indices)))
     except MemoryError:
         raise
     except Exception as exc:  # decord raises its own DECORDError and RuntimeErrors
-        raise MediaFailure("corrupt", f"cannot decode video frames: {exc}") from exc
+        raise MediaFailure("corrupt", f"cannot decode video frames: {exc}{_said(native)}") from exc
     if batch.shape[1:3] != (height, width):
         # The token layout was built from the probed size: never stretch to it.
         raise MediaFailure(
@@ -133,7 +142,12 @@ def open_image(data: bytes, cfg: MediaConfig) -> Image.Image:
             f"header declares a decompression bomb ({exc}); max_image_pixels="
             f"{cfg.max_image_pixels}",
         ) from exc
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, struct.error) as exc:
+    except UnidentifiedImageError as exc:  # its message names the BytesIO object, not the data
+        raise MediaFailure(
+            "unreadable",
+            f"not a readable image: its {len(data)} bytes are none of {', '.join(IMAGE_FORMATS)}",
+        ) from exc
+    except (OSError, ValueError, SyntaxError, struct.error) as exc:
         raise MediaFailure("unreadable", f"not a readable image: {exc}") from exc
     width, height = img.size
     if width * height > cfg.max_image_pixels:
@@ -238,12 +252,46 @@ def patch_levels(frames: Sequence[UInt8Array], cfg: MediaConfig, alloc: Alloc) -
 def _open_video(data: bytes) -> Any:
     if not data:
         raise MediaFailure("empty", "zero-byte video")
+    native: list[str] = []
     try:
-        return decord.VideoReader(io.BytesIO(data), num_threads=1)
+        with _native_messages(native):
+            return decord.VideoReader(io.BytesIO(data), num_threads=1)
     except MemoryError:
         raise
     except Exception as exc:  # decord raises DECORDError / RuntimeError / AssertionError
-        raise MediaFailure("unreadable", f"not a readable video: {exc}") from exc
+        raise MediaFailure("unreadable", f"not a readable video: {exc}{_said(native)}") from exc
+
+
+_NATIVE_PREFIX = re.compile(r"^(?:\[[^\]]*\]\s*)+|^\S+\.cc:\d+:\s*")
+"""FFmpeg's ``[mov,mp4,... @ 0x55...]`` and decord's ``[21:11:48] src/...cc:83:`` prefixes."""
+_STDERR = threading.Lock()
+
+
+@contextlib.contextmanager
+def _native_messages(into: list[str]) -> Iterator[None]:
+    """Append to ``into`` what native code writes to file descriptor 2 meanwhile (decord's and
+    FFmpeg's messages, one line each, without their prefixes) instead of letting it reach the
+    terminal; each is also logged at debug level."""
+    with _STDERR, tempfile.TemporaryFile() as log:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            for line in log.read().decode(errors="replace").splitlines():
+                message = _NATIVE_PREFIX.sub("", _NATIVE_PREFIX.sub("", line.strip()))
+                if message:
+                    logger.debug("%s: decoder said: %s", medium_label(), message)
+                    into.append(message)
+
+
+def _said(native: Sequence[str]) -> str:
+    """`` (decoder: ...)``, what the native decoder printed, for a failure's message."""
+    return f" (decoder: {'; '.join(native)})" if native else ""
 
 
 def _video_size(reader: Any, data: bytes) -> tuple[int, int]:
@@ -252,12 +300,16 @@ def _video_size(reader: Any, data: bytes) -> tuple[int, int]:
     if size is not None:
         return size
     logger.debug("%s: no MP4 sample entry, decoding one frame for the size", medium_label())
+    native: list[str] = []
     try:
-        frame = _as_numpy(reader[0])
+        with _native_messages(native):
+            frame = _as_numpy(reader[0])
     except MemoryError:
         raise
     except Exception as exc:
-        raise MediaFailure("corrupt", f"cannot decode the first frame: {exc}") from exc
+        raise MediaFailure(
+            "corrupt", f"cannot decode the first frame: {exc}{_said(native)}"
+        ) from exc
     return int(frame.shape[1]), int(frame.shape[0])
 
 

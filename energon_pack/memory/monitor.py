@@ -283,10 +283,15 @@ def advice(buffer: BufferSnapshot, room_bytes: float) -> str:
         )
     if 0 < room_bytes < buffer.bytes:
         if buffer.max_bytes is not None:
-            steps.append(f"lower packing_buffer_bytes from {buffer.max_bytes} to {int(room_bytes)}")
+            steps.append(
+                f"lower BufferConfig(max_bytes=...) from {buffer.max_bytes} to {int(room_bytes)}"
+            )
         else:
             size = suggest_buffer_size(buffer, room_bytes)
-            steps.append(f"a packing_buffer_size of {size} would fit")
+            steps.append(
+                f"a packing_buffer_size of {size} would fit, with BufferConfig(max_bytes="
+                f"{int(room_bytes)}) (which also bounds a buffer grown for short samples)"
+            )
     elif not buffer.decoded_bytes:
         steps.append(
             f"the buffer ({buffer.bytes / MB:.1f} MiB) is not what fills memory, so a smaller "

@@ -1,4 +1,5 @@
-"""Building an offline pack: :func:`pack_offline` writes a packed directory from a JSONL file.
+"""Building an offline pack: :func:`pack_offline` writes a packed directory from a JSONL file
+(or a file holding one JSON array of samples).
 
 The packing itself is out of core: pass 1 streams the input and appends each sequence's tokens
 to temporary files while only the lengths stay in memory; pass 2 packs the lengths (best or
@@ -22,15 +23,11 @@ import numpy as np
 import numpy.typing as npt
 
 from energon_pack.encoding.chatml import ByteTokenizer, SampleEncoder, Tokenizer
+from energon_pack.encoding.describe import encoding_record
 from energon_pack.encoding.fingerprint import tokenizer_identity
 from energon_pack.encoding.template import make_encoder
 from energon_pack.offline.bridge import bridge_pad_id, write_bridge
-from energon_pack.offline.inputs import (
-    im_end_newline,
-    read_samples,
-    template_identity,
-    tokenizer_vocab_size,
-)
+from energon_pack.offline.inputs import im_end_newline, read_samples, tokenizer_vocab_size
 from energon_pack.offline.manifest import (
     FORMAT_VERSION,
     damaged_message,
@@ -80,7 +77,10 @@ def pack_offline(
     force: bool = False,
     format: OfflineFormat = "energon_pack",
 ) -> OfflinePackResult:
-    """Tokenise and pack the JSONL ``input_path`` into ``out_dir`` (see the module docstring).
+    """Tokenise and pack ``input_path`` into ``out_dir`` (see the module docstring): a JSONL
+    file, one sample per line, or a file holding one JSON array of samples (read whole); each
+    sample is a prompt/answer pair, a pre-tokenised one, or any text conversation the collator
+    reads (:mod:`energon_pack.offline`).
 
     ``format="bridge"`` writes Megatron-Bridge's packed parquet instead of the ``.npy`` arrays
     (see :func:`bridge_parquet_name`); packs then fill ``packed_sequence_size`` with the tokens
@@ -88,7 +88,11 @@ def pack_offline(
 
     ``tokenizer`` is HF-style (``encode``, ``convert_tokens_to_ids``; ``pad_token_id`` is used
     for padding when present) or None for :class:`~energon_pack.ByteTokenizer`; with an
-    explicit tokenizer, pre-tokenised ids are checked against its ``vocab_size``. If ``out_dir``
+    explicit tokenizer, pre-tokenised ids are checked against its ``vocab_size``. The encoder
+    is :func:`~energon_pack.make_encoder`'s (``"auto"``: the chat template when the tokenizer
+    has one, else ChatML, with a :class:`~energon_pack.PackingWarning`); the manifest's
+    ``tokenizer`` records which (:func:`~energon_pack.encoding.describe.encoding_record`:
+    ``encoding``, ``system_prompt``, the template's digest), as does the result. If ``out_dir``
     already holds a pack with the same manifest (spec, format, input sha256, tokenizer identity
     and content, template) whose files are still as built, it is reused; a different one, or
     files changed since (a cut parquet, an edited metadata file), is refused with a ValueError
@@ -100,7 +104,10 @@ def pack_offline(
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(map(repr, FORMATS))}, got {format!r}")
     if not input_path.is_file():
-        raise ValueError(f"input {input_path} is not a file; pass a JSONL file of samples")
+        raise ValueError(
+            f"input {input_path} is not a file; pass a JSONL file of samples (or a JSON file "
+            "holding one array of samples)"
+        )
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(out_dir))
     tok: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
@@ -109,7 +116,7 @@ def pack_offline(
         "format_version": FORMAT_VERSION,
         "energon_pack_version": importlib.metadata.version("energon_pack"),
         "spec": spec.to_json(),
-        "tokenizer": {**tokenizer_identity(tok), **template_identity(encoder)},
+        "tokenizer": {**tokenizer_identity(tok), **encoding_record(encoder)},
         "tokenizer_content": tokenizer_content(tok),
         "input_sha256": sha256(input_path),
         "format": format,
@@ -327,5 +334,6 @@ def _result(
         reused=reused,
         metadata=metadata,
         format=manifest.get("format", "energon_pack"),
+        tokenizer=dict(manifest["tokenizer"]),
         **manifest["stats"],
     )

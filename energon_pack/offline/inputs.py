@@ -1,5 +1,7 @@
-"""The input of an offline pack: JSONL lines read as samples and tokenised (prompt/answer pairs,
-conversations, pre-tokenised ids).
+"""The input of an offline pack: a JSONL file (one sample per line) or a file holding one JSON
+array of samples, each read as a sample and tokenised: prompt/answer pairs, pre-tokenised ids,
+or any conversation layout :func:`~energon_pack.formats.parse_any` reads (what the collator
+reads: ``messages`` or ``conversations`` rows, WebDataset ``json`` members), text only.
 """
 
 from __future__ import annotations
@@ -13,10 +15,22 @@ import numpy as np
 import numpy.typing as npt
 
 from energon_pack.encoding.chatml import SampleEncoder, Tokenizer
+from energon_pack.formats import parse_any
 from energon_pack.offline.manifest import name_os_errors
 from energon_pack.offline.spec import is_int
 
 _INT32_MAX = 2**31 - 1
+
+SAMPLE_FORMS = (
+    "{'input', 'output'}, {'messages'} or {'conversations'} (a chat row, as the collator "
+    "reads it), {'json'} (a WebDataset sample's conversation) or {'input_ids', 'loss_mask'}"
+)
+"""The sample objects an offline input holds, as errors name them."""
+_FILE_FORMS = (
+    "a JSONL file holds one sample object per line; a JSON file holds one array of sample objects"
+)
+_CONVERSATION_FIELDS = ("messages", "conversations", "json", "conversation.json")
+_MEDIA_FIELDS = ("images", "videos", "image", "video", "jpgs", "mp4s")
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -26,8 +40,30 @@ def read_samples(
     vocab_size: int | None,
     newline: tuple[int, list[int]] | None = None,
 ) -> Iterator[tuple[int, str, npt.NDArray[np.int64], npt.NDArray[np.uint8]]]:
-    """``(line number, key, input_ids, loss_mask)`` of each sample of the JSONL file."""
+    """``(number, key, input_ids, loss_mask)`` of each sample of the file: its line number
+    and ``<file>:<line>`` in a JSONL file; its position from 1 and ``<file>[<index>]`` in a
+    JSON array."""
+    for number, key, record in _records(path):
+        if not isinstance(record, dict):
+            raise ValueError(
+                f"sample {key}: expected a JSON object (a sample: {SAMPLE_FORMS}), got "
+                f"{type(record).__name__}; {_FILE_FORMS}"
+            )
+        ids, mask = _tokens(key, record, encoder, vocab_size)
+        if newline is not None and "input_ids" not in record:
+            mask = _train_newline_after(ids, mask, *newline)
+        yield number, key, ids, mask
+
+
+def _records(path: Path) -> Iterator[tuple[int, str, Any]]:
+    """``(number, key, record)`` of each JSON value of the file: a JSON array's items when the
+    file starts with ``[`` (read whole), else one per non-blank line (streamed)."""
     with name_os_errors(path), path.open("rb") as lines:
+        head = lines.read(4096).lstrip()
+        lines.seek(0)
+        if head.startswith(b"["):
+            yield from _array_items(path, lines.read())
+            return
         for number, raw in enumerate(lines, 1):
             if not raw.strip():
                 continue
@@ -35,17 +71,22 @@ def read_samples(
             try:
                 record = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
-                raise ValueError(
-                    f"sample {key}: invalid JSON ({error}); each line must be one JSON object"
-                ) from None
-            if not isinstance(record, dict):
-                raise ValueError(
-                    f"sample {key}: expected a JSON object, got {type(record).__name__}"
-                )
-            ids, mask = _tokens(key, record, encoder, vocab_size)
-            if newline is not None and "input_ids" not in record:
-                mask = _train_newline_after(ids, mask, *newline)
-            yield number, key, ids, mask
+                raise ValueError(f"sample {key}: invalid JSON ({error}); {_FILE_FORMS}") from None
+            yield number, key, record
+
+
+def _array_items(path: Path, data: bytes) -> Iterator[tuple[int, str, Any]]:
+    """The items of the JSON array ``data`` (the whole file ``path``)."""
+    try:
+        items = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise ValueError(
+            f"{path}: starts with '[' but is not one valid JSON array ({error}); {_FILE_FORMS}"
+        ) from None
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: expected one JSON array of samples; {_FILE_FORMS}")
+    for index, item in enumerate(items):
+        yield index + 1, f"{path.name}[{index}]", item
 
 
 def _tokens(
@@ -57,21 +98,29 @@ def _tokens(
         prompt, answer = record["input"], record["output"]
         if not isinstance(prompt, str) or not isinstance(answer, str):
             raise ValueError(f"sample {key}: 'input' and 'output' must be strings")
-        conversation: dict[str, Any] = {
+        sample: dict[str, Any] = {
             "conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": answer}]
         }
         if "system" in record:
-            conversation["system"] = record["system"]
-    elif "conversations" in record:
-        conversation = record
+            sample["system"] = record["system"]
+    elif any(field in record for field in _CONVERSATION_FIELDS):
+        sample = record
     else:
         raise ValueError(
-            f"sample {key}: unknown record with keys {sorted(record)}; expected "
-            "{'input', 'output'}, {'conversations'} or {'input_ids', 'loss_mask'}"
+            f"sample {key}: unknown record with keys {sorted(record)}; expected {SAMPLE_FORMS}"
         )
-    encoded = encoder.encode_sample(key, {"json": conversation})
-    if encoded.media:
-        raise ValueError(f"sample {key}: offline packing is text-only; remove <image>/<video>")
+    media = [field for field in _MEDIA_FIELDS if record.get(field)]
+    if media:
+        raise ValueError(
+            f"sample {key}: offline packing is text-only, but the sample has media {media}; "
+            "remove them, or pack media online (PackingTaskEncoder, VLMPackingCollator)"
+        )
+    raw = parse_any(key, sample, encoder.media)
+    if raw.media:
+        raise ValueError(
+            f"sample {key}: offline packing is text-only; remove its media and <image>/<video>"
+        )
+    encoded = encoder.encode(raw)
     return encoded.input_ids.numpy(), encoded.loss_mask.numpy().astype(np.uint8)
 
 
@@ -134,14 +183,6 @@ def _pretokenised(
 
 
 # --------------------------------------------------------------------------------- manifest
-def template_identity(encoder: SampleEncoder) -> dict[str, Any]:
-    """The chat template's part of the tokenizer's identity: the encoding and the template's
-    digest for the template encoder, nothing for ChatML (so earlier packs stay up to date)."""
-    settings = encoder.settings()
-    keys = ("encoding", "chat_template_sha256", "template_kwargs")
-    return {key: settings[key] for key in keys if key in settings}
-
-
 def tokenizer_vocab_size(tokenizer: Tokenizer) -> int | None:
     size = getattr(tokenizer, "vocab_size", None)
     return size if is_int(size) else None

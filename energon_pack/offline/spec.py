@@ -221,6 +221,10 @@ class OfflinePackResult:
     """Extra packs made by splitting packs above ``max_segments``."""
     format: OfflineFormat = "energon_pack"
     """What was written (see :data:`OfflineFormat`)."""
+    tokenizer: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The manifest's record of the tokenizer: its identity and which encoder counted the
+    tokens (``encoding``: ``"template"`` or ``"chatml"``, ``system_prompt``, the template's
+    ``chat_template_sha256``; :func:`~energon_pack.encoding.describe.encoding_record`)."""
 
     @property
     def files(self) -> list[Path]:

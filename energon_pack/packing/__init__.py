@@ -20,23 +20,71 @@ mRoPE position ids and the topology rules. Nothing here reads files or decodes m
 
 from typing import TYPE_CHECKING
 
-from energon_pack._moved import renamed
-from energon_pack.packing.bins import Bin, best_fit_decreasing, first_fit_decreasing
-from energon_pack.packing.buffer import BufferConfig
-from energon_pack.packing.mrope import MRopeConfig, mrope_position_ids, packed_mrope_position_ids
-from energon_pack.packing.online import OnlineBinPacker
-from energon_pack.packing.packed import EncodedSample, PackedSample, mrope_for_packed, pack_samples
-from energon_pack.packing.packer_state import PackerCounters
-from energon_pack.packing.row import IGNORE_INDEX, PackedRow, build_packed_row, unpack
-from energon_pack.packing.row_layout import PackingWarning, RowLayout
-from energon_pack.packing.topology import (
-    DerivedValues,
-    TokenSlotRow,
-    TrainingSetup,
-    equal_token_slot_table,
-    pad_seq_to_mult,
-)
-from energon_pack.packing.vision_budget import VisionBudget, straggler_floor, straggler_ratio
+from energon_pack._moved import lazy
+
+if TYPE_CHECKING:  # the public names, for type checkers (read lazily below)
+    from energon_pack.packing.bins import Bin, best_fit_decreasing, first_fit_decreasing
+    from energon_pack.packing.buffer import BufferConfig
+    from energon_pack.packing.mrope import (
+        MRopeConfig,
+        mrope_position_ids,
+        packed_mrope_position_ids,
+    )
+    from energon_pack.packing.online import OnlineBinPacker
+    from energon_pack.packing.packed import (
+        EncodedSample,
+        PackedSample,
+        mrope_for_packed,
+        pack_samples,
+    )
+    from energon_pack.packing.packer_state import PackerCounters
+    from energon_pack.packing.row import IGNORE_INDEX, PackedRow, build_packed_row, unpack
+    from energon_pack.packing.row_layout import PackingWarning, RowLayout
+    from energon_pack.packing.topology import (
+        DerivedValues,
+        TokenSlotRow,
+        TrainingSetup,
+        equal_token_slot_table,
+        pad_seq_to_mult,
+    )
+    from energon_pack.packing.vision_budget import VisionBudget, straggler_floor, straggler_ratio
+
+_HOMES: dict[str, str] = {
+    name: module
+    for module, names in {
+        "energon_pack.packing.bins": ("Bin", "best_fit_decreasing", "first_fit_decreasing"),
+        "energon_pack.packing.buffer": ("BufferConfig",),
+        "energon_pack.packing.mrope": (
+            "MRopeConfig",
+            "mrope_position_ids",
+            "packed_mrope_position_ids",
+        ),
+        "energon_pack.packing.online": ("OnlineBinPacker",),
+        "energon_pack.packing.packed": (
+            "EncodedSample",
+            "PackedSample",
+            "mrope_for_packed",
+            "pack_samples",
+        ),
+        "energon_pack.packing.packer_state": ("PackerCounters",),
+        "energon_pack.packing.row": ("IGNORE_INDEX", "PackedRow", "build_packed_row", "unpack"),
+        "energon_pack.packing.row_layout": ("PackingWarning", "RowLayout"),
+        "energon_pack.packing.topology": (
+            "DerivedValues",
+            "TokenSlotRow",
+            "TrainingSetup",
+            "equal_token_slot_table",
+            "pad_seq_to_mult",
+        ),
+        "energon_pack.packing.vision_budget": (
+            "VisionBudget",
+            "straggler_floor",
+            "straggler_ratio",
+        ),
+    }.items()
+    for name in names
+}
+"""Public name -> the module it is imported from on its first read (PEP 562)."""
 
 __all__ = [
     "IGNORE_INDEX",
@@ -72,5 +120,5 @@ if TYPE_CHECKING:  # the old names, for type checkers
     PackerStats = PackerCounters
     PackingConfig = TrainingSetup
     __all__ += ["PackerStats", "PackingConfig"]
-else:  # the old names, with a DeprecationWarning
-    __getattr__ = renamed(__name__, "PackerStats", "PackingConfig")
+else:  # every public name on its first read, and the old names with a DeprecationWarning
+    __getattr__, __dir__ = lazy(__name__, _HOMES, "PackerStats", "PackingConfig")

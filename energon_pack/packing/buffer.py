@@ -4,7 +4,8 @@ decoded, what watches the worker and how many bad samples in a row stop the load
 
 The buffer's *size* (``packing_buffer_size``) is not here: Energon passes it to the task encoder
 with ``get_train_dataset``, and :class:`~energon_pack.OnlineBinPacker` takes it as
-``buffer_size``.
+``buffer_size``. Here is how far the buffer may grow past it when its samples are too short to
+fill a row (``min_rows``, ``max_size``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,16 @@ class BufferConfig:
         monitor: run an :class:`~energon_pack.memory.RSSMonitor` in every worker. Energon path.
         max_consecutive_skips: stop with an error (naming the failure kinds) after this many
             bad samples without a pack leaving in between (0: never stop). Energon path.
+        min_rows: a full buffer (``packing_buffer_size`` samples) forces a pack out only once
+            its samples hold at least this many rows' worth of tokens (``min_rows x
+            seq_length``); until then it keeps taking samples, so that short samples still
+            fill rows. None: ``packing_buffer_size`` alone bounds the buffer. With
+            ``decode="eager"`` the buffer grows only where ``max_bytes`` bounds it.
+        max_size: the most samples the buffer grows to under ``min_rows`` (``max_bytes``, where
+            set, bounds it too).
 
-    :class:`~energon_pack.OnlineBinPacker` reads ``max_wait``, ``min_fill`` and ``max_bytes``;
-    :class:`~energon_pack.PackingTaskEncoder` reads them all.
+    :class:`~energon_pack.OnlineBinPacker` reads ``max_wait``, ``min_fill``, ``max_bytes``,
+    ``min_rows`` and ``max_size``; :class:`~energon_pack.PackingTaskEncoder` reads them all.
     """
 
     max_wait: int | None = 64
@@ -44,6 +52,8 @@ class BufferConfig:
     decode: Decode = "lazy"
     monitor: MonitorConfig | None = None
     max_consecutive_skips: int = 100
+    min_rows: float | None = 2.0
+    max_size: int = 1024
 
     def __post_init__(self) -> None:
         check_int("max_wait", self.max_wait, minimum=0, none_ok=True, fix="pass e.g. max_wait=64")
@@ -62,3 +72,10 @@ class BufferConfig:
             minimum=0,
             fix="pass e.g. max_consecutive_skips=100, or 0 to never stop",
         )
+        check_number(
+            "min_rows",
+            self.min_rows,
+            none_ok=True,
+            fix="pass e.g. min_rows=2.0, or None to bound the buffer by packing_buffer_size alone",
+        )
+        check_int("max_size", self.max_size, minimum=1, fix="pass e.g. max_size=1024")

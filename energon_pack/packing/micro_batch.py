@@ -1,9 +1,9 @@
 """The rows of one micro-batch (the collator's packing): which samples share a row, within the
 row's tokens, its segment slots and the vision budget. Pure Python, no torch.
 
-One row: every sample together, or a ValueError naming the budget the micro-batch exceeds.
-Several rows (fixed-width rows): the fewest rows (:func:`~energon_pack.packing.bins.fewest_bins`),
-and with ``balance`` the same number of rows with their vision tokens spread evenly.
+One row where every sample fits it together; otherwise the fewest rows
+(:func:`~energon_pack.packing.bins.fewest_bins`), and with ``balance`` the same number of rows
+with their vision tokens spread evenly.
 """
 
 from __future__ import annotations
@@ -37,17 +37,12 @@ def row_groups(
     capacity: int,
     budget: VisionBudget,
     *,
-    several: bool,
     max_items: int | None,
-    align: int,
 ) -> list[list[int]]:
     """Indices of the samples of each row (``capacity`` in units): rows by first sample,
-    samples in micro-batch order. ``several``: rows may be split (else one row or ValueError)."""
+    samples in micro-batch order."""
     named = _limits(weights, budget)
     limits = [limit for limit, _ in named]
-    if not several:
-        _check_one_row(weights, capacity, named, align)
-        return [list(range(len(weights)))]
     units = [w.units for w in weights]
     groups = fewest_bins(units, capacity, max_items=max_items, limits=limits)
     if budget.balance and len(groups) > 1:
@@ -66,29 +61,6 @@ def _limits(weights: Sequence[Weight], budget: VisionBudget) -> list[tuple[Limit
     if budget.max_media is not None:
         out.append((([w.media for w in weights], budget.max_media), "max_media"))
     return out
-
-
-def _check_one_row(
-    weights: Sequence[Weight], capacity: int, named: list[tuple[Limit, str]], align: int
-) -> None:
-    for (sizes, cap), name in named:
-        if sum(sizes) > cap:
-            listing = ", ".join(f"{w.key!r}={n}" for w, n in zip(weights, sizes, strict=True))
-            what = "vision tokens" if name == "max_vision_tokens" else "images and videos"
-            raise ValueError(
-                f"the micro-batch holds {sum(sizes)} {what} ({listing}) but {name}={cap} per "
-                "row; pass pad_to_max_length=True to split it into rows within the caps, use a "
-                f"smaller micro-batch, or raise {name}"
-            )
-    units = sum(w.units for w in weights)
-    if units > capacity:
-        listing = ", ".join(f"{w.key!r}={w.length}" for w in weights)
-        raise ValueError(
-            f"the micro-batch needs {units * align} tokens after padding each sample to a "
-            f"multiple of {align} (lengths: {listing}) but seq_length="
-            f"{capacity * align}; pass pad_to_max_length=True to split it into several rows, "
-            "or raise seq_length"
-        )
 
 
 def _balanced(

@@ -8,7 +8,11 @@ rows with a bounded candidate buffer. Pure Python, no I/O, no torch. Its rule:
   leaves as soon as some subset of held candidates fills at least ``min_fill`` of the capacity;
   the subset chosen is the fullest one, preferring older candidates.
 * Otherwise nothing leaves: under-filled bins are carried over to later rounds. When the buffer
-  is full, the fullest subset leaves.
+  is full, the fullest subset leaves. With ``min_rows`` (:class:`~energon_pack.BufferConfig`),
+  ``buffer_size`` candidates make the buffer full only once they hold ``min_rows`` rows' worth
+  of tokens; below that it grows, up to ``max_size`` candidates (and ``max_bytes``). When packs
+  keep leaving a full buffer under-filled, one :class:`~energon_pack.PackingWarning` names the
+  fill, the samples a row needs and the setting to raise.
 * ``max_wait``: no candidate waits for more than ``max_wait`` emitted bins. The held candidates
   are kept in best-fit "deadline bins" (a witness that every candidate can still leave in time);
   a bin is only chosen if the remaining deadline bins can still be emitted in deadline order,
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -46,18 +51,25 @@ from energon_pack.packing.bins import (
 from energon_pack.packing.buffer import BufferConfig
 from energon_pack.packing.choosers import chooser_for, units_of
 from energon_pack.packing.packer_state import (
+    GROWTH_SETTINGS,
     STATE_VERSION,
     Candidate,
     DeadlineBin,
     PackerCounters,
     StateReader,
 )
+from energon_pack.packing.row_layout import PackingWarning
 from energon_pack.packing.subset_sums import prefixes
 from energon_pack.packing.vision_budget import VISION_FIX, VisionBudget, check_vision, vision_target
 
 __all__ = ["HeldSize", "OnlineBinPacker", "PackerCounters", "Refusal"]
 
 logger = logging.getLogger("energon_pack.packing")
+
+UNDERFILLED_PACKS = 8
+"""Packs that must have left a full buffer before :data:`UNDERFILLED_FILL` is judged."""
+UNDERFILLED_FILL = 0.9
+"""Below this fill, packs leaving a full buffer draw the once-only :class:`PackingWarning`."""
 
 MOVED = {
     "max_wait": Moved("buffer", "BufferConfig", "max_wait"),
@@ -157,6 +169,7 @@ class OnlineBinPacker:
         self.min_fill = buffer.min_fill
         self.max_bytes = buffer.max_bytes
         self._cap_units = capacity // align
+        self._grow(buffer.min_rows, buffer.max_size)
         self._mask = (1 << (self._cap_units + 1)) - 1
         # Units a bin needs to leave early; the epsilon keeps min_fill=1.0 exact under rounding.
         self._fill_units = min(self._cap_units, math.ceil(self.min_fill * capacity / align - 1e-9))
@@ -171,9 +184,25 @@ class OnlineBinPacker:
         self._chooser = chooser_for(self.budget, self._cap_units, self.capacity)
         self._held_vision = 0
         self._held_tokens = 0
+        self._held_units = 0
+        self._full_bins = 0  # bins that left a full buffer, and their units
+        self._full_units = 0
+        self._warned_underfilled = False
         self._emitted = 0
         self._deadline_bins: dict[int, DeadlineBin] = {}  # only used with max_wait
         self._next_deadline_bin = 0
+
+    def _grow(self, min_rows: float | None, max_size: int) -> None:
+        """Set the growing buffer's bounds (``min_rows=None``: ``buffer_size`` alone). A buffer
+        of one never grows: it is how a row holds one sample (nothing packed)."""
+        min_rows = None if self.buffer_size == 1 else min_rows
+        self.min_rows = min_rows
+        self.max_size = max_size
+        self._grow_units = 0 if min_rows is None else math.ceil(min_rows * self._cap_units)
+        self.max_held = buffer_size = self.buffer_size
+        """The most candidates held at once: ``buffer_size``, or ``max_size`` when it grows."""
+        if min_rows is not None:
+            self.max_held = max(buffer_size, max_size)
 
     @property
     def held(self) -> int:
@@ -283,6 +312,7 @@ class OnlineBinPacker:
         self._held_bytes += nbytes
         self._held_vision += vision
         self._held_tokens += length
+        self._held_units += units
         last = self._prefix[-1]
         self._prefix.append((last | (last << units)) & self._mask)
         self._chooser.added(cand)
@@ -295,11 +325,23 @@ class OnlineBinPacker:
             if chosen is None:
                 break
             out.append(self._emit(chosen, "fill"))
-        while len(self._held) >= self.buffer_size or (
-            self.max_bytes is not None and self._held and self._held_bytes > self.max_bytes
-        ):
+        while bound := self._full():
+            held = len(self._held)
             out.append(self._emit(self._leaving(), "buffer"))
+            self._note_full_buffer(out[-1].used // self.align, bound, held)
         return out
+
+    def _full(self) -> str:
+        """What makes a bin leave now ("" for nothing): ``max_bytes`` held, or ``buffer_size``
+        candidates holding ``min_rows`` rows' worth of units, or ``max_held`` candidates."""
+        held = len(self._held)
+        if self.max_bytes is not None and held and self._held_bytes > self.max_bytes:
+            return "max_bytes"
+        if held < self.buffer_size:
+            return ""
+        if held >= self.max_held:
+            return "buffer_size" if self.min_rows is None else "max_size"
+        return "min_rows" if self._held_units >= self._grow_units else ""
 
     def flush(self) -> list[Bin]:
         """Emit every held candidate (end of stream)."""
@@ -311,6 +353,8 @@ class OnlineBinPacker:
     def settings(self) -> dict[str, Any]:
         """The settings a saved state must have been saved with (the vision budget's only
         where it is on)."""
+        grows = self.min_rows is not None
+        growth = dict(zip(GROWTH_SETTINGS, (self.min_rows, self.max_size), strict=True))
         return {
             "capacity": self.capacity,
             "buffer_size": self.buffer_size,
@@ -318,6 +362,7 @@ class OnlineBinPacker:
             "max_wait": self.max_wait,
             "min_fill": self.min_fill,
             "max_bytes": self.max_bytes,
+            **(growth if grows else {}),
             **self.budget.settings(),
         }
 
@@ -340,6 +385,15 @@ class OnlineBinPacker:
         The whole state is checked first (structure, types, ranges, consistency); a bad state
         raises ValueError naming the field and leaves the packer unchanged."""
         checked = StateReader(self).read(state)
+        if checked.count_bounded and self.min_rows is not None:
+            logger.warning(
+                "restoring a packer state saved by a buffer bounded by its count alone: this run "
+                "keeps packing_buffer_size=%d as its bound, as it was saved (BufferConfig("
+                "min_rows=None)); a fresh run grows the buffer to min_rows=%s rows' worth",
+                self.buffer_size,
+                self.min_rows,
+            )
+            self._grow(None, self.max_size)
         self._reset()
         self.stats = checked.stats
         self._emitted = checked.emitted
@@ -349,6 +403,7 @@ class OnlineBinPacker:
         self._held_bytes = sum(c.nbytes for c in checked.held)
         self._held_vision = sum(c.vision for c in checked.held)
         self._held_tokens = sum(c.length for c in checked.held)
+        self._held_units = sum(self._units)
         if self.max_wait is not None:
             # Best fit breaks ties by the deadline bins' order: rebuild them in the saved order.
             self._deadline_bins = {bin_id: DeadlineBin() for bin_id in checked.deadline_bins}
@@ -444,6 +499,7 @@ class OnlineBinPacker:
         self._held_bytes -= sum(c.nbytes for c in cands)
         self._held_vision -= vision
         self._held_tokens -= sum(c.length for c in cands)
+        self._held_units -= used // self.align
         for cand in cands:
             if cand.deadline_bin in self._deadline_bins:
                 deadline_bin = self._deadline_bins[cand.deadline_bin]
@@ -461,6 +517,46 @@ class OnlineBinPacker:
             capacity=self.capacity,
             vision_tokens=vision,
             media=media,
+        )
+
+    def _note_full_buffer(self, units: int, bound: str, held: int) -> None:
+        """Count a bin that left a buffer full by ``bound`` holding ``held`` candidates; warn
+        once when most bins leave so, under-filled."""
+        self._full_bins += 1
+        self._full_units += units
+        bins = self._full_bins
+        fill = self._full_units / (bins * self._cap_units)
+        if (
+            self._warned_underfilled
+            or self.buffer_size == 1  # one sample per row, as asked
+            or bins < UNDERFILLED_PACKS
+            or 2 * bins < self.stats.bins
+            or fill >= UNDERFILLED_FILL
+        ):
+            return
+        self._warned_underfilled = True
+        message = self._underfilled_message(fill, bound, held)
+        warnings.warn(message, PackingWarning, stacklevel=4)
+
+    def _underfilled_message(self, fill: float, bound: str, held: int) -> str:
+        stats = self.stats
+        mean = stats.aligned_tokens / stats.items
+        per_row = self.capacity / mean
+        rows = self.min_rows or 2.0
+        wanted = math.ceil(rows * per_row)
+        fixes = {
+            "max_bytes": f"raise BufferConfig(max_bytes={self.max_bytes}), the byte bound it hit",
+            "buffer_size": f"raise packing_buffer_size to about {wanted}, or pass "
+            f"BufferConfig(min_rows={rows:g}) to let the buffer grow to {rows:g} rows' worth",
+            "max_size": f"raise BufferConfig(max_size={self.max_size}) to about {wanted}",
+            "min_rows": f"raise BufferConfig(min_rows={self.min_rows})",
+        }
+        fix = fixes.get(bound, f"raise packing_buffer_size to about {wanted}")
+        return (
+            f"{self._full_bins} of {stats.bins} packs left because the candidate buffer was "
+            f"full ({bound}), at bin fill {fill:.2f}: it held {held} samples, but at this "
+            f"stream's mean of {mean:.0f} tokens a row of seq_length={self.capacity} needs about "
+            f"{per_row:.0f}, and the buffer about {wanted} to choose among; {fix}"
         )
 
 

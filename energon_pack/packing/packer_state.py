@@ -35,6 +35,9 @@ _HELD_FIELDS = {
     3: "[key, length, pushed_at, deadline_bin, nbytes, vision_tokens, media]",
 }
 _INT_MAX = 2**63 - 1
+GROWTH_SETTINGS = ("min_rows", "max_size")
+"""Settings of the growing buffer (:class:`~energon_pack.BufferConfig`): a state saved without
+them was saved by a buffer bounded by its count alone, and restores as one."""
 _FIX = "the state is corrupt or was edited: restore an untouched checkpoint, or start a fresh run"
 
 
@@ -165,6 +168,7 @@ class PackerSettings(Protocol):
 
     capacity: int
     buffer_size: int
+    max_held: int
     align: int
     max_wait: int | None
     max_bytes: int | None
@@ -211,6 +215,8 @@ class CheckedState:
     held: list[Candidate]
     deadline_bins: list[int]
     stats: PackerCounters
+    count_bounded: bool
+    """Saved by a buffer bounded by its count alone (no growth settings): it restores as one."""
 
 
 class StateReader:
@@ -231,6 +237,10 @@ class StateReader:
                 "a fresh run"
             )
         current = self.packer.settings()
+        saved_names = state["settings"] if isinstance(state["settings"], dict) else {}
+        count_bounded = not any(name in saved_names for name in GROWTH_SETTINGS)
+        if count_bounded:
+            current = {k: v for k, v in current.items() if k not in GROWTH_SETTINGS}
         saved_settings = checked_dict(state["settings"], "packer state: settings", tuple(current))
         for name, value in current.items():
             saved = saved_settings[name]
@@ -241,21 +251,26 @@ class StateReader:
                 )
         emitted = state_int(state["emitted"], "emitted")
         next_bin = state_int(state["next_deadline_bin"], "next_deadline_bin")
-        held = self._held(state["held"], emitted, next_bin, version)
+        limit = self.packer.buffer_size if count_bounded else self.packer.max_held
+        held = self._held(state["held"], emitted, next_bin, version, limit)
         self._check_deadline_bins(state["deadline_bins"], held, emitted, next_bin)
         stats = self._stats(state["stats"], emitted, version)
-        return CheckedState(emitted, next_bin, held, list(state["deadline_bins"]), stats)
+        deadline_bins = list(state["deadline_bins"])
+        return CheckedState(emitted, next_bin, held, deadline_bins, stats, count_bounded)
 
-    def _held(self, value: object, emitted: int, next_bin: int, version: int) -> list[Candidate]:
+    def _held(
+        self, value: object, emitted: int, next_bin: int, version: int, limit: int
+    ) -> list[Candidate]:
         shape = _HELD_FIELDS[version]
         if not isinstance(value, list):
             corrupt("held", value, f"must be a list of {shape}")
         packer = self.packer
-        if len(value) >= packer.buffer_size:
+        if len(value) >= limit:
             corrupt(
                 "len(held)",
                 len(value),
-                f"must be below buffer_size={packer.buffer_size} (the packer emits at that count)",
+                f"must be below {limit}, the most the buffer holds (buffer_size="
+                f"{packer.buffer_size}, or max_size with min_rows); the packer emits at that count",
             )
         held: list[Candidate] = []
         keys: set[Key] = set()

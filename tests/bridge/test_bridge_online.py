@@ -19,6 +19,8 @@ import torch
 from helpers import SMALL_MEDIA, make_encoder, native_pack, read_samples
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
+from energon_pack import BufferConfig
+
 shims = pytest.importorskip(
     "tests.bridge.shims", reason="tests/bridge/shims.py (the Bridge import shims) is missing"
 )
@@ -87,8 +89,9 @@ def assert_same_params(got: Any, want: Any) -> None:
 
 def test_every_batch_goes_through_bridges_vlm_step_with_two_workers() -> None:
     path = LAYOUTS / "mantis"
-    plain = list(loader(path, 2))
-    bridged = list(loader(path, 2, output="bridge"))
+    bounded = BufferConfig(min_rows=None)  # four samples a pack: several packs per worker
+    plain = list(loader(path, 2, buffer=bounded))
+    bridged = list(loader(path, 2, output="bridge", buffer=bounded))
     assert len(plain) == len(bridged) >= 3
     for ours, batch in zip(plain, bridged, strict=True):
         tokens, labels, loss_mask, attention, positions, params, visual = bridge_step_inputs(batch)

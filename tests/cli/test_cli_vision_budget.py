@@ -18,7 +18,7 @@ def test_tune_sweeps_the_vision_cap(tmp_path: Path, capsys: pytest.CaptureFixtur
     args = [
         "tune", str(ROOT / "fixtures" / "vlm_demo"), "--buffer-sizes", "16",
         "--max-vision-tokens", "300,600", "--max-media", "8", "--vision-balance",
-        "--num-workers", "1", "--out", str(tmp_path),
+        "--num-workers", "1", "--one-epoch", "--out", str(tmp_path),
     ]  # fmt: skip
     assert main(args) == 0
     report = json.loads((tmp_path / "tune.json").read_text())

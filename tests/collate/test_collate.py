@@ -131,15 +131,12 @@ def test_text_round_trip_property(
         seq_length, pad_to_multiple_of=align, pad_to_max_length=fixed, overlong="skip"
     )
     kept = [s for s in samples if aligned_length(s.length, align) <= seq_length]
+    by_key = {s.key: s.length for s in samples}
     needed = sum(aligned_length(s.length, align) for s in kept)
     if not kept:
         with pytest.warns(PackingWarning, match="every sample of the micro-batch was skipped"):
             batch = collate(samples)
         assert_padding_only(batch, [s.key for s in samples])
-        return
-    if not fixed and needed > seq_length:
-        with pytest.raises(ValueError, match="pass pad_to_max_length=True to split"):
-            collate(samples)
         return
     batch = collate(samples)
     assert_round_trip(batch, kept)
@@ -148,7 +145,19 @@ def test_text_round_trip_property(
     for keys in batch.keys:  # segments keep micro-batch order, rows ordered by first sample
         assert [order[k] for k in keys] == sorted(order[k] for k in keys)
     assert [order[keys[0]] for keys in batch.keys] == sorted(order[k[0]] for k in batch.keys)
-    assert batch.input_ids.shape[1] == (seq_length if fixed else needed)
+    if fixed:
+        assert batch.input_ids.shape[1] == seq_length
+    elif needed <= seq_length:
+        assert batch.num_rows == 1
+        assert batch.input_ids.shape[1] == needed
+    else:  # split into rows as wide as the widest, each row's padding in its last segment
+        widest = max(sum(aligned_length(by_key[k], align) for k in keys) for keys in batch.keys)
+        assert batch.num_rows > 1
+        assert batch.input_ids.shape[1] == widest <= seq_length
+        assert all(
+            int(cu[len(keys)]) == widest
+            for cu, keys in zip(batch.cu_seqlens_padded, batch.keys, strict=True)
+        )
 
 
 def min_rows_brute_force(units: list[int], capacity: int, max_items: int | None) -> int:
@@ -352,9 +361,9 @@ def test_dataloader_workers_match_single_process(context: str) -> None:
 def test_overlong_error_skip_and_truncate(caplog: pytest.LogCaptureFixture) -> None:
     samples = [text_sample("short", 10), text_sample("long", 50)]
     with pytest.raises(ValueError, match=r"sample 'long' has 50 tokens .* seq_length=32; raise"):
-        VLMPackingCollator(32)(samples)
+        VLMPackingCollator(32, overlong="error")(samples)
     with caplog.at_level(logging.WARNING, logger="energon_pack.collate"):
-        batch = VLMPackingCollator(32, overlong="skip")(samples)
+        batch = VLMPackingCollator(32)(samples)  # skip is the default: counted and logged
     assert batch.skipped_keys == ("long",)
     assert batch.keys == (("short",),)
     assert [r.getMessage().count("'long'") for r in caplog.records] == [1]
@@ -465,8 +474,9 @@ def test_input_errors() -> None:
         collate([empty, text_sample("a", 3)])
     with pytest.raises(ValueError, match="item #1 is a str"):
         collate([text_sample("a", 3), "oops"])  # type: ignore[list-item]
-    with pytest.raises(ValueError, match=r"needs 40 tokens .*'a'=20, 'b'=20.*pad_to_max_length"):
-        collate([text_sample("a", 20), text_sample("b", 20)])
+    split = collate([text_sample("a", 20), text_sample("b", 20)])  # over one row: two rows
+    assert split.keys == (("a",), ("b",))
+    assert split.input_ids.shape == (2, 20)
 
 
 @pytest.mark.parametrize(

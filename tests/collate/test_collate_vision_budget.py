@@ -50,7 +50,7 @@ def test_rows_hold_every_budget_and_are_the_fewest(data: st.DataObject, balance:
     vision_cap, media_cap = data.draw(st.integers(1, 30)), data.draw(st.integers(1, 4))
     weights = _weights(data.draw, capacity, vision_cap, media_cap)
     budget = VisionBudget(vision_cap, media_cap, balance)
-    groups = row_groups(weights, capacity, budget, several=True, max_items=None, align=1)
+    groups = row_groups(weights, capacity, budget, max_items=None)
     assert sorted(i for g in groups for i in g) == list(range(len(weights)))
     for group in groups:
         assert sum(weights[i].units for i in group) <= capacity
@@ -64,10 +64,8 @@ def test_balance_spreads_vision_tokens_over_the_same_rows() -> None:
         Weight(f"s{i}", n, n, v, 1)
         for i, (n, v) in enumerate([(40, 30), (40, 30), (10, 5), (10, 5), (50, 0), (50, 0)])
     ]
-    plain = row_groups(weights, 100, VisionBudget(), several=True, max_items=None, align=1)
-    even = row_groups(
-        weights, 100, VisionBudget(balance=True), several=True, max_items=None, align=1
-    )
+    plain = row_groups(weights, 100, VisionBudget(), max_items=None)
+    even = row_groups(weights, 100, VisionBudget(balance=True), max_items=None)
 
     def most(groups: list[list[int]]) -> int:
         return max(sum(weights[i].vision_tokens for i in g) for g in groups)
@@ -105,29 +103,36 @@ def test_a_micro_batch_is_split_into_rows_within_the_caps(encoded: list[Any]) ->
     assert out.skipped_keys == ()
 
 
-def test_one_row_over_a_cap_is_refused_by_name(encoded: list[Any]) -> None:
+def test_a_variable_width_micro_batch_over_a_cap_is_split_into_rows(encoded: list[Any]) -> None:
     batch = [s for s in encoded if s.media][:8]
-    with pytest.raises(
-        ValueError,
-        match=r"holds \d+ vision tokens .* but max_vision_tokens=100 per row; pass pad_to_max_",
-    ):
-        _collator(seq_length=8192, max_vision_tokens=100)(batch)
-    with pytest.raises(ValueError, match=r"holds \d+ images and videos .* but max_media=2 per row"):
-        _collator(seq_length=8192, max_media=2)(batch)
+    for caps in ({"max_vision_tokens": max(s.vision_tokens for s in batch)}, {"max_media": 2}):
+        collator = _collator(seq_length=8192, **caps)
+        out = collator(batch)
+        assert out.num_rows > 1, caps
+        assert sorted(k for row in out.keys for k in row) == sorted(s.key for s in batch)
+        media = {s.key: len(s.media) for s in batch}
+        vision = {s.key: s.vision_tokens for s in batch}
+        for keys in out.keys:
+            if "max_media" in caps:
+                assert sum(media[k] for k in keys) <= 2
+            else:
+                assert sum(vision[k] for k in keys) <= caps["max_vision_tokens"]
+        widths = [int(cu[-1]) for cu in out.cu_seqlens_padded]
+        assert max(widths) == out.input_ids.shape[1] < 8192  # as wide as the widest row
 
 
 def test_a_sample_alone_over_a_cap_is_skipped_or_refused(encoded: list[Any]) -> None:
     big = max(encoded, key=lambda s: s.vision_tokens)
     small = [s for s in encoded if 0 < s.vision_tokens < 50][:3]
     cap = big.vision_tokens - 1
-    out = _collator(seq_length=8192, max_vision_tokens=cap, overlong="skip")([big, *small])
+    out = _collator(seq_length=8192, max_vision_tokens=cap)([big, *small])  # skip: the default
     assert out.skipped_keys == (big.key,)
     assert big.key not in out.keys
     with pytest.raises(
         ValueError,
         match=rf"sample {big.key!r} has {big.vision_tokens} vision tokens, above max_vision_t",
     ):
-        _collator(seq_length=8192, max_vision_tokens=cap)([big, *small])
+        _collator(seq_length=8192, max_vision_tokens=cap, overlong="error")([big, *small])
 
 
 def test_over_cap_decides_apart_from_overlong(encoded: list[Any]) -> None:

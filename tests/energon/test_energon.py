@@ -25,6 +25,7 @@ from helpers import (
 )
 from megatron.energon import WorkerConfig, get_train_dataset, get_val_dataset
 
+from energon_pack import BufferConfig, PackingWarning
 from energon_pack.encoding.chatml import ConversationEncoder
 from energon_pack.energon import CarryOverPackingDataset
 from energon_pack.media import normalize_pixels
@@ -201,8 +202,8 @@ def test_a_flood_of_bad_samples_stops_the_run(broken_path: Path) -> None:
 
 def test_overlong_samples_error_or_skip(vlm_demo_path: Path, demo_samples: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"sample 'demo\d+' has \d+ tokens .* seq_length=2048"):
-        list(batches(train_dataset(vlm_demo_path, 8, seq_length=2048)))
-    packs = list(batches(train_dataset(vlm_demo_path, 8, seq_length=2048, overlong="skip")))
+        list(batches(train_dataset(vlm_demo_path, 8, seq_length=2048, overlong="error")))
+    packs = list(batches(train_dataset(vlm_demo_path, 8, seq_length=2048)))  # skip: the default
     stats = packs[-1].packing_stats
     assert stats is not None
     kept = sum(len(batch.__keys__) for batch in packs)
@@ -212,13 +213,18 @@ def test_overlong_samples_error_or_skip(vlm_demo_path: Path, demo_samples: dict[
 
 
 def test_packing_stats_count_packs_that_left_with_the_buffer_full(vlm_demo_path: Path) -> None:
-    """Four samples cannot fill a 32768-token row: every pack leaves because the buffer is full.
-    A 32-sample buffer fills 8192-token rows, and they leave full enough."""
-    packs = list(batches(train_dataset(vlm_demo_path, 4, seq_length=32768)))
+    """Four samples cannot fill a 32768-token row: bounded at four, every pack leaves because
+    the buffer is full. A 32-sample buffer fills 8192-token rows, and they leave full enough."""
+    bounded = BufferConfig(min_rows=None)
+    with pytest.warns(PackingWarning, match="candidate buffer was full"):
+        packs = list(batches(train_dataset(vlm_demo_path, 4, seq_length=32768, buffer=bounded)))
     stats = packs[-1].packing_stats
     assert stats is not None
     assert stats.bin_fill < 0.2
     assert stats.left_buffer_full >= stats.packs - 3  # the last ones leave in the flush
+    grown = list(batches(train_dataset(vlm_demo_path, 4, seq_length=32768)))[-1].packing_stats
+    assert grown is not None
+    assert grown.bin_fill > 0.9
     packs = list(batches(train_dataset(vlm_demo_path, 32, seq_length=8192)))
     stats = packs[-1].packing_stats
     assert stats is not None

@@ -27,6 +27,7 @@ from helpers import (
     train_dataset,
 )
 
+from energon_pack import BufferConfig
 from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder
 from energon_pack.energon import PackingTaskEncoder, restore_state_rank, state_check
 from energon_pack.media import MediaConfig
@@ -68,7 +69,7 @@ def first_checkpoint(run: LoaderRun, wanted: str, limit: int = 60) -> int:
 
 
 # Small max_wait and buffer: several packs often leave after one sample (pending packs).
-PENDING = {"buffer": 6, "seq_length": 1024, "max_wait": 2, "min_fill": 0.9}
+PENDING = {"buffer_size": 6, "seq_length": 1024, "max_wait": 2, "min_fill": 0.9}
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -122,8 +123,10 @@ class EpochRun(LoaderRun):
     """:class:`LoaderRun` over one epoch (``repeat=False``): ``next_pack`` is ``step``, or None
     once the epoch is over; ``delivered`` lists the keys of every pack it returned."""
 
-    def __init__(self, path: Path, buffer: int = 16, *, workers: int = 0, **overrides: Any):
-        self.dataset = train_dataset(path, buffer, workers=workers, repeat=False, **overrides)
+    def __init__(
+        self, path: Path, buffer_size: int = 16, *, workers: int = 0, **overrides: Any
+    ) -> None:
+        self.dataset = train_dataset(path, buffer_size, workers=workers, repeat=False, **overrides)
         self.loader = savable_loader(
             self.dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
         )
@@ -141,7 +144,7 @@ class EpochRun(LoaderRun):
 
 # Default max_wait and min_fill: with buffer 6 each worker's flush (after its source ran dry)
 # emits its last 2-3 packs.
-EPOCH = {"buffer": 6, "seq_length": 1024}
+EPOCH = {"buffer_size": 6, "seq_length": 1024}
 EPOCH_SAMPLES = 60
 
 
@@ -242,8 +245,10 @@ def blend_path(tmp_path_factory: pytest.TempPathFactory, demo_lengths: list[int]
 class BlendRun(EpochRun):
     """:class:`EpochRun` whose step also gives the worker's skip counts so far."""
 
-    def __init__(self, path: Path, buffer: int = 16, *, workers: int = 0, **overrides: Any):
-        super().__init__(path, buffer, workers=workers, **overrides)
+    def __init__(
+        self, path: Path, buffer_size: int = 16, *, workers: int = 0, **overrides: Any
+    ) -> None:
+        super().__init__(path, buffer_size, workers=workers, **overrides)
         self.skipped: dict[int, dict[str, int]] = {}
         """The last skip counts each worker reported."""
 
@@ -314,11 +319,10 @@ CHANGED = [
     ("seq_length", {"seq_length": 2048}),
     ("pad_to_multiple_of", {"pad_to_multiple_of": 16}),
     ("pad_to_max_length", {"pad_to_max_length": True}),
-    ("packing_buffer_size", {"buffer": 7}),
+    ("packing_buffer_size", {"buffer_size": 7}),
     ("packing_buffer_bytes", {"packing_buffer_bytes": 10**6}),
     ("max_wait", {"max_wait": 3}),
     ("min_fill", {"min_fill": 0.8}),
-    ("overlong", {"overlong": "skip"}),
     ("decode", {"decode": "eager"}),
     ("media.max_pixels", {"media": MediaConfig(max_pixels=28 * 28 * 32)}),
     ("tokenizer.class", {"tokenizer": OtherTokenizer()}),
@@ -339,6 +343,21 @@ def test_a_changed_setting_is_refused_by_name(
         restore_state_rank(loader, saved_state)
     assert str(error.value).startswith("cannot restore")
     assert pickle.dumps(saved_state) == kept
+
+
+def test_a_changed_buffer_growth_is_refused_by_name(text_path: Path, saved_state: Any) -> None:
+    settings = {k: v for k, v in PENDING.items() if k not in ("max_wait", "min_fill")}
+    grown = BufferConfig(max_wait=2, min_fill=0.9, min_rows=1.0)
+    loader = LoaderRun(text_path, **settings, buffer=grown).loader
+    with pytest.raises(ValueError, match=r"\bpacker\.min_rows: saved 2\.0, now 1\.0"):
+        restore_state_rank(loader, saved_state)
+
+
+def test_overlong_may_change_between_save_and_restore(text_path: Path, saved_state: Any) -> None:
+    """What becomes of a sample no row takes does not change the packs of those that fit."""
+    for overlong in ("error", "skip"):
+        loader = LoaderRun(text_path, **{**PENDING, "overlong": overlong}).loader
+        restore_state_rank(loader, saved_state)
 
 
 def test_a_plain_restore_also_refuses_changed_settings(text_path: Path, saved_state: Any) -> None:

@@ -105,11 +105,13 @@ def test_a_sample_over_a_cap_is_counted_or_refused_by_name(
     with pytest.raises(
         ValueError, match=r"vision tokens, above max_vision_tokens=100; raise the cap"
     ):
-        list(batches(train_dataset(vlm_demo_path, 16, max_vision_tokens=100)))
+        list(batches(train_dataset(vlm_demo_path, 16, max_vision_tokens=100, overlong="error")))
     # What a sample over a cap gets is its own setting: skipped here while overlong="error".
     budget = VisionBudget(max_vision_tokens=100, over_cap="skip")
     kept = Counter(
-        k for b in batches(train_dataset(vlm_demo_path, 16, vision=budget)) for k in b.__keys__
+        k
+        for b in batches(train_dataset(vlm_demo_path, 16, vision=budget, overlong="error"))
+        for k in b.__keys__
     )
     assert kept == emitted
 

@@ -185,7 +185,7 @@ def _loaded(config: dict[str, Any], state: dict[str, Any]) -> OnlineBinPacker:
 
 
 # ---------------------------------------------------------------------------------- the loader
-LOADER = {"buffer": 6, "seq_length": 1024, "max_wait": 2, "min_fill": 0.9}
+LOADER = {"buffer_size": 6, "seq_length": 1024, "max_wait": 2, "min_fill": 0.9}
 SAMPLES = 40
 LOADER_MUTANTS = 600
 

@@ -124,10 +124,13 @@ def test_advice_fits_the_configuration() -> None:
     assert "a packing_buffer_size of 4 would fit" in eager
 
     lazy = advice(snapshot(16, 160, decoded=False, max_bytes=None), 40 * MB)
-    assert lazy == "a packing_buffer_size of 4 would fit"
+    assert lazy == (
+        f"a packing_buffer_size of 4 would fit, with BufferConfig(max_bytes={40 * MB}) (which "
+        "also bounds a buffer grown for short samples)"
+    )
 
     bounded = advice(snapshot(16, 160, decoded=False, max_bytes=200 * MB), 40 * MB)
-    assert bounded == f"lower packing_buffer_bytes from {200 * MB} to {40 * MB}"
+    assert bounded == f"lower BufferConfig(max_bytes=...) from {200 * MB} to {40 * MB}"
 
     # Lazy, small buffer, memory elsewhere: neither a smaller buffer nor lazy decoding helps.
     elsewhere = advice(snapshot(16, 0.5, decoded=False, max_bytes=MB), -300 * MB)
@@ -219,6 +222,7 @@ def test_tune_runs_and_recommends_within_budget(
     vlm_demo_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ["tune", str(vlm_demo_path), "--buffer-sizes", "4,16", "--num-workers", "1"]
+    args += ["--min-rows", "none"]  # each buffer exactly its size, so 16 fills more than 4
     args += ["--max-samples", "40", "--out", str(tmp_path), "--rss-budget-mb", "100000"]
     assert main(args) == 0
     report = json.loads((tmp_path / "tune.json").read_text())

@@ -123,7 +123,11 @@ class Run:
         self.lengths[key] = length
         out = self.packer.push(key, length, nbytes=nbytes)
         self.bins += out
-        assert self.packer.held < self.packer.buffer_size
+        packer = self.packer
+        assert packer.held < packer.max_held
+        if packer.held >= packer.buffer_size:  # grown: it holds less than min_rows rows' worth
+            assert packer.min_rows is not None
+            assert sum(packer.units) < packer.min_rows * packer.cap_units
         if self.packer.max_bytes is not None:
             assert self.packer.held_bytes <= self.packer.max_bytes
         return out
@@ -150,6 +154,8 @@ packer_settings = st.fixed_dictionaries(
         "max_wait": st.one_of(st.none(), st.integers(0, 6)),
         "min_fill": st.sampled_from([0.5, 0.9, 0.99, 1.0]),
         "max_bytes": st.one_of(st.none(), st.integers(1, 400)),
+        "min_rows": st.one_of(st.none(), st.sampled_from([0.5, 1.0, 2.0])),
+        "max_size": st.integers(1, 40),
     }
 )
 
@@ -159,7 +165,13 @@ Scenario = tuple[dict[str, Any], list[tuple[int, int]]]
 
 def packer_of(config: dict[str, Any], **options: Any) -> OnlineBinPacker:
     """The packer of a drawn flat config (its buffer settings as one BufferConfig)."""
-    buffer = BufferConfig(config["max_wait"], config["min_fill"], config["max_bytes"])
+    buffer = BufferConfig(
+        config["max_wait"],
+        config["min_fill"],
+        config["max_bytes"],
+        min_rows=config["min_rows"],
+        max_size=config["max_size"],
+    )
     size, align = config["buffer_size"], config["align"]
     return OnlineBinPacker(config["capacity"], size, align=align, buffer=buffer, **options)
 
@@ -301,7 +313,9 @@ def test_full_bins_leave_early_and_under_filled_ones_are_carried() -> None:
 
 
 def test_full_buffer_emits_the_fullest_subset() -> None:
-    packer = OnlineBinPacker(100, 3, buffer=BufferConfig(max_wait=None, min_fill=1.0))
+    packer = OnlineBinPacker(
+        100, 3, buffer=BufferConfig(max_wait=None, min_fill=1.0, min_rows=None)
+    )
     packer.push("a", 50)
     packer.push("b", 45)
     out = packer.push("c", 30)
@@ -470,7 +484,7 @@ TAMPERED = [
     (("held", 1, 4), -5, r"held\[1\]\.nbytes=-5 must be"),
     (("held", 1), [1, 30, 0], r"held\[1\]=\[1, 30, 0\] must be \[key, length"),
     (("held",), None, r"held=None must be a list"),
-    (("held",), [[k, 10, 0, 0, 0] for k in range(8)], r"len\(held\)=8 must be below buffer_size=8"),
+    (("held",), [[k, 1, 0, 0, 0] for k in range(1024)], r"len\(held\)=1024 must be below 1024"),
     (("emitted",), -1, r"emitted=-1 must be an int"),
     (("emitted",), 1.0, r"emitted=1.0 must be an int"),
     (("next_deadline_bin",), None, r"next_deadline_bin=None must be an int"),

@@ -170,7 +170,7 @@ def make_encoder(**overrides: Any) -> PackingTaskEncoder:
 
 def train_dataset(
     path: Path,
-    buffer: int | None,
+    buffer_size: int | None,
     *,
     workers: int = 0,
     rank: int = 0,
@@ -182,7 +182,7 @@ def train_dataset(
         path,
         worker_config=WorkerConfig(rank=rank, world_size=world_size, num_workers=workers),
         batch_size=1,
-        packing_buffer_size=buffer,
+        packing_buffer_size=buffer_size,
         shuffle_buffer_size=None,
         max_samples_per_sequence=None,
         task_encoder=make_encoder(**overrides),
@@ -247,8 +247,8 @@ class LoaderRun:
     """A savable loader over :func:`train_dataset` (repeating) and its iterator, for the resume
     helper: ``step`` returns one pack's keys, token ids and pixel sum."""
 
-    def __init__(self, path: Path, buffer: int = 16, *, workers: int = 0, **overrides: Any):
-        self.dataset = train_dataset(path, buffer, workers=workers, repeat=True, **overrides)
+    def __init__(self, path: Path, buffer_size: int = 16, *, workers: int = 0, **overrides: Any):
+        self.dataset = train_dataset(path, buffer_size, workers=workers, repeat=True, **overrides)
         self.loader = savable_loader(
             self.dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
         )

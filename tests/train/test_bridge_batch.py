@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from megatron.energon import WorkerConfig, get_train_dataset
 
-from energon_pack import PackedBatch, PackingTaskEncoder, RowLayout, build_packed_row
+from energon_pack import BufferConfig, PackedBatch, PackingTaskEncoder, RowLayout, build_packed_row
 from energon_pack.train.bridge import BRIDGE_BATCH_KEYS, BridgeVisualInputs, bridge_batch
 
 MANTIS = Path(__file__).resolve().parents[2] / "fixtures" / "bridge_layouts" / "mantis"
@@ -62,8 +62,9 @@ def packed_seq_params_fields(batch: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def pairs() -> list[tuple[PackedBatch, dict[str, Any]]]:
     """Each pack of the Mantis fixture as a PackedBatch and as Bridge's dict."""
-    plain = list(loader(make_encoder()))
-    bridged = list(loader(make_encoder(output="bridge")))
+    bounded = BufferConfig(min_rows=None)  # four samples a pack: several packs
+    plain = list(loader(make_encoder(buffer=bounded)))
+    bridged = list(loader(make_encoder(output="bridge", buffer=bounded)))
     assert len(plain) == len(bridged) >= 3
     return list(zip(plain, bridged, strict=True))
 
@@ -138,7 +139,7 @@ def test_uint8_pixels_never_reach_bridge_unnormalised(
     with pytest.raises(ValueError, match=r"output='bridge'.*pixel_dtype='uint8'.*float32"):
         make_encoder(output="bridge", media=replace(SMALL_MEDIA, pixel_dtype="uint8"))
     raw_media = replace(SMALL_MEDIA, pixel_dtype="uint8")
-    raw = next(iter(loader(make_encoder(media=raw_media))))
+    raw = next(iter(loader(make_encoder(media=raw_media, buffer=BufferConfig(min_rows=None)))))
     assert raw.pixel_values.dtype == torch.uint8
     with pytest.raises(ValueError, match=r"pixel_values are uint8.*to_bridge_batch\(media="):
         raw.to_bridge_batch()

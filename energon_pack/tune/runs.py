@@ -1,11 +1,6 @@
-"""``energon-pack tune``: measure packing and worker memory per buffer size on real data.
-
-For each buffer size (and decode mode) the dataset streams through the real Energon loader with
-real workers and a :class:`~energon_pack.memory.RSSMonitor` in each worker. A run records bin
-fill, token efficiency, first-pack latency, throughput, worker RSS and the samples it skipped
-(by kind); :func:`recommend` picks the largest buffer whose projected memory fits a budget.
-Token counts come from the tokenizer the user trains with (``TuneSettings.tokenizer``).
-"""
+"""One ``tune`` run: the settings every run shares, a run's result, and :func:`run_once`, which
+streams the dataset through the real Energon loader with real workers and an RSS monitor in each
+(the loader's workers started whole, Ctrl-C held until a run can stop cleanly)."""
 
 from __future__ import annotations
 
@@ -18,15 +13,13 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from energon_pack.encoding.chatml import SPECIAL_TOKENS, ByteTokenizer, Tokenizer
 from energon_pack.encoding.families import ProcessorFamily
-from energon_pack.encoding.family import Family, model_family
-from energon_pack.encoding.template import chat_template_of, template_sha256
+from energon_pack.encoding.family import model_family
 from energon_pack.formats.dataset_trust import check_dataset_code
 from energon_pack.media import MediaConfig, PixelDtype
 from energon_pack.memory.monitor import MB, MonitorConfig
@@ -35,6 +28,7 @@ from energon_pack.packing.bins import Overlong
 from energon_pack.packing.buffer import BufferConfig
 from energon_pack.packing.packed import Decode
 from energon_pack.packing.vision_budget import VisionBudget
+from energon_pack.tune.tokenizers import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -46,11 +40,26 @@ class TuneSettings:
     pad_to_multiple_of: int = 1
     num_workers: int = 2
     max_samples: int | None = None
-    """Stop each run after this many source samples (None: one epoch)."""
+    """Stop each run after this many source samples, even short of ``min_packs`` (None: no
+    cap)."""
+    min_packs: int = 200
+    """Packs each run measures: the dataset repeats until the run has this many, so its bin fill
+    is the steady state's (a repeated stream has no end-of-epoch flush). A run with fewer (ended
+    by ``max_samples`` or ``one_epoch``) is flagged as resting on too few packs."""
+    min_rows: float | None = 2.0
+    """The buffer's :attr:`~energon_pack.BufferConfig.min_rows`: it grows past the run's size
+    while its samples hold less than this many rows' worth of tokens (None: size alone)."""
+    one_epoch: bool = False
+    """Stream one epoch per run instead, without repeating: the end-of-epoch flush is in the bin
+    fill (on a small dataset it can dominate), and every sample is accounted for
+    (``TuneResult.unaccounted``)."""
     pixel_dtype: PixelDtype = "float32"
     """Dtype of the batches' pixels (``MediaConfig.pixel_dtype``)."""
     tokenizer: str | None = None
     """A transformers tokenizer directory, or a name in the local cache (None: ByteTokenizer)."""
+    chat_template: str | None = None
+    """A Jinja chat template file set as the tokenizer's ``chat_template`` (None: the
+    tokenizer's own, if it has one; needs ``tokenizer``)."""
     overlong: Overlong = "skip"
     """Samples longer than ``seq_length``: count and skip them, or stop with an error."""
     dataset_config: str | None = None
@@ -98,10 +107,11 @@ class TuneResult:
     """Real tokens over aligned tokens (what alignment padding costs)."""
     first_pack_seconds: float = 0.0
     """From the loader's start to its first pack."""
-    packs_per_second: float = 0.0
-    """Packs after the first, over the time they took."""
-    samples_per_second: float = 0.0
-    """Samples over the time after the first pack."""
+    packs_per_second: float | None = None
+    """Packs over the run's wall time, from the loader's start to the last pack (so the first
+    pack's latency counts); None for a run of fewer than :data:`TIMED_PACKS` packs."""
+    samples_per_second: float | None = None
+    """Samples over the same wall time (None as above)."""
     peak_worker_rss_mb: float = 0.0
     """Highest RSS of any worker, in MiB."""
     steady_worker_rss_mb: float = 0.0
@@ -121,7 +131,8 @@ class TuneResult:
     skipped: dict[str, int] = field(default_factory=dict)
     """Skipped samples by kind (``overlong`` or a ``MediaError`` kind), over all workers."""
     unaccounted: int = 0
-    """Samples of a full epoch neither packed nor in any worker's skip counts."""
+    """Samples of a full epoch neither packed nor in any worker's skip counts (counted only for a
+    whole ``one_epoch`` run)."""
     interrupted: bool = False
 
 
@@ -234,68 +245,7 @@ def start_workers_whole(loader: Any) -> None:
 
 def default_dataset() -> Path:
     """The shipped ``fixtures/vlm_demo`` next to the package (a source checkout)."""
-    return Path(__file__).resolve().parents[1] / "fixtures" / "vlm_demo"
-
-
-@functools.cache
-def load_tokenizer(name: str) -> Tokenizer:
-    """A transformers tokenizer from a local directory or the local cache; never downloads.
-
-    Raises ValueError when it cannot be loaded offline or lacks the Qwen2-VL special tokens
-    that the conversation template uses.
-    """
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer: Any = AutoTokenizer.from_pretrained(name, local_files_only=True)
-    except Exception as error:  # transformers raises OSError, ValueError, KeyError, ...
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise ValueError(
-            f"--tokenizer {name!r} cannot be loaded offline ({reason}); pass a directory written "
-            "by tokenizer.save_pretrained(...) or the name of a tokenizer in the local Hugging "
-            "Face cache"
-        ) from None
-    unknown = {None, tokenizer.unk_token_id}
-    missing = [t for t in SPECIAL_TOKENS if tokenizer.convert_tokens_to_ids(t) in unknown]
-    if missing:
-        raise ValueError(
-            f"--tokenizer {name!r} has no special tokens {missing}, which the ChatML / Qwen2-VL "
-            "template uses; pass a Qwen2-VL tokenizer, or add them with "
-            "tokenizer.add_special_tokens({'additional_special_tokens': [...]}) and save it"
-        )
-    loaded: Tokenizer = tokenizer
-    return loaded
-
-
-def describe_tokenizer(name: str | None, family: Family | None = None) -> dict[str, object]:
-    """Which tokenizer counts the tokens: ``name``, ``class``, ``vocab_size`` and the
-    ``encoding`` the task encoder picks for it (``"template"`` with its chat template's
-    ``chat_template_sha256``, else ``"chatml"``; ``"processor"`` for a processor ``family``,
-    whose tokenizer it is; see :func:`~energon_pack.make_encoder`)."""
-    if isinstance(family, ProcessorFamily):
-        tokenizer: Any = family.tokenizer
-        name, encoding = f"the {family.name} processor's", "processor"
-    elif name is None:
-        size = ByteTokenizer().vocab_size
-        return {"name": "byte", "class": "ByteTokenizer", "vocab_size": size, "encoding": "chatml"}
-    else:
-        tokenizer = load_tokenizer(name)
-        encoding = "template" if chat_template_of(tokenizer) is not None else "chatml"
-    info: dict[str, object] = {
-        "name": name,
-        "class": type(tokenizer).__name__,
-        "vocab_size": len(tokenizer),
-        "encoding": encoding,
-    }
-    template = chat_template_of(tokenizer)
-    if template is not None and encoding != "chatml":
-        info["chat_template_sha256"] = template_sha256(template)
-    return info
-
-
-def tokenizer_label(name: str | None) -> str:
-    """A short name for titles: the directory's name, the hub name, or ``byte``."""
-    return "byte" if name is None else Path(name).name or name
+    return Path(__file__).resolve().parents[2] / "fixtures" / "vlm_demo"
 
 
 # Library settings named in error messages, as the tune flags that set them.
@@ -331,15 +281,21 @@ def error_line(error: BaseException) -> str:
     return text
 
 
+TIMED_PACKS = 20
+"""Fewest packs of a run that time its throughput: a run of fewer is mostly its start."""
+
+
 def run_once(
     settings: TuneSettings,
     buffer_size: int,
     decode: Decode,
     report_dir: Path,
-    on_samples: Callable[[int], object] = lambda count: None,
+    on_pack: Callable[[], object] = lambda: None,
     max_vision_tokens: int | None = None,
 ) -> TuneResult:
-    """Stream the dataset once with this buffer size; Ctrl-C ends the run early (marked).
+    """Stream the dataset with this buffer size until the run has ``settings.min_packs`` packs
+    (repeating it), ``settings.max_samples`` samples or, with ``settings.one_epoch``, the end of
+    one epoch; Ctrl-C ends the run early (marked). ``on_pack`` is called once per pack.
 
     Raises :class:`TuneError` (one line, naming the run) when the run stops on an error, in the
     main process or in a loader worker.
@@ -352,10 +308,10 @@ def run_once(
         check_dataset_code(settings.dataset, settings.dataset_config)
     family = model_family(settings.family) if settings.family else None
     if isinstance(family, ProcessorFamily):  # its processor's tokenizer and pixels
-        if settings.tokenizer:
+        if settings.tokenizer or settings.chat_template:
             raise ValueError(
-                f"--tokenizer with the {family.name!r} family: its processor brings its own "
-                "tokenizer; drop --tokenizer"
+                f"--tokenizer or --chat-template with the {family.name!r} family: its "
+                "processor brings its own tokenizer and template; drop them"
             )
         if settings.pixel_dtype != "float32":
             raise ValueError(
@@ -364,7 +320,13 @@ def run_once(
             )
         tokenizer, media = family.tokenizer, MediaConfig()
     else:
-        tokenizer = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
+        if settings.chat_template and not settings.tokenizer:
+            raise ValueError("--chat-template needs --tokenizer (an HF tokenizer to apply it to)")
+        tokenizer = (
+            load_tokenizer(settings.tokenizer, settings.chat_template)
+            if settings.tokenizer
+            else None
+        )
         base_media = family.media if family is not None else MediaConfig()
         media = replace(base_media, pixel_dtype=settings.pixel_dtype)
     if max_vision_tokens is None:
@@ -377,10 +339,9 @@ def run_once(
         media=media,
         family=family,
         overlong=settings.overlong,
-        buffer=BufferConfig(decode=decode, monitor=monitor),
+        buffer=BufferConfig(decode=decode, monitor=monitor, min_rows=settings.min_rows),
         vision=replace(settings.vision, max_vision_tokens=max_vision_tokens),
     )
-    one_epoch = settings.max_samples is None
     described = (
         {} if settings.dataset_config is None else {"dataset_config": settings.dataset_config}
     )
@@ -394,7 +355,7 @@ def run_once(
             shuffle_buffer_size=None,
             max_samples_per_sequence=None,
             task_encoder=encoder,
-            repeat=not one_epoch,
+            repeat=not settings.one_epoch,
         )
     except Exception as error:  # Energon's errors opening the dataset: any type
         details = "".join(traceback.format_exception(error))
@@ -402,9 +363,9 @@ def run_once(
         raise TuneError(f"{decode} buffer {buffer_size}: {line}", details) from None
     samples = packs = used = real = 0
     worker_stats: dict[tuple[int, int], PackingStats] = {}
-    interrupted = False
+    interrupted = stopped = False
     start = time.perf_counter()
-    first_pack = steady_start = 0.0
+    first_pack = wall = 0.0
     loader: Any = None
     failure: TuneError | None = None
     try:
@@ -413,8 +374,9 @@ def run_once(
             loader = get_savable_loader(dataset)
             start_workers_whole(loader)
             for batch in loader:
+                wall = time.perf_counter() - start
                 if packs == 0:
-                    first_pack = steady_start = time.perf_counter() - start
+                    first_pack = wall
                 packs += 1
                 samples += len(batch.__keys__)
                 used += int(batch.cu_seqlens_padded[-1])
@@ -422,15 +384,17 @@ def run_once(
                 stats = batch.packing_stats
                 if stats is not None:
                     worker_stats[(stats.rank, stats.worker)] = stats
-                on_samples(len(batch.__keys__))
-                if settings.max_samples is not None and samples >= settings.max_samples:
+                on_pack()
+                if (settings.max_samples is not None and samples >= settings.max_samples) or (
+                    not settings.one_epoch and packs >= settings.min_packs
+                ):
+                    stopped = True
                     break
     except KeyboardInterrupt:
         interrupted = True
     except Exception as error:
         details = "".join(traceback.format_exception(error))
         failure = TuneError(f"{decode} buffer {buffer_size}: {error_line(error)}", details)
-    elapsed = time.perf_counter() - start - steady_start
     with sigint_held() as came:  # a second Ctrl-C must not leave workers running
         stop_workers(loader)
         if failure is not None:
@@ -441,7 +405,8 @@ def run_once(
     for stats in worker_stats.values():
         for kind, count in stats.skipped.items():
             skipped[kind] = skipped.get(kind, 0) + count
-    complete = one_epoch and not interrupted
+    complete = settings.one_epoch and not (interrupted or stopped)
+    timed = packs >= TIMED_PACKS and wall > 0
     worker_packs = sum(stats.packs for stats in worker_stats.values())
     vision_tokens = sum(s.vision_tokens_mean * s.packs for s in worker_stats.values())
     buffer_full = sum(s.left_buffer_full for s in worker_stats.values())
@@ -454,8 +419,8 @@ def run_once(
         bin_fill=used / (packs * settings.seq_length) if packs else 0.0,
         token_efficiency=real / used if used else 0.0,
         first_pack_seconds=first_pack,
-        packs_per_second=(packs - 1) / elapsed if packs > 1 and elapsed > 0 else 0.0,
-        samples_per_second=samples / elapsed if packs > 1 and elapsed > 0 else 0.0,
+        packs_per_second=packs / wall if timed else None,
+        samples_per_second=samples / wall if timed else None,
         peak_worker_rss_mb=max((w.peak_rss for w in workers), default=0) / MB,
         steady_worker_rss_mb=max((w.steady_rss for w in workers), default=0) / MB,
         peak_buffer_mb=max((w.peak_buffer_bytes for w in workers), default=0) / MB,
@@ -468,104 +433,3 @@ def run_once(
         unaccounted=len(dataset) - samples - sum(skipped.values()) if complete else 0,
         interrupted=interrupted,
     )
-
-
-TUNE_HEADERS = [
-    "decode",
-    "buffer",
-    "vision cap",
-    "samples",
-    "bin fill",
-    "buffer full",
-    "token eff",
-    "first pack s",
-    "samples/s",
-    "peak RSS MiB",
-    "steady MiB",
-    "buffer MiB",
-    "decoder MiB",
-    "vision/pack",
-    "vision max",
-    "skipped",
-    "status",
-]
-
-
-def skipped_cell(result: TuneResult) -> str:
-    """``overlong 3, corrupt 1`` (and any unaccounted samples), or ``0``."""
-    parts = [f"{kind} {count}" for kind, count in result.skipped.items()]
-    if result.unaccounted:
-        parts.append(f"unaccounted {result.unaccounted}")
-    return ", ".join(parts) or "0"
-
-
-def tune_row(result: TuneResult) -> list[object]:
-    """One table row (see :data:`TUNE_HEADERS`)."""
-    return [
-        result.decode,
-        result.buffer_size,
-        result.max_vision_tokens or "-",
-        result.samples,
-        result.bin_fill,
-        f"{result.buffer_full_share:.0%}",
-        result.token_efficiency,
-        f"{result.first_pack_seconds:.2f}",
-        f"{result.samples_per_second:.1f}",
-        f"{result.peak_worker_rss_mb:.0f}",
-        f"{result.steady_worker_rss_mb:.0f}",
-        f"{result.peak_buffer_mb:.1f}",
-        f"{result.peak_decoder_rss_mb:.0f}",
-        f"{result.vision_tokens_mean:.0f}",
-        result.vision_tokens_max,
-        skipped_cell(result),
-        "interrupted" if result.interrupted else "ok",
-    ]
-
-
-BUFFER_BOUND_SHARE = 0.5
-"""A run is buffer-bound where more than this share of its packs left because the buffer was
-full and its bin fill is below :data:`BUFFER_BOUND_FILL` (:func:`buffer_bound_note`)."""
-BUFFER_BOUND_FILL = 0.95
-
-
-def buffer_bound_note(result: TuneResult) -> str | None:
-    """A line for a completed run whose buffer holds fewer samples than a row needs, else None."""
-    if (
-        result.interrupted
-        or result.buffer_full_share <= BUFFER_BOUND_SHARE
-        or result.bin_fill >= BUFFER_BOUND_FILL
-    ):
-        return None
-    return (
-        f"{result.decode} buffer {result.buffer_size}: bin fill {result.bin_fill:.3f} with "
-        f"{result.buffer_full_share:.0%} of packs leaving because the buffer was full: it holds "
-        "fewer samples than a row needs, so a larger packing_buffer_size fills more (and lets "
-        "a vision budget hold samples back without costing fill)"
-    )
-
-
-def worker_total_mb(result: TuneResult) -> float:
-    """Peak memory of one worker: its RSS and its decoder process's."""
-    return result.peak_worker_rss_mb + result.peak_decoder_rss_mb
-
-
-def projected_rss_mb(result: TuneResult, num_workers: int) -> float:
-    """Worker memory of a training run: ``num_workers`` workers, each at this run's peak RSS
-    plus its decoder process's."""
-    return worker_total_mb(result) * max(1, num_workers)
-
-
-def recommend(
-    results: Sequence[TuneResult], *, num_workers: int, rss_budget_mb: float
-) -> TuneResult | None:
-    """Among the completed runs whose projected worker RSS fits the budget, the best bin fill
-    (to three decimals; lazy decoding first), and of equal fills the smallest buffer, which
-    holds less memory and makes the first pack sooner."""
-    fitting = [
-        r
-        for r in results
-        if not r.interrupted and projected_rss_mb(r, num_workers) <= rss_budget_mb
-    ]
-    if not fitting:
-        return None
-    return max(fitting, key=lambda r: (r.decode == "lazy", round(r.bin_fill, 3), -r.buffer_size))
