@@ -199,10 +199,9 @@ class OnlineBinPacker:
         self.min_rows = min_rows
         self.max_size = max_size
         self._grow_units = 0 if min_rows is None else math.ceil(min_rows * self._cap_units)
-        self.max_held = buffer_size = self.buffer_size
+        grows = min_rows is not None
+        self.max_held = max(self.buffer_size, max_size) if grows else self.buffer_size
         """The most candidates held at once: ``buffer_size``, or ``max_size`` when it grows."""
-        if min_rows is not None:
-            self.max_held = max(buffer_size, max_size)
 
     @property
     def held(self) -> int:
@@ -551,7 +550,7 @@ class OnlineBinPacker:
             "max_size": f"raise BufferConfig(max_size={self.max_size}) to about {wanted}",
             "min_rows": f"raise BufferConfig(min_rows={self.min_rows})",
         }
-        fix = fixes.get(bound, f"raise packing_buffer_size to about {wanted}")
+        fix = fixes[bound]
         return (
             f"{self._full_bins} of {stats.bins} packs left because the candidate buffer was "
             f"full ({bound}), at bin fill {fill:.2f}: it held {held} samples, but at this "
