@@ -211,17 +211,10 @@ def _metadata_rows(meta: PackMetadata) -> list[list[object]]:
 def cmd_offline(args: argparse.Namespace) -> int:
     from energon_pack.encoding.describe import encoding_line
     from energon_pack.offline.build import pack_offline
-    from energon_pack.tune import load_tokenizer
+    from energon_pack.tune import tokenizer_of
 
     spec = _offline_spec(args)
-    if args.chat_template is not None and args.tokenizer is None:
-        raise ValueError(
-            f"--chat-template {args.chat_template!r} needs --tokenizer (an HF tokenizer to apply "
-            "it to; the built-in byte tokenizer has no chat template)"
-        )
-    tokenizer = (
-        None if args.tokenizer is None else load_tokenizer(args.tokenizer, args.chat_template)
-    )
+    tokenizer = tokenizer_of(args.tokenizer, args.chat_template)
     result = pack_offline(
         args.input, args.out_dir, spec, tokenizer, force=args.force, format=args.format
     )

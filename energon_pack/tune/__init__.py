@@ -52,6 +52,7 @@ from energon_pack.tune.tokenizers import (
     load_tokenizer,
     read_chat_template,
     tokenizer_label,
+    tokenizer_of,
 )
 
 __all__ = [
@@ -84,6 +85,7 @@ __all__ = [
     "still_rising_notes",
     "stop_workers",
     "tokenizer_label",
+    "tokenizer_of",
     "too_few_packs_note",
     "tune_row",
     "untimed_note",

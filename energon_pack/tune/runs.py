@@ -28,7 +28,7 @@ from energon_pack.packing.bins import Overlong
 from energon_pack.packing.buffer import BufferConfig
 from energon_pack.packing.packed import Decode
 from energon_pack.packing.vision_budget import VisionBudget
-from energon_pack.tune.tokenizers import load_tokenizer
+from energon_pack.tune.tokenizers import tokenizer_of
 
 
 @dataclass(frozen=True)
@@ -320,13 +320,7 @@ def run_once(
             )
         tokenizer, media = family.tokenizer, MediaConfig()
     else:
-        if settings.chat_template and not settings.tokenizer:
-            raise ValueError("--chat-template needs --tokenizer (an HF tokenizer to apply it to)")
-        tokenizer = (
-            load_tokenizer(settings.tokenizer, settings.chat_template)
-            if settings.tokenizer
-            else None
-        )
+        tokenizer = tokenizer_of(settings.tokenizer, settings.chat_template)
         base_media = family.media if family is not None else MediaConfig()
         media = replace(base_media, pixel_dtype=settings.pixel_dtype)
     if max_vision_tokens is None:

@@ -70,6 +70,19 @@ def read_chat_template(path: str) -> str:
     return text
 
 
+def tokenizer_of(name: str | None, chat_template: str | None = None) -> Tokenizer | None:
+    """The ``--tokenizer`` ``name`` with ``--chat-template`` applied (:func:`load_tokenizer`),
+    or None without one; a template without a tokenizer is a ValueError naming both flags."""
+    if name is not None:
+        return load_tokenizer(name, chat_template)
+    if chat_template is not None:
+        raise ValueError(
+            f"--chat-template {chat_template!r} needs --tokenizer (an HF tokenizer to apply it "
+            "to; the built-in byte tokenizer has no chat template)"
+        )
+    return None
+
+
 def describe_tokenizer(
     name: str | None, family: Family | None = None, chat_template: str | None = None
 ) -> dict[str, object]:
@@ -79,17 +92,18 @@ def describe_tokenizer(
     with its chat template's ``chat_template_sha256``, ``"chatml"``, or ``"processor"`` for a
     processor ``family``, whose tokenizer it is; ``system_prompt``); ``chat_template``: the
     template file applied (``--chat-template``), recorded too."""
-    if chat_template is not None and (name is None or isinstance(family, ProcessorFamily)):
-        raise ValueError(
-            f"--chat-template {chat_template!r} needs --tokenizer (an HF tokenizer to apply it "
-            "to), and is not for a processor family, which renders its processor's template"
-        )
     if isinstance(family, ProcessorFamily):
+        if chat_template is not None:
+            raise ValueError(
+                f"--chat-template {chat_template!r} is not for a processor family, which "
+                "renders its processor's template; drop it"
+            )
         tokenizer: Any = family.tokenizer
         name, encoder = f"the {family.name} processor's", make_encoder(family=family)
     else:
-        tokenizer = ByteTokenizer() if name is None else load_tokenizer(name, chat_template)
-        encoder = make_encoder(None if name is None else tokenizer)
+        loaded = tokenizer_of(name, chat_template)
+        tokenizer = ByteTokenizer() if loaded is None else loaded
+        encoder = make_encoder(loaded)
     info: dict[str, object] = {
         "name": "byte" if name is None else name,
         "class": type(tokenizer).__name__,
