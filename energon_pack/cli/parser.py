@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--min-rows",
         type=rows_or_none,
-        default=2.0,
+        default=2.0,  # BufferConfig's DEFAULT_MIN_ROWS (importing it would pull in torch)
         metavar="ROWS",
         help="BufferConfig.min_rows: the buffer grows past --buffer-sizes while its samples hold "
         "less than ROWS rows' worth of tokens; 'none' bounds it by its size alone",

@@ -16,7 +16,10 @@ from energon_pack.checks import check_choice, check_config, check_int, check_num
 from energon_pack.memory.monitor import MonitorConfig
 from energon_pack.packing.packed import Decode
 
-__all__ = ["BufferConfig"]
+__all__ = ["DEFAULT_MIN_ROWS", "BufferConfig"]
+
+DEFAULT_MIN_ROWS = 2.0
+"""Rows' worth of tokens a buffer of short samples grows to by default (``min_rows``)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class BufferConfig:
     decode: Decode = "lazy"
     monitor: MonitorConfig | None = None
     max_consecutive_skips: int = 100
-    min_rows: float | None = 2.0
+    min_rows: float | None = DEFAULT_MIN_ROWS
     max_size: int = 1024
 
     def __post_init__(self) -> None:

@@ -48,7 +48,7 @@ from energon_pack.packing.bins import (
     check_length,
     overlong_refusal,
 )
-from energon_pack.packing.buffer import BufferConfig
+from energon_pack.packing.buffer import DEFAULT_MIN_ROWS, BufferConfig
 from energon_pack.packing.choosers import chooser_for, units_of
 from energon_pack.packing.packer_state import (
     GROWTH_SETTINGS,
@@ -541,7 +541,7 @@ class OnlineBinPacker:
         stats = self.stats
         mean = stats.aligned_tokens / stats.items
         per_row = self.capacity / mean
-        rows = self.min_rows or 2.0
+        rows = self.min_rows or DEFAULT_MIN_ROWS
         wanted = math.ceil(rows * per_row)
         fixes = {
             "max_bytes": f"raise BufferConfig(max_bytes={self.max_bytes}), the byte bound it hit",

@@ -25,7 +25,7 @@ from energon_pack.media import MediaConfig, PixelDtype
 from energon_pack.memory.monitor import MB, MonitorConfig
 from energon_pack.memory.report import load_report, summarize
 from energon_pack.packing.bins import Overlong
-from energon_pack.packing.buffer import BufferConfig
+from energon_pack.packing.buffer import DEFAULT_MIN_ROWS, BufferConfig
 from energon_pack.packing.packed import Decode
 from energon_pack.packing.vision_budget import VisionBudget
 from energon_pack.tune.tokenizers import tokenizer_of
@@ -46,7 +46,7 @@ class TuneSettings:
     """Packs each run measures: the dataset repeats until the run has this many, so its bin fill
     is the steady state's (a repeated stream has no end-of-epoch flush). A run with fewer (ended
     by ``max_samples`` or ``one_epoch``) is flagged as resting on too few packs."""
-    min_rows: float | None = 2.0
+    min_rows: float | None = DEFAULT_MIN_ROWS
     """The buffer's :attr:`~energon_pack.BufferConfig.min_rows`: it grows past the run's size
     while its samples hold less than this many rows' worth of tokens (None: size alone)."""
     one_epoch: bool = False
