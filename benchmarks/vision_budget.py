@@ -1,15 +1,18 @@
 """Vision budget per pack: caps on vision tokens and media, and balance across data-parallel ranks.
 
-On two seeded VLM mixes (energon_pack.packing.synthetic.vision_mix: 12% of samples with 1-8
-images of 640-1280 px, Qwen2.5-VL token counts; lognormal text with a median of 150 tokens, short
-VLM turns, and of 550, the conversation lengths of text_sft_lengths), each data-parallel rank r
-packs its own samples r, r+DP, r+2*DP, ... with its own packer. For each sequence length and
-buffer size:
+Three seeded VLM mixes (energon_pack.packing.synthetic.vision_mix; Qwen2-VL / Qwen2.5-VL token
+counts, 28-px cells): 12% of samples carry 1-8 images of 640-1280 px, and the text is lognormal
+with a median of 150 tokens (short-turns: short VLM turns) or 550 (long-turns: the conversation
+lengths of text_sft_lengths); in small-images (text median 380) every other sample also carries
+0-4 small images of 224-448 px (median 1): many samples with a few small images and a heavy
+tail of large ones. Each data-parallel rank r packs its own samples r, r+DP, r+2*DP, ... with
+its own packer. For each sequence length and buffer size (AUTO: the loaders' default buffer,
+growing from 16 samples):
 
   none           OnlineBinPacker, packs chosen by LLM tokens alone
   caps           max_vision_tokens = V, max_media = K
-  caps+balance   the caps and vision_balance=True
-  balance        vision_balance=True alone
+  caps+balance   the caps and balance=True
+  balance        balance=True alone
   greedy         an InternVL-style greedy packer under the same caps: each sample joins the first
                  open pack it fits (tokens, V, K); a pack leaves once 99% full or at a cap; when
                  the buffer holds `buffer` samples the fullest pack leaves
@@ -23,14 +26,15 @@ every pack at the mean, or at its largest single sample's vision tokens when tha
 as written ("mean" floor) it adds vision tokens the stream does not have wherever packs hold a
 sample above the mean; the "even" floor (energon_pack.straggler_floor) puts
 every pack at the level that spreads the packs' own total as evenly as whole samples allow. The
-balance goals are stated against the even floor; both floors are printed.
+balance goals are printed against the even floor; both floors are printed.
 The figures are those of a stream in steady state: packs emitted by the end-of-stream flush (a
 few per rank, under-filled by nature) are left out of every scheme's figures, and the samples
 still held then count as neither packed nor skipped.
-Then the packer's cost per item with and without caps (interleaved rounds, median ratio).
+Then the packer's cost per item of each stream at seq 8192 and buffers 16, 64 and 256, with and
+without caps (interleaved rounds, median ratio).
 
-Usage: python benchmarks/vision_budget.py [--samples N] [--text-medians 150,550] [--quick]
-       [--out results/vision_budget.json]
+Usage: python benchmarks/vision_budget.py [--samples N] [--streams a,b] [--seq-lengths a,b]
+       [--buffers a,b (0: AUTO)] [--no-cost] [--out results/vision_budget.json]
 """
 
 from __future__ import annotations
@@ -41,18 +45,36 @@ import logging
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from energon_pack import BufferConfig, OnlineBinPacker, straggler_floor, straggler_ratio
+from energon_pack import (
+    BufferConfig,
+    OnlineBinPacker,
+    PackingWarning,
+    VisionBudget,
+    straggler_floor,
+    straggler_ratio,
+)
 from energon_pack.cli.tables import format_table
 from energon_pack.packing.synthetic import VisionSample, vision_mix
 
 SEQ_LENGTHS = (8192, 16384)
-BUFFERS = (16, 64)
+AUTO = 0
+"""The buffer the loaders choose by default: :class:`BufferConfig`'s growth from AUTO_START."""
+AUTO_START = 16
+BUFFERS = (16, 64, 256, AUTO)
 COUNT_BOUND = BufferConfig(min_rows=None)
-"""Each buffer exactly the size named (by default a buffer of short samples grows)."""
+"""Each other buffer exactly the size named (by default a buffer of short samples grows)."""
+STREAMS: dict[str, dict[str, int]] = {
+    "short-turns": {"text_median": 150},
+    "long-turns": {"text_median": 550},
+    "small-images": {"text_median": 380, "small_images": 4},
+}
+"""The mixes (keywords of energon_pack.packing.synthetic.vision_mix)."""
 RANKS = (8, 64)
+COST_BUFFERS = (16, 64, 256)
 
 Pack = list[int]
 """Indices into the stream of one pack."""
@@ -61,15 +83,17 @@ Packer = Callable[[Sequence[VisionSample], int, int], tuple[list[Pack], int]]
 
 
 def online(**budget: object) -> Packer:
-    """The online packer with ``budget`` keywords."""
+    """The online packer with ``budget`` keywords (buffer AUTO: the default growing buffer from
+    AUTO_START samples)."""
 
     def run(samples: Sequence[VisionSample], seq: int, buffer: int) -> tuple[list[Pack], int]:
+        size, bound = (AUTO_START, BufferConfig()) if buffer == AUTO else (buffer, COUNT_BOUND)
         packer = OnlineBinPacker(
             seq,
-            buffer,
+            size,
             overlong="skip",
-            buffer=COUNT_BOUND,
-            **budget,  # type: ignore[arg-type]
+            buffer=bound,
+            vision=VisionBudget(**budget),  # type: ignore[arg-type]
         )
         packs: list[Pack] = []
         for index, s in enumerate(samples):
@@ -86,10 +110,19 @@ def greedy(vision_cap: int, media_cap: int) -> Packer:
     def run(samples: Sequence[VisionSample], seq: int, buffer: int) -> tuple[list[Pack], int]:
         open_packs: list[list[int]] = []  # per pack: [tokens, vision, media, *indices]
         packs: list[Pack] = []
-        held = skipped = 0
+        held = held_tokens = skipped = 0
+        size = AUTO_START if buffer == AUTO else buffer
+        rows = BufferConfig().min_rows if buffer == AUTO else None
 
         def full(p: list[int]) -> bool:
             return p[0] >= 0.99 * seq or p[1] >= 0.99 * vision_cap or p[2] >= media_cap
+
+        def leave(p: list[int]) -> None:
+            nonlocal held, held_tokens
+            open_packs.remove(p)
+            packs.append(p[3:])
+            held -= len(p) - 3
+            held_tokens -= p[0]
 
         for index, s in enumerate(samples):
             if s.vision_tokens > vision_cap or s.media > media_cap:
@@ -110,15 +143,12 @@ def greedy(vision_cap: int, media_cap: int) -> Packer:
             p[2] += s.media
             p.append(index)
             held += 1
+            held_tokens += s.length
             if full(p):
-                open_packs.remove(p)
-                packs.append(p[3:])
-                held -= len(p) - 3
-            while held >= buffer:
-                fullest = max(open_packs, key=lambda q: q[0])
-                open_packs.remove(fullest)
-                packs.append(fullest[3:])
-                held -= len(fullest) - 3
+                leave(p)
+            # the same bound as the online packer's buffer (growing to min_rows rows at AUTO)
+            while held >= size and (rows is None or held_tokens >= rows * seq or held >= 1024):
+                leave(max(open_packs, key=lambda q: q[0]))
         return packs, skipped  # the packs still open at the end are left out, as the flush
 
     return run
@@ -229,8 +259,8 @@ def configuration(
         "none": (online(), samples),
         "none (kept samples)": (online(), kept),
         "caps": (online(**caps), samples),
-        "caps+balance": (online(**caps, vision_balance=True), samples),
-        "balance": (online(vision_balance=True), samples),
+        "caps+balance": (online(**caps, balance=True), samples),
+        "balance": (online(balance=True), samples),
         "greedy": (greedy(cap_v, cap_k), samples),
     }
     records: list[dict[str, object]] = []
@@ -275,71 +305,86 @@ def configuration(
         *(f"straggler@{r} (even floor, mean floor)" for r in RANKS),
     ]
     table = (
-        f"seq {seq}, buffer {buffer}: V={cap_v} vision tokens, K={cap_k} media "
+        f"seq {seq}, buffer {buffer_name(buffer)}: V={cap_v} vision tokens, K={cap_k} media "
         f"({len(samples)} samples, {len(samples) // RANKS[-1]} per rank at {RANKS[-1]} ranks)\n"
         + format_table(headers, rows)
     )
     return records, goals(by_name), table
 
 
+def buffer_name(buffer: int) -> str:
+    return f"auto ({AUTO_START}, growing)" if buffer == AUTO else str(buffer)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=64 * 3000)
+    parser.add_argument("--samples", type=int, default=64 * 500)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument(
-        "--text-medians", default="150,550", help="one stream per text median (tokens), a,b,..."
+        "--streams", default=",".join(STREAMS), help="a,b,... of " + ", ".join(STREAMS)
     )
-    parser.add_argument("--quick", action="store_true", help="seq 16384 and buffer 64 only")
+    parser.add_argument("--seq-lengths", default=",".join(map(str, SEQ_LENGTHS)))
+    parser.add_argument(
+        "--buffers",
+        default=",".join(map(str, BUFFERS)),
+        help=f"a,b,...; {AUTO}: the growing default",
+    )
+    parser.add_argument("--no-cost", action="store_true", help="leave out the cost per item")
     parser.add_argument(
         "--out", default=str(Path(__file__).parent / "results" / "vision_budget.json")
     )
     args = parser.parse_args()
     logging.getLogger("energon_pack.packing").setLevel(logging.ERROR)  # skips are counted here
-    medians = [int(m) for m in args.text_medians.split(",")]
+    warnings.simplefilter("ignore", PackingWarning)  # buffers of 16 are measured on purpose
+    streams = args.streams.split(",")
+    seqs = [int(v) for v in args.seq_lengths.split(",")]
+    buffers = [int(v) for v in args.buffers.split(",")]
 
     records: list[dict[str, object]] = []
     checks = {}
-    for median in medians:
-        for seq in SEQ_LENGTHS[1:] if args.quick else SEQ_LENGTHS:
-            samples = vision_mix(args.samples, seed=args.seed, cap=seq, text_median=median)
-            for buffer in BUFFERS[1:] if args.quick else BUFFERS:
+    for stream in streams:
+        for seq in seqs:
+            samples = vision_mix(args.samples, seed=args.seed, cap=seq, **STREAMS[stream])
+            for buffer in buffers:
                 got, met, table = configuration(samples, seq, buffer)
-                records += [{"text_median": median, **r} for r in got]
-                checks[f"{median}/{seq}/{buffer}"] = met
-                print(f"\ntext median {median}, {table}")
+                records += [{"stream": stream, **r} for r in got]
+                checks[f"{stream}/{seq}/{buffer_name(buffer)}"] = met
+                print(f"\n{stream}, {table}")
                 for goal, ok in met.items():
                     print(f"  {'met ' if ok else 'MISS'} {goal}")
-    cost_samples = vision_mix(20000, seed=args.seed, cap=8192, text_median=medians[0])
-    last = next(  # the caps of the first stream at seq 8192, buffer 64 (where run)
-        (
-            r
-            for r in records
-            if (r["text_median"], r["seq_length"], r["buffer"]) == (medians[0], 8192, BUFFERS[-1])
-        ),
-        records[-1],
-    )
+    cost: dict[str, dict[int, dict[str, float]]] = {}
+    if not args.no_cost:
+        cost = {stream: packer_cost(stream, records, args.seed) for stream in streams}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"packs": records, "goals": checks, "us_per_item": cost}
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
+def packer_cost(
+    stream: str, records: list[dict[str, object]], seed: int
+) -> dict[int, dict[str, float]]:
+    """Cost per item of each budget on ``stream`` at seq 8192 and buffers 16-256, printed."""
+    samples = vision_mix(20000, seed=seed, cap=8192, **STREAMS[stream])
+    base = rank_packs(online(), samples, 8192, 64, 1)[0][0]
+    vision = statistics.fmean(sum(samples[i].vision_tokens for i in p) for p in base)
+    media = statistics.fmean(sum(samples[i].media for i in p) for p in base)
+    caps = {"max_vision_tokens": int(1.5 * vision), "max_media": math.ceil(1.5 * media)}
     budgets: dict[str, dict[str, object]] = {
         "none": {},
-        "caps": {"max_vision_tokens": last["max_vision_tokens"], "max_media": last["max_media"]},
-        "caps+balance": {
-            "max_vision_tokens": last["max_vision_tokens"],
-            "max_media": last["max_media"],
-            "vision_balance": True,
-        },
+        "caps": caps,
+        "caps+balance": {**caps, "balance": True},
     }
-    cost = {buffer: cost_per_item(cost_samples, 8192, buffer, budgets) for buffer in BUFFERS}
-    print("\npacker cost per item (us; medians of 7 interleaved rounds, seq 8192)")
+    cost = {buffer: cost_per_item(samples, 8192, buffer, budgets) for buffer in COST_BUFFERS}
+    print(f"\n{stream}: packer cost per item (us; medians of 7 interleaved rounds, seq 8192)")
     ratios = ("caps/none", "caps+balance/none")
     cost_rows = [
         [buffer, *(f"{c[name]:.1f}" for name in budgets), *(f"{c[r]:.2f}x" for r in ratios)]
         for buffer, c in cost.items()
     ]
     print(format_table(["buffer", *budgets, *ratios], cost_rows))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"packs": records, "goals": checks, "us_per_item": cost}
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    return cost
 
 
 if __name__ == "__main__":

@@ -3,42 +3,116 @@ per rule behind one small interface (:class:`Chooser`). Pure Python, no I/O, no 
 
 * :class:`TokenChooser` (no vision budget): the fullest subset of held candidates by tokens,
   older ones preferred, read from the packer's subset-sum bitset.
-* :class:`CappedChooser` (caps on vision tokens or media per pack): the media-carrying
-  candidates searched within the caps (:func:`~energon_pack.packing.vision_budget.best_choice`),
-  the rest of the row filled with the fullest text-only subset.
-* :class:`BalancedChooser` (``VisionBudget(balance=True)``): the media-carrying subset whose
-  vision tokens are nearest the stream's running target, topped up with text; the search of
-  :class:`CappedChooser` decides where that breaks the row or ``max_media``.
+* :class:`CappedChooser` (caps on vision tokens or media per pack): the same fullest subset,
+  walked back never past a cap (steered toward the stream's vision target where the plain walk
+  meets one; :func:`~energon_pack.packing.subset_sums.steered_subset`).
+* :class:`BalancedChooser` (``VisionBudget(balance=True)``): packs whose vision tokens stay near
+  the stream's running target: media-carrying candidates picked by their vision tokens, the rest
+  of the row filled with the fullest subset of the light candidates (text-only, or little vision
+  per token), walked toward the target.
+
+Each choice is a short list of :class:`Attempt` s tried in turn, each a few linear walks; a pack
+that must leave and that no attempt finds takes the oldest candidates that fit, first fit. An
+early pack (one leaving by the fill rule) is tried only right after a pack left and then after
+1, 2, 4, ... more pushes (:func:`due`), so a stream whose packs cannot yet leave early costs a
+few walks per pack, not per sample.
 
 The packer keeps the buffer, deadlines, byte bound, counters and state; a chooser keeps only the
-index it searches (none for tokens alone), told of every candidate that enters or leaves.
+index it searches (none for tokens or caps alone), told of every candidate that enters or leaves.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from energon_pack.packing.packer_state import Candidate, DeadlineBin
-from energon_pack.packing.subset_sums import SubsetSums, nearest_sum, prefixes, subset_with_sum
-from energon_pack.packing.vision_budget import (
-    BALANCE_SLACK,
-    BALANCE_TOLERANCE,
-    Choice,
-    Room,
-    VisionBudget,
-    base_choice,
-    best_choice,
+from energon_pack.packing.subset_sums import (
+    Limits,
+    SubsetSums,
+    nearest_sum,
+    prefixes,
+    steered_subset,
+    subset_with_sum,
 )
+from energon_pack.packing.vision_budget import BALANCE_SLACK, BALANCE_TOLERANCE, VisionBudget
 
-__all__ = ["BalancedChooser", "CappedChooser", "Chooser", "Pool", "TokenChooser", "chooser_for"]
+__all__ = [
+    "Attempt",
+    "BalancedChooser",
+    "CappedChooser",
+    "Chooser",
+    "Pool",
+    "TokenChooser",
+    "chooser_for",
+    "due",
+]
+
+AIMS = (1.0, 0.8, 0.6)
+"""Where the walks of a balanced pack forced to leave steer, as shares of its goal, in turn (a
+walk steered at the goal can pass it where the rest of the row must carry media)."""
+AGED = 0.5
+"""With balance: the share of ``max_wait`` packs after which the oldest candidate leads the
+next pack (a candidate the target passes over would otherwise leave only when its deadline
+forces a pack, as it comes)."""
+AGED_WITHOUT_WAIT = 64
+"""The horizon in packs :data:`AGED` applies to where ``max_wait`` is None."""
+FORCED_FILLS = (0.995, 0.99)
+"""Shares of the row a pack forced to leave also walks to (the fullest reachable sum at each),
+where none of the fullest sums keeps its limits: a few tokens less beats a pack over the target,
+and a walk at a lower sum fills more than first fit."""
+BALANCED_FILL = 0.99
+"""With balance: the least share of the row a pack forced to leave fills while it keeps to the
+target; only the last attempts, within the caps alone, go below."""
+LIGHT_STEPS = 32
+"""With balance: a candidate is *light* (fills rows beside the media-carrying ones) when its
+vision tokens per token are at most the target's (its vision tokens over the row capacity),
+counted in steps of 1/LIGHT_STEPS: the split changes only when the target crosses a step."""
+PAIRED_SUMS = 3
+"""With balance: vision sums of the media-carrying candidates, nearest the aim first, a paired
+choice for a pack forced to leave tries (an early one tries the nearest; it tries again after
+more pushes, :func:`due`)."""
+LIGHT_SUMS = 2
+"""With balance: unit sums of the light candidates, fullest first, a pack forced to leave tries
+(an early one tries the fullest)."""
+THINNED = 4
+"""The most candidates with the most vision tokens a pack forced to leave walks without, one more
+at a time, before first fit."""
+WALK_SUMS = 4
+"""Reachable sums, from the fullest down, one attempt walks."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One way to make the next pack: the candidates it must hold (indices into the pool), its
+    caps on vision tokens and media (None: none), the vision tokens the walks over all
+    candidates steer to, in turn (None: not steered; empty: no such walk), the least vision
+    tokens it may leave with, how full it must be when forced to leave, and the balanced
+    chooser's picks it tries first, aimed at ``goal`` vision tokens."""
+
+    forced: list[int]
+    vision: int | None
+    media: int | None
+    walks: tuple[float | None, ...]
+    least: int = 0
+    goal: float = 0.0
+    forced_fill: float = 0.0
+    """Forced to leave: the least share of the row its walks fill (0: any)."""
+    left_out: frozenset[int] = frozenset()
+    """Candidates its walks leave out."""
+    light_first: bool = False
+    """The forced candidates topped up with light ones alone."""
+    paired: bool = False
+    """Media-carrying candidates picked by their vision tokens, topped up with light ones."""
 
 
 class Pool(Protocol):
     """What a chooser reads of the packer: the held candidates in stream order, their aligned
     units, the subset sums of their units (``prefix[i]``: sums reachable by the first ``i``),
-    the row's size in units, the units a pack needs to leave early, and the vision target."""
+    the row's size in units, the units a pack needs to leave early, the packs emitted so far,
+    ``max_wait`` and the vision target."""
 
     @property
     def candidates(self) -> Sequence[Candidate]: ...
@@ -50,6 +124,10 @@ class Pool(Protocol):
     def cap_units(self) -> int: ...
     @property
     def fill_units(self) -> int: ...
+    @property
+    def emitted(self) -> int: ...
+    @property
+    def max_wait(self) -> int | None: ...
     def vision_target(self) -> float: ...
 
 
@@ -136,63 +214,53 @@ class TokenChooser:
 
 
 class CappedChooser:
-    """Packs within caps on vision tokens and media: the media-carrying candidates searched
-    depth-first within the caps, the rest of the row filled with the fullest text-only subset.
-    Keeps the text-only candidates' unit sums and the media-carrying ones' vision sums."""
+    """Packs within caps on vision tokens and media: the fullest subset by tokens, walked back
+    as :class:`TokenChooser` walks it but never past a cap; where that walk meets a cap, one
+    steered toward the stream's vision target; from the :data:`WALK_SUMS` fullest reachable
+    sums down. A pack that must leave and that no walk finds takes the oldest candidates that
+    fit, first fit (always within the caps)."""
 
-    def __init__(self, budget: VisionBudget, cap_units: int, capacity: int) -> None:
+    def __init__(self, budget: VisionBudget) -> None:
         self.budget = budget
-        self._capacity = capacity
-        self._text = SubsetSums("units", (1 << (cap_units + 1)) - 1)
-        self._visual = SubsetSums("vision", (1 << (capacity + 1)) - 1)
 
     def choose(self, pool: Pool, forced: list[int], *, early: bool) -> list[int] | None:
-        best, ready = self._searched(pool, forced)
-        return ready if early else best
+        if early and not due(pool):
+            return None
+        for attempt in self._attempts(pool, forced, early=early):
+            chosen = self._tried(pool, attempt, early=early)
+            if chosen is not None:
+                return chosen
+        return None if early else self._thinned(pool, forced)
 
-    def _searched(self, pool: Pool, forced: list[int]) -> tuple[list[int], list[int] | None]:
-        """The best pack holding ``forced`` and the best one ready to leave early, if any
-        (found by :func:`~energon_pack.packing.vision_budget.best_choice`)."""
-        members = [pool.candidates[i] for i in forced]
-        text, visual_sums = self._without(members)
-        visual = visual_sums.items
+    def _thinned(self, pool: Pool, forced: list[int]) -> list[int]:
+        """A pack forced to leave that no attempt found: the fullest of first fit and the walks
+        that leave out the candidates with the most vision tokens, one more at a time (up to
+        :data:`THINNED`; the sums of the rest keep the caps more often)."""
         budget = self.budget
-        base = base_choice(members)
-        room = Room(
-            pool.cap_units - base.units,
-            None if budget.max_vision_tokens is None else budget.max_vision_tokens - base.vision,
-            None if budget.max_media is None else budget.max_media - base.media,
+        kept = set(forced)
+        heaviest = sorted(
+            (i for i in range(len(pool.candidates)) if i not in kept),
+            key=lambda i: (-pool.candidates[i].vision, i),
         )
-        best, ready = best_choice(
-            visual,
-            text.prefix[-1],
-            room,
-            base=base,
-            target=pool.vision_target() if budget.balance else None,
-            capacity_units=pool.cap_units,
-            fill_units=pool.fill_units,
-        )
+        best = first_fit(pool, forced, budget)
+        for count in range(1, min(THINNED, len(heaviest)) + 1):
+            left_out = frozenset(heaviest[:count])
+            cap, most = budget.max_vision_tokens, budget.max_media
+            chosen = walked(
+                pool, Attempt(forced, cap, most, (None,), left_out=left_out), early=False
+            )
+            if chosen is not None and units_of(pool, chosen) > units_of(pool, best):
+                best = chosen
+        return best
 
-        def indices(choice: Choice) -> list[int]:
-            picked = [visual[p] for p in choice.visual] + text.subset(choice.text_units)
-            return forced + _positions(pool, picked)
+    def _attempts(self, pool: Pool, forced: list[int], *, early: bool) -> list[Attempt]:
+        """At each sum the plain walk, then one steered to the target."""
+        budget = self.budget
+        cap, most = budget.max_vision_tokens, budget.max_media
+        return [Attempt(forced, cap, most, (None, pool.vision_target()))]
 
-        return indices(best), None if ready is None else indices(ready)
-
-    def _without(self, members: list[Candidate]) -> tuple[SubsetSums, SubsetSums]:
-        """The text-only and media-carrying sums without ``members`` (the kept ones where
-        nothing is removed)."""
-        if not members:
-            return self._text, self._visual
-        leaving = {id(c) for c in members}
-        sums = []
-        for kept in (self._text, self._visual):
-            if any(id(c) in leaving for c in kept.items):
-                rebuilt = SubsetSums(kept.size, kept.mask)
-                rebuilt.reset([c for c in kept.items if id(c) not in leaving])
-                kept = rebuilt
-            sums.append(kept)
-        return sums[0], sums[1]
+    def _tried(self, pool: Pool, attempt: Attempt, *, early: bool) -> list[int] | None:
+        return walked(pool, attempt, early=early)
 
     def deadline_bin(
         self, pool: Pool, bins: Mapping[int, DeadlineBin], cand: Candidate, max_wait: int
@@ -212,54 +280,133 @@ class CappedChooser:
         ]
 
     def added(self, cand: Candidate) -> None:
-        (self._visual if cand.visual else self._text).append(cand)
+        return None
 
     def removed(self, leaving: Sequence[Candidate]) -> None:
-        ids = {id(c) for c in leaving}
-        self._text.remove(ids)
-        self._visual.remove(ids)
+        return None
 
     def reset(self, held: Sequence[Candidate]) -> None:
-        self._text.reset([c for c in held if not c.visual])
-        self._visual.reset([c for c in held if c.visual])
+        return None
 
 
 class BalancedChooser(CappedChooser):
     """Packs whose vision tokens stay near the stream's running target (see
-    :mod:`~energon_pack.packing.vision_budget`), within any caps."""
+    :mod:`~energon_pack.packing.vision_budget`), within any caps. It holds the light candidates
+    (:data:`LIGHT_STEPS`) as a subset-sum bitset of their units and the others as one of their
+    vision tokens. A pack is, in turn:
+
+    * led by the candidate that should go next (:meth:`_lead`), topped up with light ones;
+    * media-carrying candidates whose vision tokens sum near the aim, topped up with light ones
+      walked toward the target (:meth:`_paired`): early, only within :data:`BALANCE_SLACK`
+      below and :data:`BALANCE_TOLERANCE` above the target;
+    * forced to leave: walks over all candidates steered to the target (:data:`AIMS`), then any
+      walk within the caps, then first fit.
+    """
+
+    def __init__(self, budget: VisionBudget, cap_units: int, capacity: int) -> None:
+        super().__init__(budget)
+        self._light = SubsetSums("units", (1 << (cap_units + 1)) - 1)
+        self._dense = SubsetSums("vision", (1 << (capacity + 1)) - 1)
+        self._rebuilt: tuple[set[int], SubsetSums, SubsetSums] | None = None
+        self._capacity = capacity
+        self._light_steps = 0  # vision tokens per token of a light candidate, in LIGHT_STEPS
 
     def choose(self, pool: Pool, forced: list[int], *, early: bool) -> list[int] | None:
-        """``forced`` plus the media-carrying candidates whose vision tokens bring the pack
-        nearest to the target, without passing it by more than :data:`BALANCE_TOLERANCE` (the
-        oldest one goes alone if it alone is above that), topped up with the fullest text-only
-        subset. ``early``: only a pack at least :data:`BALANCE_SLACK` near the target and full
-        enough, else None. Where those media break the row or ``max_media``, the search of
-        :class:`CappedChooser` decides."""
+        steps = max(math.floor(pool.vision_target() / self._capacity * LIGHT_STEPS), 1)
+        if steps != self._light_steps:  # a function of the target alone: restores the same
+            self._light_steps = steps
+            self.reset(pool.candidates)
+        return super().choose(pool, forced, early=early)
+
+    def _attempts(self, pool: Pool, forced: list[int], *, early: bool) -> list[Attempt]:
         budget = self.budget
-        members = [pool.candidates[i] for i in forced]
-        text, visual = self._without(members)
-        target = pool.vision_target() - sum(c.vision for c in members)
-        over = math.floor(target * (1 + BALANCE_TOLERANCE))
-        high = self._capacity if budget.max_vision_tokens is None else budget.max_vision_tokens
-        high -= sum(c.vision for c in members)
-        if not members and visual.items and visual.items[0].vision > over:
-            picked = visual.items[:1]
-        else:
-            low = math.ceil(target * (1 - BALANCE_SLACK)) if early else 0
-            high = max(min(high, over), 0)  # forced members may pass the target already
-            nearest = nearest_sum(visual.prefix[-1], max(round(target), 0), low, high)
-            if nearest is None:
-                return None if early else self._searched(pool, forced)[0]
-            picked = visual.subset(nearest)
-        units = sum(c.units for c in members + picked)
-        media = sum(c.media for c in members + picked)
-        if units > pool.cap_units or (budget.max_media is not None and media > budget.max_media):
-            return None if early else self._searched(pool, forced)[0]
-        reach = text.prefix[-1] & ((1 << (pool.cap_units - units + 1)) - 1)
-        text_units = reach.bit_length() - 1
-        if early and units + text_units < pool.fill_units:
+        cap, most = budget.max_vision_tokens, budget.max_media
+        target = pool.vision_target()
+        attempts = []
+        lead = None if forced else self._lead(pool, target)
+        if lead is not None:
+            goal = max(target, pool.candidates[lead].vision)
+            attempts.append(
+                Attempt(
+                    [lead],
+                    _tolerated(cap, goal),
+                    most,
+                    () if early else (goal,),
+                    goal=goal,
+                    forced_fill=BALANCED_FILL,
+                    light_first=True,
+                    paired=True,
+                )
+            )
+        goal = max([target, *(pool.candidates[i].vision for i in forced)])
+        least = math.ceil(goal * (1 - BALANCE_SLACK))
+        within = _tolerated(cap, goal)
+        attempts.append(Attempt(forced, within, most, (), least, goal=goal, paired=True))
+        if not early:
+            aims = tuple(goal * aim for aim in AIMS)
+            attempts.append(
+                Attempt(
+                    forced, within, most, aims, goal=goal, forced_fill=BALANCED_FILL, paired=True
+                )
+            )
+            attempts.append(Attempt(forced if lead is None else [lead], cap, most, (goal,)))
+        return attempts
+
+    def _lead(self, pool: Pool, target: float) -> int | None:
+        """The candidate the next pack should hold: the oldest one where it has waited
+        :data:`AGED` of ``max_wait`` packs, else the oldest media-carrying one that is not light
+        where it alone passes the target by more than :data:`BALANCE_TOLERANCE`."""
+        cands = pool.candidates
+        horizon = AGED_WITHOUT_WAIT if pool.max_wait is None else pool.max_wait
+        if cands and pool.emitted - cands[0].pushed_at >= AGED * horizon:
+            return 0
+        dense = self._dense.items
+        if not dense or dense[0].vision <= target * (1 + BALANCE_TOLERANCE):
             return None
-        return forced + _positions(pool, picked + text.subset(text_units))
+        return _positions(pool, dense[:1])[0]
+
+    def _tried(self, pool: Pool, attempt: Attempt, *, early: bool) -> list[int] | None:
+        if not (attempt.light_first or attempt.paired):
+            return walked(pool, attempt, early=early)
+        members = [pool.candidates[i] for i in attempt.forced]
+        room = pool.cap_units - sum(c.units for c in members)
+        # early: full enough to leave; forced to leave: nearly as full as the walks' fullest
+        full = pool.fill_units if early else math.ceil(FORCED_FILLS[0] * pool.cap_units)
+        lowest = max(full - (pool.cap_units - room), 0)
+        light, dense = self._without(members)
+        base_vision = sum(c.vision for c in members)
+        base_media = sum(c.media for c in members)
+        vision_room = _room(attempt.vision, base_vision)
+        media_room = _room(attempt.media, base_media)
+        limits = Limits(vision_room, media_room, attempt.goal - base_vision)
+        least = attempt.least - base_vision
+        picked: list[Candidate] | None = None
+        tries = 1 if early else 0  # 0: as many as a forced pack tries
+        if attempt.light_first:
+            picked = _filled(light, [], _Need(room, lowest, least, limits, tries or LIGHT_SUMS))
+        if picked is None and attempt.paired:
+            picked = _paired(light, dense, _Need(room, lowest, least, limits, tries))
+        if picked is not None:
+            return attempt.forced + _positions(pool, picked)
+        return walked(pool, attempt, early=early)
+
+    def _without(self, members: list[Candidate]) -> tuple[SubsetSums, SubsetSums]:
+        """The light and the other candidates' sums without ``members`` (the kept ones where
+        none is among them; the last ones built are kept for the next attempt)."""
+        if not members:
+            return self._light, self._dense
+        leaving = {id(c) for c in members}
+        if self._rebuilt is not None and self._rebuilt[0] == leaving:
+            return self._rebuilt[1], self._rebuilt[2]
+        sums = []
+        for kept in (self._light, self._dense):
+            if any(id(c) in leaving for c in kept.items):
+                rebuilt = SubsetSums(kept.size, kept.mask)
+                rebuilt.reset([c for c in kept.items if id(c) not in leaving])
+                kept = rebuilt
+            sums.append(kept)
+        self._rebuilt = (leaving, sums[0], sums[1])
+        return sums[0], sums[1]
 
     def deadline_bin(
         self, pool: Pool, bins: Mapping[int, DeadlineBin], cand: Candidate, max_wait: int
@@ -274,6 +421,207 @@ class BalancedChooser(CappedChooser):
             fitting = balanced or ([] if len(bins) < max_wait else fitting)
         return _fullest(fitting)
 
+    def added(self, cand: Candidate) -> None:
+        (self._light if self._is_light(cand) else self._dense).append(cand)
+        self._rebuilt = None
+
+    def removed(self, leaving: Sequence[Candidate]) -> None:
+        ids = {id(c) for c in leaving}
+        self._light.remove(ids)
+        self._dense.remove(ids)
+        self._rebuilt = None
+
+    def reset(self, held: Sequence[Candidate]) -> None:
+        self._rebuilt = None
+        self._light.reset([c for c in held if self._is_light(c)])
+        self._dense.reset([c for c in held if not self._is_light(c)])
+
+    def _is_light(self, cand: Candidate) -> bool:
+        return cand.vision * LIGHT_STEPS <= self._light_steps * cand.length
+
+
+def _room(cap: int | None, used: int) -> int | None:
+    return None if cap is None else cap - used
+
+
+@dataclass(frozen=True)
+class _Need:
+    """What the rest of a row needs: at most ``room`` units and at least ``lowest``, at least
+    ``least`` vision tokens, within ``limits``; ``tries`` sums (or picks) to try."""
+
+    room: int
+    lowest: int
+    least: int
+    limits: Limits
+    tries: int
+
+
+def _filled(light: SubsetSums, taken: list[Candidate], need: _Need) -> list[Candidate] | None:
+    """The fullest subset of the light candidates within the room (at least ``lowest``) whose
+    vision tokens and media stay within the limits and carry ``least`` with ``taken``: the
+    plain walk (older ones preferred), else one toward the limits' goal; from the fullest
+    reachable sum down ``tries`` sums, else None."""
+    room, lowest, least, limits = need.room, need.lowest, need.least, need.limits
+    vision = [c.vision for c in light.items]
+    have = sum(c.vision for c in taken)
+    carried = sum(vision)
+    if have + carried < least:  # the light ones together cannot carry what is missing
+        return None
+    media = [c.media for c in light.items]
+    reach = light.prefix[-1] & ((1 << (room + 1)) - 1)
+    total = reach.bit_length() - 1
+    plain = Limits(limits.vision, limits.media, None)
+    walks = (plain, limits) if carried else (plain,)  # steering needs vision to steer
+    for _ in range(need.tries):
+        if total < max(lowest, 0):
+            return None
+        for walk in walks:  # the plain walk is the cheaper one
+            found = steered_subset(light.prefix, light.sizes, vision, media, total, walk)
+            if found is not None and found.vision + have >= least:
+                return taken + [light.items[p] for p in found.chosen]
+        total = (reach & ((1 << total) - 1)).bit_length() - 1
+    return None
+
+
+def _paired(light: SubsetSums, dense: SubsetSums, need: _Need) -> list[Candidate] | None:
+    """Media-carrying candidates whose vision tokens sum nearest the aim (read from their vision
+    subset sums), topped up with light ones (:func:`_filled`): the aim leaves the light ones the
+    vision tokens they carry per unit over the rest of the row. The first of the ``tries``
+    nearest sums that works (0: :data:`PAIRED_SUMS`, each topped up as a forced pack is), else
+    None."""
+    room, limits = need.room, need.limits
+    goal = max(limits.goal or 0.0, 0.0)
+    high = limits.vision if limits.vision is not None else dense.mask.bit_length() - 1
+    if high < 0:
+        return None
+    light_units = sum(light.sizes)
+    light_rate = sum(c.vision for c in light.items) / light_units if light_units else 0.0
+    dense_units = sum(c.units for c in dense.items)
+    dense_rate = sum(dense.sizes) / dense_units if dense_units else 1.0
+    share = 1 - light_rate / dense_rate if dense_rate > light_rate else 1.0
+    aim = round(min(max((goal - room * light_rate) / share, 0.0), goal))
+    reach = dense.prefix[-1]
+    for _ in range(need.tries or PAIRED_SUMS):
+        nearest = nearest_sum(reach, aim, 0, high)
+        if nearest is None:
+            return None
+        reach &= ~(1 << nearest)
+        picked = dense.subset(nearest)
+        units = sum(c.units for c in picked)
+        media = sum(c.media for c in picked)
+        if units > room or (limits.media is not None and media > limits.media):
+            continue
+        rest = _Need(
+            room - units,
+            need.lowest - units,
+            need.least,
+            Limits(_room(limits.vision, nearest), _room(limits.media, media), goal - nearest),
+            need.tries or LIGHT_SUMS,
+        )
+        filled = _filled(light, picked, rest)
+        if filled is not None:
+            return filled
+    return None
+
+
+def walked(pool: Pool, attempt: Attempt, *, early: bool) -> list[int] | None:
+    """The pack of the first walk of ``attempt`` over all held candidates (those that fit its
+    limits beside the forced ones) that keeps its limits and carries its ``least`` vision
+    tokens: at each of :func:`_sums`, each of its walks in turn; else None."""
+    if not attempt.walks:
+        return None
+    forced = attempt.forced
+    members = [pool.candidates[i] for i in forced]
+    room = pool.cap_units - sum(c.units for c in members)
+    base_vision = sum(c.vision for c in members)
+    vision_room = _room(attempt.vision, base_vision)
+    media_room = _room(attempt.media, sum(c.media for c in members))
+    kept = set(forced) | attempt.left_out
+    others = [
+        i
+        for i, c in enumerate(pool.candidates)
+        if i not in kept
+        and (vision_room is None or c.vision <= vision_room)
+        and (media_room is None or c.media <= media_room)
+    ]
+    if len(others) == len(pool.candidates):
+        units: Sequence[int] = pool.units
+        prefix: Sequence[int] = pool.prefix
+    else:  # the subset sums of the candidates that fit beside the forced ones
+        units = [pool.units[i] for i in others]
+        prefix = prefixes(units, 1, (1 << (room + 1)) - 1)
+    cands = [pool.candidates[i] for i in others]
+    vision = [c.vision for c in cands]
+    media = [c.media for c in cands]
+    limits = [
+        Limits(vision_room, media_room, None if goal is None else goal - base_vision)
+        for goal in attempt.walks
+    ]
+    least = attempt.least - base_vision
+    full = pool.fill_units if early else math.ceil(attempt.forced_fill * pool.cap_units)
+    lowest = max(full - (pool.cap_units - room), 0)
+    reach = prefix[-1] & ((1 << (room + 1)) - 1)
+    for total in _sums(reach, room, lowest, early=early):
+        for limit in limits:
+            found = steered_subset(prefix, units, vision, media, total, limit)
+            if found is not None and found.vision >= least:
+                return forced + [others[p] for p in found.chosen]
+    return None
+
+
+def first_fit(pool: Pool, forced: list[int], budget: VisionBudget) -> list[int]:
+    """``forced`` plus each other candidate, oldest first, that still fits the row and the
+    caps: a pack within the caps whatever the walks found."""
+    chosen = list(forced)
+    units = sum(pool.units[i] for i in forced)
+    vision = sum(pool.candidates[i].vision for i in forced)
+    media = sum(pool.candidates[i].media for i in forced)
+    kept = set(forced)
+    for index, cand in enumerate(pool.candidates):
+        if index in kept or units + cand.units > pool.cap_units:
+            continue
+        if budget.fits(vision + cand.vision, media + cand.media):
+            chosen.append(index)
+            units += cand.units
+            vision += cand.vision
+            media += cand.media
+    return chosen
+
+
+def due(pool: Pool) -> bool:
+    """Whether an early pack is tried at this push: right after a pack left, and then after
+    1, 2, 4, 8, ... more pushes. Read from the held candidates (how many were pushed since the
+    last pack left), so a restored packer tries where the original did."""
+    fresh = 0
+    emitted = pool.emitted
+    for cand in reversed(pool.candidates):
+        if cand.pushed_at != emitted:
+            break
+        fresh += 1
+    return fresh & (fresh - 1) == 0
+
+
+def _sums(reach: int, room: int, lowest: int, *, early: bool) -> list[int]:
+    """The unit sums a walk tries, fullest first: the :data:`WALK_SUMS` fullest reachable
+    ones, and for a pack forced to leave, the fullest at each of :data:`FORCED_FILLS`."""
+    sums: list[int] = []
+    total = reach.bit_length() - 1
+    while total >= lowest and len(sums) < WALK_SUMS:
+        sums.append(total)
+        total = (reach & ((1 << total) - 1)).bit_length() - 1
+    if not early:
+        for share in FORCED_FILLS:
+            total = (reach & ((1 << (math.floor(share * room) + 1)) - 1)).bit_length() - 1
+            if total not in sums and total >= lowest:
+                sums.append(total)
+    return sums
+
+
+def _tolerated(cap: int | None, goal: float) -> int:
+    """The vision cap of a pack aimed at ``goal``: its tolerance above it, within ``cap``."""
+    tolerated = math.floor(goal * (1 + BALANCE_TOLERANCE))
+    return tolerated if cap is None else min(cap, tolerated)
+
 
 def _positions(pool: Pool, cands: Sequence[Candidate]) -> list[int]:
     """Indices of ``cands`` among the held candidates."""
@@ -286,5 +634,5 @@ def chooser_for(budget: VisionBudget, cap_units: int, capacity: int) -> Chooser:
     if budget.balance:
         return BalancedChooser(budget, cap_units, capacity)
     if budget.active:
-        return CappedChooser(budget, cap_units, capacity)
+        return CappedChooser(budget)
     return TokenChooser()

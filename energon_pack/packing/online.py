@@ -66,6 +66,10 @@ __all__ = ["HeldSize", "OnlineBinPacker", "PackerCounters", "Refusal"]
 
 logger = logging.getLogger("energon_pack.packing")
 
+BUDGET_MIN_ROWS = 4.0
+"""Under a vision budget, a growing buffer (``min_rows``) holds at least this many rows' worth
+of tokens before a full buffer forces a pack out: rows within caps and near the balance target
+need more candidates to choose among than rows by tokens alone."""
 UNDERFILLED_PACKS = 8
 """Packs that must have left a full buffer before :data:`UNDERFILLED_FILL` is judged."""
 UNDERFILLED_FILL = 0.9
@@ -193,11 +197,14 @@ class OnlineBinPacker:
         self._next_deadline_bin = 0
 
     def _grow(self, min_rows: float | None, max_size: int) -> None:
-        """Set the growing buffer's bounds (``min_rows=None``: ``buffer_size`` alone). A buffer
-        of one never grows: it is how a row holds one sample (nothing packed)."""
+        """Set the growing buffer's bounds (``min_rows=None``: ``buffer_size`` alone; under a
+        vision budget at least :data:`BUDGET_MIN_ROWS`). A buffer of one never grows: it is how
+        a row holds one sample (nothing packed)."""
         min_rows = None if self.buffer_size == 1 else min_rows
         self.min_rows = min_rows
         self.max_size = max_size
+        if min_rows is not None and self.budget.active:
+            min_rows = max(min_rows, BUDGET_MIN_ROWS)
         self._grow_units = 0 if min_rows is None else math.ceil(min_rows * self._cap_units)
         grows = min_rows is not None
         self.max_held = max(self.buffer_size, max_size) if grows else self.buffer_size
@@ -247,6 +254,11 @@ class OnlineBinPacker:
     def fill_units(self) -> int:
         """Units a bin needs to leave early (``min_fill``)."""
         return self._fill_units
+
+    @property
+    def emitted(self) -> int:
+        """Bins emitted so far."""
+        return self._emitted
 
     def vision_target(self) -> float:
         """The stream's vision tokens per token so far (emitted and held) times the capacity."""
@@ -437,17 +449,21 @@ class OnlineBinPacker:
     # it entered the buffer.
 
     def _deadline(self, members: list[Candidate]) -> int:
+        """The deadline of a deadline bin's ``members`` (held in stream order: the first is
+        the oldest)."""
         assert self.max_wait is not None
-        return min(c.pushed_at for c in members) + self.max_wait
+        return members[0].pushed_at + self.max_wait
 
     def _schedulable(self, chosen: list[int]) -> bool:
         """Whether the deadline bins left after emitting ``chosen`` can still all be on time."""
+        assert self.max_wait is not None
         leaving = {id(self._held[i]) for i in chosen}
         deadlines = []
         for deadline_bin in self._deadline_bins.values():
-            staying = [c for c in deadline_bin.members if id(c) not in leaving]
-            if staying:
-                deadlines.append(self._deadline(staying))
+            for cand in deadline_bin.members:  # the oldest one staying sets the deadline
+                if id(cand) not in leaving:
+                    deadlines.append(cand.pushed_at + self.max_wait)
+                    break
         deadlines.sort()
         after = self._emitted + 1
         return all(deadline >= after + j for j, deadline in enumerate(deadlines))

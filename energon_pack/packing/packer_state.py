@@ -143,7 +143,7 @@ class Candidate:
 
 @dataclass
 class DeadlineBin:
-    """Held candidates that fit one row together (the ``max_wait`` witness)."""
+    """Held candidates that fit one row together (the ``max_wait`` witness), in stream order."""
 
     members: list[Candidate] = field(default_factory=list)
     units: int = 0

@@ -7,6 +7,8 @@ Python, used by :class:`~energon_pack.OnlineBinPacker`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
 
 from energon_pack.packing.packer_state import Candidate
 
@@ -82,3 +84,88 @@ class SubsetSums:
     def subset(self, target: int) -> list[Candidate]:
         """Candidates whose sizes sum to ``target``, older ones preferred."""
         return [self.items[p] for p in subset_with_sum(self.prefix, self.sizes, target)]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a steered walk may add (None: no cap) and the vision tokens it steers toward."""
+
+    vision: int | None
+    media: int | None
+    goal: float | None
+    """Vision tokens the walk's subset should carry (None: no steering, older ones preferred)."""
+
+
+@dataclass(frozen=True)
+class Walked:
+    """A subset found by :func:`steered_subset`: positions (newest first) and what they carry."""
+
+    chosen: list[int]
+    vision: int
+    media: int
+
+
+def steered_subset(
+    prefix: Sequence[int],
+    units: Sequence[int],
+    vision: Sequence[int],
+    media: Sequence[int],
+    target: int,
+    limits: Limits,
+) -> Walked | None:
+    """A subset of the items summing to ``target`` units (a bit of ``prefix[-1]``) whose vision
+    tokens and media stay within ``limits``, or None where this walk meets the caps first.
+
+    One walk back from the newest item, as :func:`subset_with_sum`: an item is taken when the
+    sum cannot be reached without it; where it can be reached both ways, the item is left out
+    (older items preferred) unless ``limits.goal`` is set: then the choice whose projection is
+    nearer the goal and within the media cap wins (what is taken so far, plus the rest of the
+    sum at the vision tokens and media per unit of the older items). Linear in the items."""
+    count = len(units)
+    goal = limits.goal
+    scale = 1 / max(goal, 1.0) if goal is not None else 0.0
+    if goal is not None:  # what the older items carry, for the projections
+        below_units = [0, *accumulate(units)]
+        below_vision = [0, *accumulate(vision)]
+        below_media = [0, *accumulate(media)]
+    chosen: list[int] = []
+    got_vision = got_media = 0
+    rest = target
+    most_vision, most_media = limits.vision, limits.media
+    for index in range(count - 1, -1, -1):
+        if rest == 0:
+            break
+        reach = prefix[index]
+        can_leave = (reach >> rest) & 1
+        if can_leave and goal is None:
+            continue
+        size = units[index]
+        can_take = (
+            size <= rest
+            and (reach >> (rest - size)) & 1
+            and (most_vision is None or got_vision + vision[index] <= most_vision)
+            and (most_media is None or got_media + media[index] <= most_media)
+        )
+        if can_take and can_leave and goal is not None:
+            older = below_units[index]
+            rate_vision = below_vision[index] / older if older else 0.0
+            rate_media = below_media[index] / older if older else 0.0
+            # projections: what is taken so far, plus the rest at the older items' rates
+            taken = abs(got_vision + vision[index] + (rest - size) * rate_vision - goal) * scale
+            left = abs(got_vision + rest * rate_vision - goal) * scale
+            if most_media is not None:
+                over = got_media + media[index] + (rest - size) * rate_media - most_media
+                taken += max(over, 0.0) / max(most_media, 1)
+                over = got_media + rest * rate_media - most_media
+                left += max(over, 0.0) / max(most_media, 1)
+            take = taken < left
+        else:
+            take = bool(can_take) and not can_leave
+        if take:
+            chosen.append(index)
+            rest -= size
+            got_vision += vision[index]
+            got_media += media[index]
+        elif not can_leave:
+            return None
+    return Walked(chosen, got_vision, got_media) if rest == 0 else None

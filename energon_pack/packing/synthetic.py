@@ -69,13 +69,19 @@ def vision_mix(
     max_images: int = 8,
     edge: tuple[int, int] = (640, 1280),
     text_median: int = 550,
+    small_images: int = 0,
+    small_edge: tuple[int, int] = (224, 448),
 ) -> list[VisionSample]:
     """VLM SFT with uneven vision load: lognormal text (as :func:`text_sft_lengths`); a share
     of the samples carries 1 to ``max_images`` images (more images rarer) whose long edge is
-    640-1280 px, each 2 tokens of markers plus its Qwen2.5-VL tokens. Images are dropped from a
-    sample until it fits ``cap``."""
+    640-1280 px, each 2 tokens of markers plus its Qwen2-VL / Qwen2.5-VL tokens (28-px cells).
+    With ``small_images``, each other sample carries 0 to ``small_images`` small images (long
+    edge ``small_edge``; more images rarer, a median of 1 at 4): many samples with a few small
+    images and a heavy tail of large ones. Images are dropped from a sample until it fits
+    ``cap``."""
     rng = random.Random(seed)
     weights = [1 / k for k in range(1, max_images + 1)]
+    small_weights = [1 / (k + 1) for k in range(small_images + 1)]
     out = []
     for _ in range(count):
         text = min(cap, 8 + int(rng.lognormvariate(math.log(text_median), 1.0)))
@@ -83,6 +89,9 @@ def vision_mix(
         if rng.random() < image_share:
             wanted = rng.choices(range(1, max_images + 1), weights)[0]
             images = [_image_tokens(rng, edge) for _ in range(wanted)]
+        elif small_images:
+            wanted = rng.choices(range(small_images + 1), small_weights)[0]
+            images = [_image_tokens(rng, small_edge) for _ in range(wanted)]
         while images and text + sum(images) + 2 * len(images) > cap:
             images.pop()
         vision = sum(images)

@@ -6,17 +6,15 @@ from the media probe, before any decode); its *media* are its images plus videos
 (:class:`~energon_pack.OnlineBinPacker`, and through it the Energon task encoder, and the
 collator) take a :class:`VisionBudget`.
 
-The online packer holds its text-only candidates as a subset-sum bitset of units. With caps it
-searches the candidates that carry media depth-first within the caps (:func:`best_choice`) and
-fills the rest of the row with the fullest text-only subset. With ``balance`` it reads the
-media-carrying candidates' vision tokens from a second bitset instead: the subset whose sum is
-nearest to the row's *target* (the stream's vision tokens per token so far times the row
-capacity) without passing it by more than :data:`BALANCE_TOLERANCE`; the oldest of them goes
-alone when it alone passes that (a sample cannot be split). A full row leaves early only if it
-is at most :data:`BALANCE_SLACK` below its target; rows that must leave (full buffer, a
-``max_wait`` due, the end of the stream) take the nearest sum as it is. Where that sum breaks
-the row or ``max_media``, the search decides, trading fill against the distance from the
-target (:data:`BALANCE_WEIGHT`).
+Which candidates make a row within the budget is a chooser's decision
+(:mod:`~energon_pack.packing.choosers`). With caps, the fullest row by tokens is walked back
+never past a cap. With ``balance``, each row aims at the *target* (the stream's vision tokens per
+token so far times the row capacity): media-carrying samples are picked by their vision tokens
+and the rest of the row is filled with light ones (text-only, or little vision per token). A
+full row leaves early only if it is at most :data:`BALANCE_SLACK` below and
+:data:`BALANCE_TOLERANCE` above its target; a sample that alone passes that tolerance leads
+a row of its own, topped up with light samples (a sample cannot be split). Rows that must leave
+(full buffer, a ``max_wait`` due, the end of the stream) take the nearest they find.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from energon_pack.packing.bins import Overlong
 
@@ -34,11 +32,6 @@ delays the whole step)."""
 BALANCE_SLACK = 0.15
 """With ``balance``: how far below its target a full row may be and still leave early (one
 below only lowers the step's mean)."""
-BALANCE_WEIGHT = 0.1
-"""With ``balance``: what one unit of relative deviation from the target costs, against one unit
-of unfilled capacity (0.1: 10% off the target weighs like 1% of the row left empty)."""
-SEARCH_NODES = 256
-"""Subsets of media-carrying samples one choice may visit (deterministic; oldest first)."""
 
 VISION_FIX = (
     "raise the cap, lower the media's resolution or frame count (MediaConfig max_pixels, "
@@ -46,17 +39,6 @@ VISION_FIX = (
     "skip such samples"
 )
 """The fix a sample over a vision cap names (after :meth:`VisionBudget.excess`)."""
-
-
-class Weighed(Protocol):
-    """A candidate as the budget sees it: aligned units, vision tokens, media."""
-
-    @property
-    def units(self) -> int: ...
-    @property
-    def vision(self) -> int: ...
-    @property
-    def media(self) -> int: ...
 
 
 def _check_cap(name: str, value: object) -> None:
@@ -156,143 +138,9 @@ def check_vision(key: object, vision: object, media: object) -> tuple[int, int]:
     return _count(key, "vision_tokens", vision), _count(key, "media", media)
 
 
-@dataclass(frozen=True)
-class Room:
-    """What a row still has room for: aligned units, vision tokens, media (None: no cap)."""
-
-    units: int
-    vision: int | None
-    media: int | None
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One candidate row: which media-carrying samples, how many units the text-only ones fill,
-    and what it weighs."""
-
-    visual: tuple[int, ...]
-    """Positions in the media-carrying candidates given to :func:`best_choice`."""
-    text_units: int
-    """Units the text-only samples fill (a sum their bitset reaches)."""
-    units: int
-    vision: int
-    media: int
-    deviation: float
-    """Relative distance of the row's vision tokens from its target (0 without balance)."""
-    largest: int = 0
-    """The largest single sample's vision tokens in the row."""
-
-    def cost(self, capacity_units: int) -> float:
-        """Unfilled fraction of the row plus the weighed deviation (lower is better)."""
-        return (capacity_units - self.units) / capacity_units + BALANCE_WEIGHT * self.deviation
-
-
-@dataclass
-class _Search:
-    visual: Sequence[Weighed]
-    reach: int
-    room: Room
-    base: Choice
-    target: float | None
-    capacity_units: int
-    fill_units: int
-    nodes: int = SEARCH_NODES
-    best: Choice | None = None
-    ready: Choice | None = None
-    best_cost: float = math.inf
-    ready_cost: float = math.inf
-
-    def run(self) -> None:
-        self._visit(0, (), 0, 0, 0, 0)
-
-    def _visit(
-        self, start: int, chosen: tuple[int, ...], units: int, vision: int, media: int, big: int
-    ) -> None:
-        # Children first: among equally good rows the one with more (older) media-carrying
-        # samples wins, so they do not pile up in the buffer.
-        self.nodes -= 1
-        for index in range(start, len(self.visual)):
-            if self.nodes <= 0:
-                break
-            item = self.visual[index]
-            if (
-                units + item.units <= self.room.units
-                and (self.room.vision is None or vision + item.vision <= self.room.vision)
-                and (self.room.media is None or media + item.media <= self.room.media)
-            ):
-                self._visit(
-                    index + 1,
-                    (*chosen, index),
-                    units + item.units,
-                    vision + item.vision,
-                    media + item.media,
-                    max(big, item.vision),
-                )
-        self._consider(chosen, units, vision, media, big)
-
-    def _consider(
-        self, chosen: tuple[int, ...], units: int, vision: int, media: int, big: int
-    ) -> None:
-        room = self.room.units - units
-        text = (self.reach & ((1 << (room + 1)) - 1)).bit_length() - 1
-        base = self.base
-        total_vision = base.vision + vision
-        deviation = 0.0
-        if self.target is not None:
-            goal = max(self.target, big, base.largest)
-            deviation = abs(total_vision - goal) / max(self.target, 1.0)
-        choice = Choice(
-            visual=chosen,
-            text_units=text,
-            units=base.units + units + text,
-            vision=total_vision,
-            media=base.media + media,
-            deviation=deviation,
-            largest=max(big, base.largest),
-        )
-        cost = choice.cost(self.capacity_units)
-        if cost < self.best_cost:
-            self.best, self.best_cost = choice, cost
-        if choice.units >= self.fill_units and cost < self.ready_cost:
-            self.ready, self.ready_cost = choice, cost
-
-
-def best_choice(
-    visual: Sequence[Weighed],
-    reach: int,
-    room: Room,
-    *,
-    base: Choice,
-    target: float | None,
-    capacity_units: int,
-    fill_units: int,
-) -> tuple[Choice, Choice | None]:
-    """The best row of ``base`` (what the row already holds) plus a subset of ``visual`` within
-    ``room``, topped up with text-only samples whose subset sums are the bitset ``reach``; and
-    the best one that is full enough to leave early, if any. Ties go to the subset found first:
-    older candidates first."""
-    search = _Search(visual, reach, room, base, target, capacity_units, fill_units)
-    search.run()
-    assert search.best is not None
-    return search.best, search.ready
-
-
 def vision_target(vision: int, tokens: int, capacity: int) -> float:
     """A row's vision-token target: the stream's vision tokens per token times the capacity."""
     return vision / tokens * capacity if tokens else 0.0
-
-
-def base_choice(members: Sequence[Weighed]) -> Choice:
-    """What a row holds before the search: ``members`` (e.g. a deadline bin's)."""
-    return Choice(
-        visual=(),
-        text_units=0,
-        units=sum(m.units for m in members),
-        vision=sum(m.vision for m in members),
-        media=sum(m.media for m in members),
-        deviation=0.0,
-        largest=max((m.vision for m in members), default=0),
-    )
 
 
 def straggler_ratio(loads: Sequence[Sequence[float]]) -> float:

@@ -1,0 +1,193 @@
+"""The choosers of the online packer under a vision budget: the steered walk, when an early pack
+is tried, the first-fit fallback, and fill and balance on a mix where most samples carry a few
+small images."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import pytest
+from helpers import assert_resume_equivalent
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from energon_pack import BufferConfig, OnlineBinPacker, VisionBudget, straggler_ratio
+from energon_pack.packing.choosers import due, first_fit
+from energon_pack.packing.packer_state import Candidate
+from energon_pack.packing.subset_sums import Limits, prefixes, steered_subset, subset_with_sum
+from energon_pack.packing.synthetic import VisionSample, vision_mix
+
+Item = tuple[int, int, int]
+"""(units, vision tokens, media) of one held item."""
+
+held_items = st.lists(
+    st.tuples(st.integers(1, 40), st.integers(0, 30), st.integers(0, 4)), min_size=0, max_size=14
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    items=held_items,
+    data=st.data(),
+    vision_cap=st.one_of(st.none(), st.integers(0, 120)),
+    media_cap=st.one_of(st.none(), st.integers(0, 10)),
+    goal=st.one_of(st.none(), st.floats(0, 150)),
+)
+def test_a_steered_walk_is_a_subset_at_the_sum_within_its_limits(
+    items: list[Item],
+    data: st.DataObject,
+    vision_cap: int | None,
+    media_cap: int | None,
+    goal: float | None,
+) -> None:
+    units = [u for u, _, _ in items]
+    vision = [v for _, v, _ in items]
+    media = [m for _, _, m in items]
+    prefix = prefixes(units, 1, (1 << 201) - 1)
+    reachable = [s for s in range(201) if prefix[-1] >> s & 1]
+    target = data.draw(st.sampled_from(reachable))
+    walked = steered_subset(
+        prefix, units, vision, media, target, Limits(vision_cap, media_cap, goal)
+    )
+    if vision_cap is None and media_cap is None and goal is None:
+        assert walked is not None  # nothing can stop the plain walk: it is subset_with_sum's
+        assert walked.chosen == subset_with_sum(prefix, units, target)
+    if walked is None:
+        return
+    assert len(set(walked.chosen)) == len(walked.chosen)
+    assert sum(units[i] for i in walked.chosen) == target
+    assert walked.vision == sum(vision[i] for i in walked.chosen)
+    assert walked.media == sum(media[i] for i in walked.chosen)
+    assert vision_cap is None or walked.vision <= vision_cap
+    assert media_cap is None or walked.media <= media_cap
+
+
+def test_a_walk_steered_to_a_goal_lands_nearer_it_than_the_plain_walk() -> None:
+    """Old items dense in vision, new ones light: the plain walk takes the old ones first; the
+    walk steered to a low goal leaves them for light ones of the same units."""
+    units = [10, 10, 10, 10, 10, 10]
+    vision = [9, 9, 9, 1, 1, 1]
+    media = [1] * 6
+    prefix = prefixes(units, 1, (1 << 61) - 1)
+    plain = steered_subset(prefix, units, vision, media, 30, Limits(None, None, None))
+    steered = steered_subset(prefix, units, vision, media, 30, Limits(None, None, 3.0))
+    assert plain is not None
+    assert steered is not None
+    assert (sorted(plain.chosen), plain.vision) == ([0, 1, 2], 27)
+    assert (sorted(steered.chosen), steered.vision) == ([3, 4, 5], 3)
+
+
+class _Held:
+    """A packer's held candidates and emitted count, as :func:`due` reads them."""
+
+    def __init__(self, pushed_at: list[int], emitted: int) -> None:
+        self.candidates = [Candidate(k, 1, 1, at, -1, 0) for k, at in enumerate(pushed_at)]
+        self.emitted = emitted
+
+
+@pytest.mark.parametrize(
+    ("fresh", "tried"),
+    [(0, True), (1, True), (2, True), (3, False), (4, True), (5, False), (7, False), (8, True)],
+)
+def test_an_early_pack_is_tried_after_1_2_4_8_pushes(fresh: int, tried: bool) -> None:
+    """Pushes since the last pack left are the held candidates pushed after it."""
+    held = _Held([0, 1, 1, *([2] * fresh)], emitted=2)
+    assert due(held) is tried  # type: ignore[arg-type]
+
+
+class _Row:
+    """Held candidates and the row's size, as :func:`first_fit` reads them."""
+
+    def __init__(self, sizes: list[tuple[int, int, int]], cap_units: int) -> None:
+        self.candidates = [
+            Candidate(k, u, u, 0, -1, 0, vision=v, media=m) for k, (u, v, m) in enumerate(sizes)
+        ]
+        self.units = [u for u, _, _ in sizes]
+        self.cap_units = cap_units
+
+
+def test_first_fit_takes_the_oldest_that_fit_the_row_and_the_caps() -> None:
+    # b passes the vision cap beside a; d no longer fits the row beside a and c
+    row = _Row([(4, 3, 1), (4, 5, 1), (5, 0, 0), (2, 1, 1)], cap_units=10)
+    caps = VisionBudget(max_vision_tokens=6)
+    assert first_fit(row, [], caps) == [0, 2]  # type: ignore[arg-type]
+    assert first_fit(row, [1], caps) == [1, 2]  # type: ignore[arg-type]
+    assert first_fit(row, [], VisionBudget(max_media=1)) == [0, 2]  # type: ignore[arg-type]
+
+
+SMALL_IMAGES = {"text_median": 380, "small_images": 4}
+"""The mix where most samples carry 0-4 small images and 12% carry 1-8 large ones."""
+
+
+def _fill_and_loads(
+    samples: list[VisionSample], seq: int, buffer: int, budget: VisionBudget
+) -> tuple[float, list[int]]:
+    packer = OnlineBinPacker(seq, buffer, overlong="skip", vision=budget)
+    loads = []
+    for key, s in enumerate(samples):
+        for b in packer.push(key, s.length, vision_tokens=s.vision_tokens, media=s.media):
+            loads.append(b.vision_tokens)
+    return packer.stats.bin_fill, loads
+
+
+def _caps(samples: list[VisionSample], seq: int, buffer: int) -> VisionBudget:
+    """V = 1.5x the uncapped mean vision tokens per pack, K = 1.5x its mean media (rounded up)."""
+    packer = OnlineBinPacker(seq, buffer, overlong="skip", buffer=BufferConfig(min_rows=None))
+    bins = []
+    for key, s in enumerate(samples):
+        bins += packer.push(key, s.length, vision_tokens=s.vision_tokens, media=s.media)
+    vision = statistics.fmean(b.vision_tokens for b in bins)
+    media = statistics.fmean(b.media for b in bins)
+    return VisionBudget(int(1.5 * vision), math.ceil(1.5 * media))
+
+
+@pytest.mark.parametrize("seq", [8192, 16384])
+def test_caps_and_balance_keep_the_fill_where_most_samples_carry_small_images(seq: int) -> None:
+    """Fill within 1% of the uncapped packer's at buffer 64 (the balance used to leave rows
+    under-filled at seq 16384 while it waited for text to top them up)."""
+    samples = vision_mix(4000, seed=11, cap=seq, **SMALL_IMAGES)
+    caps = _caps(samples, seq, 64)
+    uncapped, _ = _fill_and_loads(samples, seq, 64, VisionBudget())
+    for budget in (caps, VisionBudget(caps.max_vision_tokens, caps.max_media, balance=True)):
+        fill, loads = _fill_and_loads(samples, seq, 64, budget)
+        assert fill >= 0.99 * uncapped, (budget, fill, uncapped)
+        assert max(loads) <= (caps.max_vision_tokens or 0)
+
+
+def test_balance_evens_out_ranks_where_most_samples_carry_small_images() -> None:
+    """Eight ranks at seq 16384: balance brings the step's most loaded rank nearer the mean
+    than the caps alone."""
+    samples = vision_mix(16000, seed=11, cap=16384, **SMALL_IMAGES)
+    caps = _caps(samples, 16384, 64)
+    ratios = {}
+    for balance in (False, True):
+        budget = VisionBudget(caps.max_vision_tokens, caps.max_media, balance=balance)
+        ranks = [_fill_and_loads(samples[r::8], 16384, 64, budget)[1] for r in range(8)]
+        steps = min(map(len, ranks))
+        ratios[balance] = straggler_ratio([[rank[s] for rank in ranks] for s in range(steps)])
+    assert ratios[True] < ratios[False] - 0.1, ratios
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [VisionBudget(4800, 17), VisionBudget(4800, 17, balance=True), VisionBudget(balance=True)],
+)
+def test_resume_at_eight_cut_points_where_most_samples_carry_small_images(
+    budget: VisionBudget,
+) -> None:
+    stream = vision_mix(1500, seed=7, cap=8192, **SMALL_IMAGES)
+    steps: list[Any] = [
+        (lambda p, k=k, s=s: p.push(k, s.length, vision_tokens=s.vision_tokens, media=s.media))
+        for k, s in enumerate(stream)
+    ]
+    steps += [lambda p: p.flush(), lambda p: p.stats]
+    for at in range(1, len(steps), len(steps) // 8):
+        assert_resume_equivalent(
+            lambda: OnlineBinPacker(8192, 64, overlong="skip", vision=budget),
+            steps,
+            at,
+            save=OnlineBinPacker.state_dict,
+            load=OnlineBinPacker.load_state_dict,
+        )
