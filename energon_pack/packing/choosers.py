@@ -11,11 +11,13 @@ per rule behind one small interface (:class:`Chooser`). Pure Python, no I/O, no 
   of the row filled with the fullest subset of the light candidates (text-only, or little vision
   per token), walked toward the target.
 
-Each choice is a short list of :class:`Attempt` s tried in turn, each a few linear walks; a pack
-that must leave and that no attempt finds takes the oldest candidates that fit, first fit. An
-early pack (one leaving by the fill rule) is tried only right after a pack left and then after
-1, 2, 4, ... more pushes (:func:`due`), so a stream whose packs cannot yet leave early costs a
-few walks per pack, not per sample.
+Each choice under a budget is a short list of
+:class:`~energon_pack.packing.walks.Attempt` s tried in turn, each a few linear walks
+(:mod:`~energon_pack.packing.walks`); a pack that must leave and that no attempt finds takes
+the fullest of first fit and walks without the candidates with the most vision tokens. An early
+pack (one leaving by the fill rule) is tried only right after a pack left and then after 1, 2,
+4, ... more pushes (:func:`~energon_pack.packing.walks.due`), so a stream whose packs cannot yet
+leave early costs a few walks per pack, not per sample.
 
 The packer keeps the buffer, deadlines, byte bound, counters and state; a chooser keeps only the
 index it searches (none for tokens or caps alone), told of every candidate that enters or leaves.
@@ -38,17 +40,18 @@ from energon_pack.packing.subset_sums import (
     subset_with_sum,
 )
 from energon_pack.packing.vision_budget import BALANCE_SLACK, BALANCE_TOLERANCE, VisionBudget
+from energon_pack.packing.walks import (
+    FORCED_FILLS,
+    Attempt,
+    Pool,
+    due,
+    first_fit,
+    room_left,
+    units_of,
+    walked,
+)
 
-__all__ = [
-    "Attempt",
-    "BalancedChooser",
-    "CappedChooser",
-    "Chooser",
-    "Pool",
-    "TokenChooser",
-    "chooser_for",
-    "due",
-]
+__all__ = ["BalancedChooser", "CappedChooser", "Chooser", "TokenChooser", "chooser_for"]
 
 AIMS = (1.0, 0.8, 0.6)
 """Where the walks of a balanced pack forced to leave steer, as shares of its goal, in turn (a
@@ -59,10 +62,6 @@ next pack (a candidate the target passes over would otherwise leave only when it
 forces a pack, as it comes)."""
 AGED_WITHOUT_WAIT = 64
 """The horizon in packs :data:`AGED` applies to where ``max_wait`` is None."""
-FORCED_FILLS = (0.995, 0.99)
-"""Shares of the row a pack forced to leave also walks to (the fullest reachable sum at each),
-where none of the fullest sums keeps its limits: a few tokens less beats a pack over the target,
-and a walk at a lower sum fills more than first fit."""
 BALANCED_FILL = 0.99
 """With balance: the least share of the row a pack forced to leave fills while it keeps to the
 target; only the last attempts, within the caps alone, go below."""
@@ -80,55 +79,6 @@ LIGHT_SUMS = 2
 THINNED = 4
 """The most candidates with the most vision tokens a pack forced to leave walks without, one more
 at a time, before first fit."""
-WALK_SUMS = 4
-"""Reachable sums, from the fullest down, one attempt walks."""
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One way to make the next pack: the candidates it must hold (indices into the pool), its
-    caps on vision tokens and media (None: none), the vision tokens the walks over all
-    candidates steer to, in turn (None: not steered; empty: no such walk), the least vision
-    tokens it may leave with, how full it must be when forced to leave, and the balanced
-    chooser's picks it tries first, aimed at ``goal`` vision tokens."""
-
-    forced: list[int]
-    vision: int | None
-    media: int | None
-    walks: tuple[float | None, ...]
-    least: int = 0
-    goal: float = 0.0
-    forced_fill: float = 0.0
-    """Forced to leave: the least share of the row its walks fill (0: any)."""
-    left_out: frozenset[int] = frozenset()
-    """Candidates its walks leave out."""
-    light_first: bool = False
-    """The forced candidates topped up with light ones alone."""
-    paired: bool = False
-    """Media-carrying candidates picked by their vision tokens, topped up with light ones."""
-
-
-class Pool(Protocol):
-    """What a chooser reads of the packer: the held candidates in stream order, their aligned
-    units, the subset sums of their units (``prefix[i]``: sums reachable by the first ``i``),
-    the row's size in units, the units a pack needs to leave early, the packs emitted so far,
-    ``max_wait`` and the vision target."""
-
-    @property
-    def candidates(self) -> Sequence[Candidate]: ...
-    @property
-    def units(self) -> Sequence[int]: ...
-    @property
-    def prefix(self) -> Sequence[int]: ...
-    @property
-    def cap_units(self) -> int: ...
-    @property
-    def fill_units(self) -> int: ...
-    @property
-    def emitted(self) -> int: ...
-    @property
-    def max_wait(self) -> int | None: ...
-    def vision_target(self) -> float: ...
 
 
 class Chooser(Protocol):
@@ -158,12 +108,6 @@ class Chooser(Protocol):
     def reset(self, held: Sequence[Candidate]) -> None:
         """The buffer now holds ``held`` (a restored state)."""
         ...
-
-
-def units_of(pool: Pool, chosen: Sequence[int]) -> int:
-    """Aligned units of the candidates at ``chosen``."""
-    units = pool.units
-    return sum(units[i] for i in chosen)
 
 
 def _fullest(fitting: list[tuple[int, int]]) -> int | None:
@@ -376,8 +320,8 @@ class BalancedChooser(CappedChooser):
         light, dense = self._without(members)
         base_vision = sum(c.vision for c in members)
         base_media = sum(c.media for c in members)
-        vision_room = _room(attempt.vision, base_vision)
-        media_room = _room(attempt.media, base_media)
+        vision_room = room_left(attempt.vision, base_vision)
+        media_room = room_left(attempt.media, base_media)
         limits = Limits(vision_room, media_room, attempt.goal - base_vision)
         least = attempt.least - base_vision
         picked: list[Candidate] | None = None
@@ -438,10 +382,6 @@ class BalancedChooser(CappedChooser):
 
     def _is_light(self, cand: Candidate) -> bool:
         return cand.vision * LIGHT_STEPS <= self._light_steps * cand.length
-
-
-def _room(cap: int | None, used: int) -> int | None:
-    return None if cap is None else cap - used
 
 
 @dataclass(frozen=True)
@@ -515,106 +455,15 @@ def _paired(light: SubsetSums, dense: SubsetSums, need: _Need) -> list[Candidate
             room - units,
             need.lowest - units,
             need.least,
-            Limits(_room(limits.vision, nearest), _room(limits.media, media), goal - nearest),
+            Limits(
+                room_left(limits.vision, nearest), room_left(limits.media, media), goal - nearest
+            ),
             need.tries or LIGHT_SUMS,
         )
         filled = _filled(light, picked, rest)
         if filled is not None:
             return filled
     return None
-
-
-def walked(pool: Pool, attempt: Attempt, *, early: bool) -> list[int] | None:
-    """The pack of the first walk of ``attempt`` over all held candidates (those that fit its
-    limits beside the forced ones) that keeps its limits and carries its ``least`` vision
-    tokens: at each of :func:`_sums`, each of its walks in turn; else None."""
-    if not attempt.walks:
-        return None
-    forced = attempt.forced
-    members = [pool.candidates[i] for i in forced]
-    room = pool.cap_units - sum(c.units for c in members)
-    base_vision = sum(c.vision for c in members)
-    vision_room = _room(attempt.vision, base_vision)
-    media_room = _room(attempt.media, sum(c.media for c in members))
-    kept = set(forced) | attempt.left_out
-    others = [
-        i
-        for i, c in enumerate(pool.candidates)
-        if i not in kept
-        and (vision_room is None or c.vision <= vision_room)
-        and (media_room is None or c.media <= media_room)
-    ]
-    if len(others) == len(pool.candidates):
-        units: Sequence[int] = pool.units
-        prefix: Sequence[int] = pool.prefix
-    else:  # the subset sums of the candidates that fit beside the forced ones
-        units = [pool.units[i] for i in others]
-        prefix = prefixes(units, 1, (1 << (room + 1)) - 1)
-    cands = [pool.candidates[i] for i in others]
-    vision = [c.vision for c in cands]
-    media = [c.media for c in cands]
-    limits = [
-        Limits(vision_room, media_room, None if goal is None else goal - base_vision)
-        for goal in attempt.walks
-    ]
-    least = attempt.least - base_vision
-    full = pool.fill_units if early else math.ceil(attempt.forced_fill * pool.cap_units)
-    lowest = max(full - (pool.cap_units - room), 0)
-    reach = prefix[-1] & ((1 << (room + 1)) - 1)
-    for total in _sums(reach, room, lowest, early=early):
-        for limit in limits:
-            found = steered_subset(prefix, units, vision, media, total, limit)
-            if found is not None and found.vision >= least:
-                return forced + [others[p] for p in found.chosen]
-    return None
-
-
-def first_fit(pool: Pool, forced: list[int], budget: VisionBudget) -> list[int]:
-    """``forced`` plus each other candidate, oldest first, that still fits the row and the
-    caps: a pack within the caps whatever the walks found."""
-    chosen = list(forced)
-    units = sum(pool.units[i] for i in forced)
-    vision = sum(pool.candidates[i].vision for i in forced)
-    media = sum(pool.candidates[i].media for i in forced)
-    kept = set(forced)
-    for index, cand in enumerate(pool.candidates):
-        if index in kept or units + cand.units > pool.cap_units:
-            continue
-        if budget.fits(vision + cand.vision, media + cand.media):
-            chosen.append(index)
-            units += cand.units
-            vision += cand.vision
-            media += cand.media
-    return chosen
-
-
-def due(pool: Pool) -> bool:
-    """Whether an early pack is tried at this push: right after a pack left, and then after
-    1, 2, 4, 8, ... more pushes. Read from the held candidates (how many were pushed since the
-    last pack left), so a restored packer tries where the original did."""
-    fresh = 0
-    emitted = pool.emitted
-    for cand in reversed(pool.candidates):
-        if cand.pushed_at != emitted:
-            break
-        fresh += 1
-    return fresh & (fresh - 1) == 0
-
-
-def _sums(reach: int, room: int, lowest: int, *, early: bool) -> list[int]:
-    """The unit sums a walk tries, fullest first: the :data:`WALK_SUMS` fullest reachable
-    ones, and for a pack forced to leave, the fullest at each of :data:`FORCED_FILLS`."""
-    sums: list[int] = []
-    total = reach.bit_length() - 1
-    while total >= lowest and len(sums) < WALK_SUMS:
-        sums.append(total)
-        total = (reach & ((1 << total) - 1)).bit_length() - 1
-    if not early:
-        for share in FORCED_FILLS:
-            total = (reach & ((1 << (math.floor(share * room) + 1)) - 1)).bit_length() - 1
-            if total not in sums and total >= lowest:
-                sums.append(total)
-    return sums
 
 
 def _tolerated(cap: int | None, goal: float) -> int:

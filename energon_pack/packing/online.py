@@ -49,7 +49,7 @@ from energon_pack.packing.bins import (
     overlong_refusal,
 )
 from energon_pack.packing.buffer import DEFAULT_MIN_ROWS, BufferConfig
-from energon_pack.packing.choosers import chooser_for, units_of
+from energon_pack.packing.choosers import chooser_for
 from energon_pack.packing.packer_state import (
     GROWTH_SETTINGS,
     STATE_VERSION,
@@ -61,6 +61,7 @@ from energon_pack.packing.packer_state import (
 from energon_pack.packing.row_layout import PackingWarning
 from energon_pack.packing.subset_sums import prefixes
 from energon_pack.packing.vision_budget import VISION_FIX, VisionBudget, check_vision, vision_target
+from energon_pack.packing.walks import units_of
 
 __all__ = ["HeldSize", "OnlineBinPacker", "PackerCounters", "Refusal"]
 

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energon_pack import BufferConfig, OnlineBinPacker, VisionBudget, straggler_ratio
-from energon_pack.packing.choosers import due, first_fit
 from energon_pack.packing.packer_state import Candidate
 from energon_pack.packing.subset_sums import Limits, prefixes, steered_subset, subset_with_sum
 from energon_pack.packing.synthetic import VisionSample, vision_mix
+from energon_pack.packing.walks import due, first_fit
 
 Item = tuple[int, int, int]
 """(units, vision tokens, media) of one held item."""

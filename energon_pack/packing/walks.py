@@ -1,0 +1,187 @@
+"""The walks the choosers of :class:`~energon_pack.OnlineBinPacker` make over its held candidates
+under a vision budget: what a chooser reads of the packer (:class:`Pool`), one way to make the
+next pack (:class:`Attempt`), the walk over the subset sums of all held candidates within its
+limits (:func:`walked`), the first-fit fallback, and when an early pack is tried (:func:`due`).
+Pure Python, no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from energon_pack.packing.packer_state import Candidate
+from energon_pack.packing.subset_sums import Limits, prefixes, steered_subset
+from energon_pack.packing.vision_budget import VisionBudget
+
+__all__ = [
+    "FORCED_FILLS",
+    "WALK_SUMS",
+    "Attempt",
+    "Pool",
+    "due",
+    "first_fit",
+    "room_left",
+    "units_of",
+    "walk_sums",
+    "walked",
+]
+
+FORCED_FILLS = (0.995, 0.99)
+"""Shares of the row a pack forced to leave also walks to (the fullest reachable sum at each),
+where none of the fullest sums keeps its limits: a few tokens less beats a pack over the
+target."""
+WALK_SUMS = 4
+"""Reachable sums, from the fullest down, one attempt walks."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One way to make the next pack: the candidates it must hold (indices into the pool), its
+    caps on vision tokens and media (None: none), the vision tokens the walks over all
+    candidates steer to, in turn (None: not steered; empty: no such walk), the least vision
+    tokens it may leave with, how full it must be when forced to leave, and the balanced
+    chooser's picks it tries first, aimed at ``goal`` vision tokens."""
+
+    forced: list[int]
+    vision: int | None
+    media: int | None
+    walks: tuple[float | None, ...]
+    least: int = 0
+    goal: float = 0.0
+    forced_fill: float = 0.0
+    """Forced to leave: the least share of the row its walks fill (0: any)."""
+    left_out: frozenset[int] = frozenset()
+    """Candidates its walks leave out."""
+    light_first: bool = False
+    """The forced candidates topped up with light ones alone."""
+    paired: bool = False
+    """Media-carrying candidates picked by their vision tokens, topped up with light ones."""
+
+
+class Pool(Protocol):
+    """What a chooser reads of the packer: the held candidates in stream order, their aligned
+    units, the subset sums of their units (``prefix[i]``: sums reachable by the first ``i``),
+    the row's size in units, the units a pack needs to leave early, the packs emitted so far,
+    ``max_wait`` and the vision target."""
+
+    @property
+    def candidates(self) -> Sequence[Candidate]: ...
+    @property
+    def units(self) -> Sequence[int]: ...
+    @property
+    def prefix(self) -> Sequence[int]: ...
+    @property
+    def cap_units(self) -> int: ...
+    @property
+    def fill_units(self) -> int: ...
+    @property
+    def emitted(self) -> int: ...
+    @property
+    def max_wait(self) -> int | None: ...
+    def vision_target(self) -> float: ...
+
+
+def units_of(pool: Pool, chosen: Sequence[int]) -> int:
+    """Aligned units of the candidates at ``chosen``."""
+    units = pool.units
+    return sum(units[i] for i in chosen)
+
+
+def room_left(cap: int | None, used: int) -> int | None:
+    return None if cap is None else cap - used
+
+
+def walked(pool: Pool, attempt: Attempt, *, early: bool) -> list[int] | None:
+    """The pack of the first walk of ``attempt`` over all held candidates (those that fit its
+    limits beside the forced ones) that keeps its limits and carries its ``least`` vision
+    tokens: at each of :func:`walk_sums`, each of its walks in turn; else None."""
+    if not attempt.walks:
+        return None
+    forced = attempt.forced
+    members = [pool.candidates[i] for i in forced]
+    room = pool.cap_units - sum(c.units for c in members)
+    base_vision = sum(c.vision for c in members)
+    vision_room = room_left(attempt.vision, base_vision)
+    media_room = room_left(attempt.media, sum(c.media for c in members))
+    kept = set(forced) | attempt.left_out
+    others = [
+        i
+        for i, c in enumerate(pool.candidates)
+        if i not in kept
+        and (vision_room is None or c.vision <= vision_room)
+        and (media_room is None or c.media <= media_room)
+    ]
+    if len(others) == len(pool.candidates):
+        units: Sequence[int] = pool.units
+        prefix: Sequence[int] = pool.prefix
+    else:  # the subset sums of the candidates that fit beside the forced ones
+        units = [pool.units[i] for i in others]
+        prefix = prefixes(units, 1, (1 << (room + 1)) - 1)
+    cands = [pool.candidates[i] for i in others]
+    vision = [c.vision for c in cands]
+    media = [c.media for c in cands]
+    limits = [
+        Limits(vision_room, media_room, None if goal is None else goal - base_vision)
+        for goal in attempt.walks
+    ]
+    least = attempt.least - base_vision
+    full = pool.fill_units if early else math.ceil(attempt.forced_fill * pool.cap_units)
+    lowest = max(full - (pool.cap_units - room), 0)
+    reach = prefix[-1] & ((1 << (room + 1)) - 1)
+    for total in walk_sums(reach, room, lowest, early=early):
+        for limit in limits:
+            found = steered_subset(prefix, units, vision, media, total, limit)
+            if found is not None and found.vision >= least:
+                return forced + [others[p] for p in found.chosen]
+    return None
+
+
+def first_fit(pool: Pool, forced: list[int], budget: VisionBudget) -> list[int]:
+    """``forced`` plus each other candidate, oldest first, that still fits the row and the
+    caps: a pack within the caps whatever the walks found."""
+    chosen = list(forced)
+    units = sum(pool.units[i] for i in forced)
+    vision = sum(pool.candidates[i].vision for i in forced)
+    media = sum(pool.candidates[i].media for i in forced)
+    kept = set(forced)
+    for index, cand in enumerate(pool.candidates):
+        if index in kept or units + cand.units > pool.cap_units:
+            continue
+        if budget.fits(vision + cand.vision, media + cand.media):
+            chosen.append(index)
+            units += cand.units
+            vision += cand.vision
+            media += cand.media
+    return chosen
+
+
+def due(pool: Pool) -> bool:
+    """Whether an early pack is tried at this push: right after a pack left, and then after
+    1, 2, 4, 8, ... more pushes. Read from the held candidates (how many were pushed since the
+    last pack left), so a restored packer tries where the original did."""
+    fresh = 0
+    emitted = pool.emitted
+    for cand in reversed(pool.candidates):
+        if cand.pushed_at != emitted:
+            break
+        fresh += 1
+    return fresh & (fresh - 1) == 0
+
+
+def walk_sums(reach: int, room: int, lowest: int, *, early: bool) -> list[int]:
+    """The unit sums a walk tries, fullest first: the :data:`WALK_SUMS` fullest reachable
+    ones, and for a pack forced to leave, the fullest at each of :data:`FORCED_FILLS`."""
+    sums: list[int] = []
+    total = reach.bit_length() - 1
+    while total >= lowest and len(sums) < WALK_SUMS:
+        sums.append(total)
+        total = (reach & ((1 << total) - 1)).bit_length() - 1
+    if not early:
+        for share in FORCED_FILLS:
+            total = (reach & ((1 << (math.floor(share * room) + 1)) - 1)).bit_length() - 1
+            if total not in sums and total >= lowest:
+                sums.append(total)
+    return sums
