@@ -34,7 +34,7 @@ Then the packer's cost per item of each stream at seq 8192 and buffers 16, 64 an
 without caps (interleaved rounds, median ratio).
 
 Usage: python benchmarks/vision_budget.py [--samples N] [--streams a,b] [--seq-lengths a,b]
-       [--buffers a,b (0: AUTO)] [--no-cost] [--out results/vision_budget.json]
+       [--buffers a,b (0: AUTO)] [--no-cost | --cost-only] [--out results/vision_budget.json]
 """
 
 from __future__ import annotations
@@ -330,6 +330,7 @@ def main() -> None:
         help=f"a,b,...; {AUTO}: the growing default",
     )
     parser.add_argument("--no-cost", action="store_true", help="leave out the cost per item")
+    parser.add_argument("--cost-only", action="store_true", help="only the cost per item")
     parser.add_argument(
         "--out", default=str(Path(__file__).parent / "results" / "vision_budget.json")
     )
@@ -342,7 +343,7 @@ def main() -> None:
 
     records: list[dict[str, object]] = []
     checks = {}
-    for stream in streams:
+    for stream in [] if args.cost_only else streams:
         for seq in seqs:
             samples = vision_mix(args.samples, seed=args.seed, cap=seq, **STREAMS[stream])
             for buffer in buffers:
@@ -354,7 +355,7 @@ def main() -> None:
                     print(f"  {'met ' if ok else 'MISS'} {goal}")
     cost: dict[str, dict[int, dict[str, float]]] = {}
     if not args.no_cost:
-        cost = {stream: packer_cost(stream, records, args.seed) for stream in streams}
+        cost = {stream: packer_cost(stream, args.seed) for stream in streams}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"packs": records, "goals": checks, "us_per_item": cost}
@@ -362,9 +363,7 @@ def main() -> None:
     print(f"\nwrote {out}")
 
 
-def packer_cost(
-    stream: str, records: list[dict[str, object]], seed: int
-) -> dict[int, dict[str, float]]:
+def packer_cost(stream: str, seed: int) -> dict[int, dict[str, float]]:
     """Cost per item of each budget on ``stream`` at seq 8192 and buffers 16-256, printed."""
     samples = vision_mix(20000, seed=seed, cap=8192, **STREAMS[stream])
     base = rank_packs(online(), samples, 8192, 64, 1)[0][0]
