@@ -3,9 +3,9 @@
 Three seeded VLM mixes (energon_pack.packing.synthetic.vision_mix; Qwen2-VL / Qwen2.5-VL token
 counts, 28-px cells): 12% of samples carry 1-8 images of 640-1280 px, and the text is lognormal
 with a median of 150 tokens (short-turns: short VLM turns) or 550 (long-turns: the conversation
-lengths of text_sft_lengths); in small-images (text median 380) every other sample also carries
-0-4 small images of 224-448 px (median 1): many samples with a few small images and a heavy
-tail of large ones. Each data-parallel rank r packs its own samples r, r+DP, r+2*DP, ... with
+lengths of text_sft_lengths); in small-images (text median 380) the samples without large images
+carry 0-4 small images of 224-448 px (median 1): many samples with a few small images and a
+heavy tail of large ones. Each data-parallel rank r packs its own samples r, r+DP, r+2*DP, ... with
 its own packer. For each sequence length and buffer size (AUTO: the loaders' default buffer,
 growing from 16 samples):
 

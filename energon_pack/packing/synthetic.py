@@ -75,10 +75,10 @@ def vision_mix(
     """VLM SFT with uneven vision load: lognormal text (as :func:`text_sft_lengths`); a share
     of the samples carries 1 to ``max_images`` images (more images rarer) whose long edge is
     640-1280 px, each 2 tokens of markers plus its Qwen2-VL / Qwen2.5-VL tokens (28-px cells).
-    With ``small_images``, each other sample carries 0 to ``small_images`` small images (long
-    edge ``small_edge``; more images rarer, a median of 1 at 4): many samples with a few small
-    images and a heavy tail of large ones. Images are dropped from a sample until it fits
-    ``cap``."""
+    With ``small_images``, each sample without large images carries 0 to ``small_images`` small
+    images (long edge ``small_edge``; more images rarer, a median of 1 at 4): many samples with
+    a few small images and a heavy tail of large ones. Images are dropped from a sample until it
+    fits ``cap``."""
     rng = random.Random(seed)
     weights = [1 / k for k in range(1, max_images + 1)]
     small_weights = [1 / (k + 1) for k in range(small_images + 1)]
