@@ -77,8 +77,8 @@ LIGHT_SUMS = 2
 """With balance: unit sums of the light candidates, fullest first, a pack forced to leave tries
 (an early one tries the fullest)."""
 THINNED = 4
-"""The most candidates with the most vision tokens a pack forced to leave walks without, one more
-at a time, before first fit."""
+"""How many of the candidates with the most vision tokens a pack forced to leave, that no
+attempt found, walks without (one more at a time), against first fit."""
 
 
 class Chooser(Protocol):
@@ -161,8 +161,9 @@ class CappedChooser:
     """Packs within caps on vision tokens and media: the fullest subset by tokens, walked back
     as :class:`TokenChooser` walks it but never past a cap; where that walk meets a cap, one
     steered toward the stream's vision target; from the :data:`WALK_SUMS` fullest reachable
-    sums down. A pack that must leave and that no walk finds takes the oldest candidates that
-    fit, first fit (always within the caps)."""
+    sums down. A pack that must leave and that no walk finds is the fullest of first fit (the
+    oldest candidates that fit, always within the caps) and walks without the candidates with
+    the most vision tokens (:meth:`_thinned`)."""
 
     def __init__(self, budget: VisionBudget) -> None:
         self.budget = budget
@@ -244,7 +245,7 @@ class BalancedChooser(CappedChooser):
       walked toward the target (:meth:`_paired`): early, only within :data:`BALANCE_SLACK`
       below and :data:`BALANCE_TOLERANCE` above the target;
     * forced to leave: walks over all candidates steered to the target (:data:`AIMS`), then any
-      walk within the caps, then first fit.
+      walk within the caps, then the fallback of :class:`CappedChooser`.
     """
 
     def __init__(self, budget: VisionBudget, cap_units: int, capacity: int) -> None:
