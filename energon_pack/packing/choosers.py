@@ -44,6 +44,7 @@ from energon_pack.packing.walks import (
     FORCED_FILLS,
     Attempt,
     Pool,
+    beside,
     due,
     first_fit,
     room_left,
@@ -188,9 +189,9 @@ class CappedChooser:
             key=lambda i: (-pool.candidates[i].vision, i),
         )
         best = first_fit(pool, forced, budget)
+        cap, most = budget.max_vision_tokens, budget.max_media
         for count in range(1, min(THINNED, len(heaviest)) + 1):
             left_out = frozenset(heaviest[:count])
-            cap, most = budget.max_vision_tokens, budget.max_media
             chosen = walked(
                 pool, Attempt(forced, cap, most, (None,), left_out=left_out), early=False
             )
@@ -308,23 +309,18 @@ class BalancedChooser(CappedChooser):
         dense = self._dense.items
         if not dense or dense[0].vision <= target * (1 + BALANCE_TOLERANCE):
             return None
-        return _positions(pool, dense[:1])[0]
+        return next(i for i, c in enumerate(cands) if c is dense[0])
 
     def _tried(self, pool: Pool, attempt: Attempt, *, early: bool) -> list[int] | None:
         if not (attempt.light_first or attempt.paired):
             return walked(pool, attempt, early=early)
-        members = [pool.candidates[i] for i in attempt.forced]
-        room = pool.cap_units - sum(c.units for c in members)
-        # early: full enough to leave; forced to leave: nearly as full as the walks' fullest
-        full = pool.fill_units if early else math.ceil(FORCED_FILLS[0] * pool.cap_units)
-        lowest = max(full - (pool.cap_units - room), 0)
-        light, dense = self._without(members)
-        base_vision = sum(c.vision for c in members)
-        base_media = sum(c.media for c in members)
-        vision_room = room_left(attempt.vision, base_vision)
-        media_room = room_left(attempt.media, base_media)
-        limits = Limits(vision_room, media_room, attempt.goal - base_vision)
-        least = attempt.least - base_vision
+        left = beside(pool, attempt)
+        # forced to leave: nearly as full as the walks' fullest
+        lowest = left.lowest(pool, FORCED_FILLS[0], early=early)
+        light, dense = self._without([pool.candidates[i] for i in attempt.forced])
+        limits = Limits(left.vision, left.media, attempt.goal - left.carried)
+        least = attempt.least - left.carried
+        room = left.units
         picked: list[Candidate] | None = None
         tries = 1 if early else 0  # 0: as many as a forced pack tries
         if attempt.light_first:

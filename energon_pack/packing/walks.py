@@ -20,7 +20,9 @@ __all__ = [
     "FORCED_FILLS",
     "WALK_SUMS",
     "Attempt",
+    "Beside",
     "Pool",
+    "beside",
     "due",
     "first_fit",
     "room_left",
@@ -94,6 +96,34 @@ def room_left(cap: int | None, used: int) -> int | None:
     return None if cap is None else cap - used
 
 
+@dataclass(frozen=True)
+class Beside:
+    """What an attempt's forced candidates leave of a row: units, vision tokens and media
+    (None: no cap), and the vision tokens they carry."""
+
+    units: int
+    vision: int | None
+    media: int | None
+    carried: int
+
+    def lowest(self, pool: Pool, share: float, *, early: bool) -> int:
+        """Units the rest must fill: to leave early, or ``share`` of the row when forced."""
+        full = pool.fill_units if early else math.ceil(share * pool.cap_units)
+        return max(full - (pool.cap_units - self.units), 0)
+
+
+def beside(pool: Pool, attempt: Attempt) -> Beside:
+    """What ``attempt``'s forced candidates leave of the row within its caps."""
+    members = [pool.candidates[i] for i in attempt.forced]
+    carried = sum(c.vision for c in members)
+    return Beside(
+        pool.cap_units - sum(c.units for c in members),
+        room_left(attempt.vision, carried),
+        room_left(attempt.media, sum(c.media for c in members)),
+        carried,
+    )
+
+
 def walked(pool: Pool, attempt: Attempt, *, early: bool) -> list[int] | None:
     """The pack of the first walk of ``attempt`` over all held candidates (those that fit its
     limits beside the forced ones) that keeps its limits and carries its ``least`` vision
@@ -101,11 +131,8 @@ def walked(pool: Pool, attempt: Attempt, *, early: bool) -> list[int] | None:
     if not attempt.walks:
         return None
     forced = attempt.forced
-    members = [pool.candidates[i] for i in forced]
-    room = pool.cap_units - sum(c.units for c in members)
-    base_vision = sum(c.vision for c in members)
-    vision_room = room_left(attempt.vision, base_vision)
-    media_room = room_left(attempt.media, sum(c.media for c in members))
+    left = beside(pool, attempt)
+    room, vision_room, media_room, base_vision = left.units, left.vision, left.media, left.carried
     kept = set(forced) | attempt.left_out
     others = [
         i
@@ -128,8 +155,7 @@ def walked(pool: Pool, attempt: Attempt, *, early: bool) -> list[int] | None:
         for goal in attempt.walks
     ]
     least = attempt.least - base_vision
-    full = pool.fill_units if early else math.ceil(attempt.forced_fill * pool.cap_units)
-    lowest = max(full - (pool.cap_units - room), 0)
+    lowest = left.lowest(pool, attempt.forced_fill, early=early)
     reach = prefix[-1] & ((1 << (room + 1)) - 1)
     for total in walk_sums(reach, room, lowest, early=early):
         for limit in limits:
