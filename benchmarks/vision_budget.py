@@ -58,6 +58,7 @@ from energon_pack import (
     straggler_ratio,
 )
 from energon_pack.cli.tables import format_table
+from energon_pack.packing.online import BUDGET_MIN_ROWS
 from energon_pack.packing.synthetic import VisionSample, vision_mix
 
 SEQ_LENGTHS = (8192, 16384)
@@ -112,7 +113,9 @@ def greedy(vision_cap: int, media_cap: int) -> Packer:
         packs: list[Pack] = []
         held = held_tokens = skipped = 0
         size = AUTO_START if buffer == AUTO else buffer
-        rows = BufferConfig().min_rows if buffer == AUTO else None
+        # at AUTO, the online packer's growth under a vision budget (the caps are one)
+        rows = max(BufferConfig().min_rows or 0, BUDGET_MIN_ROWS) if buffer == AUTO else None
+        most = BufferConfig().max_size
 
         def full(p: list[int]) -> bool:
             return p[0] >= 0.99 * seq or p[1] >= 0.99 * vision_cap or p[2] >= media_cap
@@ -146,8 +149,8 @@ def greedy(vision_cap: int, media_cap: int) -> Packer:
             held_tokens += s.length
             if full(p):
                 leave(p)
-            # the same bound as the online packer's buffer (growing to min_rows rows at AUTO)
-            while held >= size and (rows is None or held_tokens >= rows * seq or held >= 1024):
+            # the same bound as the online packer's buffer (growing to rows' worth at AUTO)
+            while held >= size and (rows is None or held_tokens >= rows * seq or held >= most):
                 leave(max(open_packs, key=lambda q: q[0]))
         return packs, skipped  # the packs still open at the end are left out, as the flush
 
