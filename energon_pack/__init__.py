@@ -86,6 +86,7 @@ if TYPE_CHECKING:  # the public names, for type checkers (read lazily below)
         loss_normaliser,
         packed_loss,
     )
+    from energon_pack.verify import BackendResult, VerifyReport, verify_packing
 
 _HOMES: dict[str, str] = {
     name: module
@@ -165,6 +166,7 @@ _HOMES: dict[str, str] = {
             "loss_normaliser",
             "packed_loss",
         ),
+        "energon_pack.verify": ("BackendResult", "VerifyReport", "verify_packing"),
     }.items()
     for name in names
 }
@@ -269,6 +271,10 @@ _group("Training adapters")
 # Packs written ahead of training, and reading them back.
 __all__ += ["OfflinePackResult", "PackMetadata", "PackedDataset"]
 _group("Offline")
+
+# Packing proven on the user's own model and attention implementations.
+__all__ += ["BackendResult", "VerifyReport", "verify_packing"]
+_group("Verification")
 
 # The per-worker RSS monitor.
 __all__ += ["RSSMonitor"]

@@ -69,6 +69,14 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def name_list(text: str) -> list[str]:
+    """Comma-separated names (at least one)."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
 TOKENIZER_HELP = (
     "transformers tokenizer directory or cached name (AutoTokenizer.from_pretrained(PATH), "
     "loaded offline, never downloaded) for every token count; default: the built-in byte "

@@ -455,3 +455,26 @@ def cmd_redist(args: argparse.Namespace) -> int:
     written = redistribute(args.files, args.out_dir, args.new_world_size)
     print(f"wrote {', '.join(str(path) for path in written)}")
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    import torch
+
+    from energon_pack.verify import verify_packing  # imports transformers and the model code
+
+    report = verify_packing(
+        args.model,
+        data=args.data,
+        attn_implementations=args.attn,
+        samples=args.samples,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        dtype=getattr(torch, args.dtype),
+        device=args.device,
+    )
+    print(report.table())
+    if args.json is not None:
+        with name_os_errors(args.json):
+            report.write_json(args.json)
+        print(f"wrote {args.json}")
+    return report.exit_status

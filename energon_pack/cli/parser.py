@@ -22,6 +22,7 @@ from energon_pack.cli.args import (
     TOKENIZER_HELP,
     int_list,
     integer,
+    name_list,
     non_negative_int,
     output_file,
     positive_float,
@@ -80,9 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="energon-pack",
         description="Online sequence packing for Megatron-Energon.",
-        epilog="Exit status: 0 done, 1 rule violations (check-config), 2 a bad argument, input "
-        "or setting, 3 a failed read or write (disk full, read-only, missing folder, ...), 130 "
-        "interrupted (tune). Errors are one line on stderr naming the flag or path.",
+        epilog="Exit status: 0 done, 1 rule violations (check-config) or packing that leaks "
+        "(verify), 2 a bad argument, input or setting, 3 a failed read or write (disk full, "
+        "read-only, missing folder, ...), 130 interrupted (tune). Errors are one line on "
+        "stderr naming the flag or path.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -342,6 +344,56 @@ def build_parser() -> argparse.ArgumentParser:
     redist.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="where the new files go")
     redist.add_argument(
         "--new-world-size", type=positive_int, required=True, metavar="NEW", help="ranks"
+    )
+    verify = commands.add_parser(
+        "verify",
+        help="prove that packed rows train a model as its samples one by one, per attention "
+        "implementation (a cut copy of the model on CPU; no weights)",
+        description="Builds the model of --model's config.json cut to a few layers (one of "
+        "each layer type) with random weights, packs the first samples of --data in one row "
+        "and compares loss, each sample's logits and every gradient with the samples run "
+        "alone; then changes one sample to see whether the others move. Exit status 0 when "
+        "every implementation that ran is exact, 1 when one leaks (or none could run), 2 on "
+        "a bad argument, model directory or source, 3 when a file cannot be read or written.",
+    )
+    verify.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="model directory: config.json and the tokenizer (and processor files for media)",
+    )
+    verify.add_argument(
+        "--data",
+        type=Path,
+        metavar="SOURCE",
+        help="an Energon/WebDataset directory or a JSON/JSONL file of rows (default: the "
+        "shipped fixtures/vlm_demo)",
+    )
+    verify.add_argument(
+        "--attn",
+        type=name_list,
+        default=["eager", "sdpa"],
+        metavar="IMPL1,IMPL2,...",
+        help="attention implementations to check (e.g. eager,sdpa,flex_attention,"
+        "flash_attention_2); one that cannot run here says why",
+    )
+    verify.add_argument(
+        "--samples", type=positive_int, default=4, help="samples packed in the row (>= 2)"
+    )
+    verify.add_argument(
+        "--max-tokens", type=positive_int, default=4096, help="longest sample taken (tokens)"
+    )
+    verify.add_argument("--seed", type=integer, default=0, help="seed of the random weights")
+    verify.add_argument(
+        "--dtype",
+        choices=["float64", "float32", "bfloat16", "float16"],
+        default="float64",
+        help="model dtype (tolerances per dtype in the docs)",
+    )
+    verify.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    verify.add_argument(
+        "--json", type=output_file, metavar="FILE", help="also write the report to this file"
     )
     parser.commands = commands.choices
     return parser

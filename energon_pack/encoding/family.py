@@ -370,14 +370,20 @@ def _from_directory(directory: Path) -> Family:
     processor = _read_json(directory, "processor_config.json")
     image_path = directory / "preprocessor_config.json"
     image_file = _read_json(directory, "preprocessor_config.json")
-    if config is None or not isinstance(config.get("model_type"), str):
-        name = _processor_class(directory, processor, image_file)
+    model_type = None if config is None else config.get("model_type")
+    saved_processor = _processor_class_or_none(processor, image_file)
+    if not isinstance(model_type, str) or (
+        model_type not in _BY_MODEL_TYPE and saved_processor not in (None, *_QWEN_PROCESSORS)
+    ):
+        # A saved processor, or a checkpoint of a processor family (its config.json names a
+        # model type without a preset, its processor files the processor class).
+        name = saved_processor or _processor_class(directory, processor, image_file)
         if name not in _QWEN_PROCESSORS:
             return _saved_processor(directory, name)
         family = FAMILIES[_QWEN_PROCESSORS[name]]
         config = {}
     else:
-        family = _family_of(config["model_type"], f"{directory / 'config.json'} model_type")
+        family = _family_of(model_type, f"{directory / 'config.json'} model_type")
     file_source = None if image_file is None else (image_file, f"{image_path}: ")
     image = _nested(processor, "image_processor", processor_path) or file_source
     video_path = directory / "video_preprocessor_config.json"
@@ -386,7 +392,7 @@ def _from_directory(directory: Path) -> Family:
         None if video_file is None else (video_file, f"{video_path}: ")
     )
     changes = _media_changes(family, image, video, file_source, str(directory))
-    vision = config.get("vision_config")
+    vision = (config or {}).get("vision_config")
     vision = vision if isinstance(vision, dict) else {}
     where = f"{directory / 'config.json'}: vision_config."
     geometry = _geometry(vision, where, vision_config=True)
@@ -435,14 +441,24 @@ def _with_media(family: ModelFamily, changes: Mapping[str, Any], label: str) -> 
     return replace(family, media=media)
 
 
-def _processor_class(
-    directory: Path, processor: dict[str, Any] | None, image: dict[str, Any] | None
-) -> str:
-    """The ``processor_class`` a saved processor directory names."""
+def _processor_class_or_none(
+    processor: dict[str, Any] | None, image: dict[str, Any] | None
+) -> str | None:
+    """The ``processor_class`` the processor JSONs name, if any."""
     for values in (processor, image):
         name = None if values is None else values.get("processor_class")
         if isinstance(name, str):
             return name
+    return None
+
+
+def _processor_class(
+    directory: Path, processor: dict[str, Any] | None, image: dict[str, Any] | None
+) -> str:
+    """The ``processor_class`` a saved processor directory names."""
+    name = _processor_class_or_none(processor, image)
+    if name is not None:
+        return name
     raise ValueError(
         f"{directory}: no config.json with a model_type and no processor_config.json with a "
         "processor_class; pass the directory of a transformers checkpoint or of "

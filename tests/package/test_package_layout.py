@@ -32,6 +32,7 @@ STAGES = (
     "energon",
     "offline",
     "tune",
+    "verify",
     "cli",
     "__init__",
 )
