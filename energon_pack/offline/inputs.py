@@ -43,7 +43,7 @@ def read_samples(
     """``(number, key, input_ids, loss_mask)`` of each sample of the file: its line number
     and ``<file>:<line>`` in a JSONL file; its position from 1 and ``<file>[<index>]`` in a
     JSON array."""
-    for number, key, record in _records(path):
+    for number, key, record in read_records(path):
         if not isinstance(record, dict):
             raise ValueError(
                 f"sample {key}: expected a JSON object (a sample: {SAMPLE_FORMS}), got "
@@ -55,7 +55,7 @@ def read_samples(
         yield number, key, ids, mask
 
 
-def _records(path: Path) -> Iterator[tuple[int, str, Any]]:
+def read_records(path: Path) -> Iterator[tuple[int, str, Any]]:
     """``(number, key, record)`` of each JSON value of the file: a JSON array's items when the
     file starts with ``[`` (read whole), else one per non-blank line (streamed)."""
     with name_os_errors(path), path.open("rb") as lines:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,13 +89,12 @@ def verify_packing(
     if tolerance is None:
         raise ValueError(f"dtype {dtype}: expected one of {sorted(map(str, TOLERANCES))}")
     results = []
-    model_class, layer_types = "", layer_types_of(cut_config(config, vocabulary))
+    cut = cut_config(config, vocabulary)
+    model_class, layer_types = "", layer_types_of(cut)
     for attn in attn_implementations:
         started = time.perf_counter()
         try:
-            model = tiny_model(
-                directory, vocabulary, seed=seed, dtype=dtype, attn_implementation=attn
-            ).to(device)
+            model = tiny_model(cut, seed=seed, dtype=dtype, attn_implementation=attn).to(device)
         except (ImportError, ValueError, RuntimeError) as error:
             results.append(BackendResult(attn, "cannot_run", reason=_first_line(error)))
             continue
@@ -123,24 +123,16 @@ def verify_packing(
     )
 
 
+@dataclass(frozen=True)
 class _Context:
     """What every pass of one attention implementation shares."""
 
-    def __init__(
-        self,
-        packing: Packing,
-        model: Any,
-        device: str,
-        adapt: Adapt | None,
-        tolerance: Tolerance,
-        family: Any,
-    ) -> None:
-        self.packing = packing
-        self.model = model
-        self.device = device
-        self.adapt = adapt
-        self.tolerance = tolerance
-        self.family = family
+    packing: Packing
+    model: Any
+    device: str
+    adapt: Adapt | None
+    tolerance: Tolerance
+    family: Any
 
     def packed(self, samples: Sequence[EncodedSample]) -> tuple[Inputs, Any]:
         inputs, segments = self.packing.packed(self.model, samples)
@@ -205,8 +197,6 @@ def _check(
 
 
 def _timed(result: BackendResult, seconds: float) -> BackendResult:
-    from dataclasses import replace
-
     return replace(result, seconds=round(seconds, 2))
 
 

@@ -10,7 +10,6 @@ does not take, an unreadable file) is counted by reason and skipped; the next on
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 from collections import Counter
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import torch
 
 from energon_pack.encoding.chatml import SampleEncoder
 from energon_pack.media import MediaError
+from energon_pack.offline.inputs import read_records
 from energon_pack.packing.packed import EncodedSample
 
 
@@ -138,24 +138,7 @@ def _shard_samples(shard: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _rows(source: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    text = source.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        rows = json.loads(text)
-        if not isinstance(rows, list):
-            raise ValueError(f"--data {source}: expected a JSON array of rows")
-        for index, row in enumerate(rows):
-            yield f"{source.name}[{index}]", _row(source, index, row)
-        return
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"--data {source}:{number}: invalid JSON ({error})") from None
-            yield f"{source.name}:{number}", _row(source, number, row)
-
-
-def _row(source: Path, where: int, row: Any) -> dict[str, Any]:
-    if not isinstance(row, dict):
-        raise ValueError(f"--data {source} row {where}: expected a JSON object")
-    return row
+    for number, key, row in read_records(source):
+        if not isinstance(row, dict):
+            raise ValueError(f"--data {source} row {number}: expected a JSON object")
+        yield key, row

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,23 +38,24 @@ class Vocabulary:
     ids: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_index", {token: i for i, token in enumerate(self.ids)})
+        table = torch.full((max(self.ids) + 1,), -1, dtype=torch.long)
+        table[torch.tensor(self.ids)] = torch.arange(len(self.ids))
+        object.__setattr__(self, "_table", table)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def model_id(self, token: int) -> int:
         """The cut model's id of the tokenizer's ``token``."""
-        index: dict[int, int] = self._index  # type: ignore[attr-defined]
-        return index[token]
+        return int(self.to_model(torch.tensor([token]))[0])
 
     def to_model(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``input_ids`` (tokenizer ids; ``-100`` kept) renumbered for the cut model."""
-        table = torch.full((max(self.ids) + 1,), -1, dtype=torch.long)
-        table[torch.tensor(self.ids)] = torch.arange(len(self.ids))
+        table: torch.Tensor = self._table  # type: ignore[attr-defined]
         ignore = input_ids < 0
-        out = table[input_ids.clamp(min=0)]
-        if bool((out[~ignore] < 0).any()):
+        out = table[input_ids.clamp(min=0, max=len(table) - 1)]
+        unknown = (out < 0) | (input_ids >= len(table))
+        if bool(unknown[~ignore].any()):
             raise ValueError("an id outside the vocabulary of the cut model")
         return torch.where(ignore, input_ids, out)
 
@@ -86,19 +86,14 @@ def cut_config(config: Any, vocabulary: Vocabulary) -> Any:
 
 
 def tiny_model(
-    model_dir: Path,
-    vocabulary: Vocabulary,
+    cut: Any,
     *,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
     attn_implementation: str = "eager",
 ) -> Any:
-    """The cut model of ``model_dir``'s ``config.json`` (see the module docstring), built with
-    the class transformers picks for it, in training mode."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-    cut = cut_config(config, vocabulary)
+    """The model of the cut config ``cut`` (:func:`cut_config`), built with the class
+    transformers picks for it, with random weights from ``seed``, in training mode."""
     model_class = model_class_of(cut)
     torch.manual_seed(seed)
     model = model_class._from_config(cut, attn_implementation=attn_implementation)
