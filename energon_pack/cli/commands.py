@@ -471,6 +471,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         seed=args.seed,
         dtype=getattr(torch, args.dtype),
         device=args.device,
+        chat_template=args.chat_template,
     )
     print(report.table())
     if args.json is not None:

@@ -373,10 +373,16 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--attn",
         type=name_list,
-        default=["eager", "sdpa"],
         metavar="IMPL1,IMPL2,...",
         help="attention implementations to check (e.g. eager,sdpa,flex_attention,"
-        "flash_attention_2); one that cannot run here says why",
+        "flash_attention_2; default: eager,sdpa on a CPU, and on a GPU also flex_attention "
+        "and each installed FlashAttention); one that cannot run here says why",
+    )
+    verify.add_argument(
+        "--chat-template",
+        type=Path,
+        metavar="FILE",
+        help="a Jinja chat template file that replaces the tokenizer's (as in training)",
     )
     verify.add_argument(
         "--samples", type=positive_int, default=4, help="samples packed in the row (>= 2)"

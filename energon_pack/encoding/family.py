@@ -476,7 +476,12 @@ def _saved_processor(directory: Path, name: str) -> ProcessorFamily:
         )
     import transformers
 
-    processor = getattr(transformers, name).from_pretrained(directory)
+    try:
+        processor = getattr(transformers, name).from_pretrained(directory)
+    except ImportError as error:  # e.g. SmolVLM's processor needs num2words
+        raise ValueError(
+            f"{directory}: transformers' {name} does not load here: {error}"
+        ) from error
     family = processor_family(processor)
     assert family is not None  # family_class(name) serves it
     return family

@@ -17,6 +17,7 @@ from energon_pack.encoding.family import model_family
 from energon_pack.encoding.template import make_encoder
 from energon_pack.packing.packed import EncodedSample
 from energon_pack.train.hf import HFTarget
+from energon_pack.tune.tokenizers import read_chat_template
 from energon_pack.verify.data import Samples, changed, encode_samples
 from energon_pack.verify.diagnose import Findings, layer_name, reason
 from energon_pack.verify.inputs import Adapt, Inputs, Packing
@@ -31,7 +32,10 @@ from energon_pack.verify.tiny import (
 )
 
 DEFAULT_ATTN = ("eager", "sdpa")
-"""Attention implementations checked when none is named: those that run on a CPU."""
+"""Attention implementations checked on a CPU when none is named: those that run there with a
+backward (``flex_attention`` runs forward only on a CPU: name it to check it)."""
+_GPU_ATTN = ("flex_attention", "flash_attention_2", "flash_attention_3")
+_KERNEL_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
 _PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 _LINEAR_REFUSAL = (
     "models with linear-attention layers are refused by hf_model_inputs and the collator's "
@@ -43,16 +47,18 @@ def verify_packing(
     model_dir: str | Path,
     *,
     data: str | Path | None = None,
-    attn_implementations: Sequence[str] = DEFAULT_ATTN,
+    attn_implementations: Sequence[str] | None = None,
     samples: int = 4,
     max_tokens: int = 4096,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
     device: str = "cpu",
     adapt: Adapt | None = None,
+    chat_template: str | Path | None = None,
 ) -> VerifyReport:
     """Check that a packed row trains ``model_dir``'s architecture exactly as its samples one
-    by one, for each attention implementation.
+    by one, for each attention implementation (default:
+    :func:`default_attn_implementations` of ``device``).
 
     ``model_dir`` holds the model's ``config.json`` and its tokenizer (and processor files for
     a model that takes media); weights are never read. The model is cut to a few layers (one
@@ -62,12 +68,14 @@ def verify_packing(
     model's encoder and packed in one row. Per implementation it compares the summed loss, each
     segment's logits and every gradient with the samples run alone, and changes one sample's
     tokens and images to see whether the others move. ``adapt`` edits the packed inputs as a
-    trainer does before its forward. Raises ValueError for a directory or source it cannot
-    use, or a model family the library refuses to pack (naming it)."""
+    trainer does before its forward; ``chat_template`` is a Jinja file that replaces the
+    tokenizer's template (as ``--chat-template`` does in training). Raises ValueError for a
+    directory or source it cannot use, or a model family the library refuses to pack (naming
+    it)."""
     directory = Path(model_dir)
     config = _config(directory)
     family = _family(directory)
-    encoder = _encoder(directory, family)
+    encoder = _encoder(directory, family, chat_template)
     source = Path(data) if data is not None else _default_data()
     chosen = encode_samples(
         source, encoder, count=samples, max_tokens=max_tokens, media=family is not None
@@ -91,6 +99,8 @@ def verify_packing(
     results = []
     cut = cut_config(config, vocabulary)
     model_class, layer_types = "", layer_types_of(cut)
+    if attn_implementations is None:
+        attn_implementations = default_attn_implementations(device)
     for attn in attn_implementations:
         started = time.perf_counter()
         try:
@@ -102,7 +112,8 @@ def verify_packing(
         context = _Context(packing, model, device, adapt, tolerance, family)
         try:
             result = _check(context, chosen.encoded, swapped, probe_index, attn, layer_types)
-        except (RuntimeError, NotImplementedError, ImportError) as error:
+        except (RuntimeError, NotImplementedError, ImportError, ValueError) as error:
+            # ValueError: the library builds no packed inputs for this implementation
             result = BackendResult(attn, "cannot_run", reason=_first_line(error))
         results.append(_timed(result, time.perf_counter() - started))
     target = HFTarget.of(config)
@@ -138,10 +149,10 @@ class _Context:
         inputs, segments = self.packing.packed(self.model, samples)
         if self.adapt is not None:
             inputs = self.adapt(inputs)
-        return _to(inputs, self.device), segments
+        return _to(inputs, self.device, self.model.dtype), segments
 
     def alone(self, sample: EncodedSample) -> Inputs:
-        return _to(self.packing.alone(self.model, sample), self.device)
+        return _to(self.packing.alone(self.model, sample), self.device, self.model.dtype)
 
 
 def _check(
@@ -155,10 +166,16 @@ def _check(
     model, tolerance = context.model, context.tolerance
     inputs, segments = context.packed(samples)
     by_key = {sample.key: sample for sample in samples}
-    packed = run(model, inputs)
-    alone = [run(model, context.alone(by_key[s.key])) for s in segments]
+    no_backward = ""
+    try:
+        packed = run(model, inputs)
+    except NotImplementedError as error:  # FlexAttention runs no backward on a CPU
+        no_backward = _first_line(error)
+        packed = run(model, inputs, backward=False)
+    backward = not no_backward
+    alone = [run(model, context.alone(by_key[s.key]), backward=backward) for s in segments]
     loss = loss_error(packed, alone)
-    gradient, parameter = gradient_error(packed, alone)
+    gradient, parameter = gradient_error(packed, alone) if backward else (None, None)
     versus_alone = segments_error(packed, alone, segments, tolerance.logits)
     other_inputs, _ = context.packed(swapped)
     other = run(model, other_inputs, backward=False)
@@ -169,7 +186,7 @@ def _check(
         not leaked
         and loss <= tolerance.loss
         and versus_alone.error <= tolerance.logits
-        and gradient <= tolerance.gradient
+        and (gradient is None or gradient <= tolerance.gradient)
     )
     found = Findings(
         attn,
@@ -192,8 +209,14 @@ def _check(
         worst_parameter=parameter,
         leak=leak.error,
         layer=None if exact else layer_name(first, layer_types),
-        reason="" if exact else reason(found),
+        reason=reason(found) if not exact else _forward_only(no_backward),
     )
+
+
+def _forward_only(no_backward: str) -> str:
+    if not no_backward:
+        return ""
+    return f"forward only, gradients not compared ({no_backward})"
 
 
 def _timed(result: BackendResult, seconds: float) -> BackendResult:
@@ -218,12 +241,34 @@ def _family(directory: Path) -> Any:
     return None
 
 
-def _encoder(directory: Path, family: Any) -> Any:
+def default_attn_implementations(device: str = "cpu") -> tuple[str, ...]:
+    """What :func:`verify_packing` checks when no implementation is named: eager and sdpa on a
+    CPU; on a GPU also ``flex_attention`` and each FlashAttention whose kernel is installed."""
+    if torch.device(device).type == "cpu":
+        return DEFAULT_ATTN
+    import importlib.util
+
+    installed = [
+        attn
+        for attn in _GPU_ATTN
+        if attn not in _KERNEL_PACKAGES or importlib.util.find_spec(_KERNEL_PACKAGES[attn])
+    ]
+    return (*DEFAULT_ATTN, *installed)
+
+
+def _encoder(directory: Path, family: Any, chat_template: str | Path | None) -> Any:
     if isinstance(family, ProcessorFamily):
+        if chat_template is not None:
+            raise ValueError(
+                f"--chat-template {str(chat_template)!r} is not for a processor family, which "
+                "renders its processor's template; drop it"
+            )
         return make_encoder(family=family)
     from transformers import AutoTokenizer
 
     tokenizer: Any = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    if chat_template is not None:
+        tokenizer.chat_template = read_chat_template(str(chat_template))
     return make_encoder(tokenizer, family=family)
 
 
@@ -268,10 +313,13 @@ def _vocabulary(
     return Vocabulary(tuple(sorted(ids)))
 
 
-def _to(inputs: Inputs, device: str) -> Inputs:
+def _to(inputs: Inputs, device: str, dtype: torch.dtype) -> Inputs:
+    """``inputs`` on ``device``, floating tensors (pixels, float masks) in the model's
+    ``dtype``, as a trainer hands them over."""
+
     def move(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            return value.to(device)
+            return value.to(device, dtype if value.is_floating_point() else value.dtype)
         if isinstance(value, dict):
             return {k: move(v) for k, v in value.items()}
         return value

@@ -117,22 +117,36 @@ def _noise_png(data: bytes, rng: np.random.Generator) -> bytes:
 
 
 def _shard_samples(shard: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The samples of one WebDataset shard: consecutive members sharing a key."""
+    """The samples of one WebDataset shard (an uncompressed tar, as Energon reads them):
+    consecutive members sharing a key. Raises ValueError naming the shard where it stops
+    being a readable tar."""
+    taken = 0
+    try:
+        with tarfile.open(shard, mode="r:") as tar:
+            for sample in _grouped(tar):
+                taken += 1
+                yield sample
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise ValueError(
+            f"--data: shard {shard} is not a readable tar after {taken} sample(s) ({error}); "
+            "repair or leave out that shard, or give fewer --samples"
+        ) from error
+
+
+def _grouped(tar: tarfile.TarFile) -> Iterator[tuple[str, dict[str, Any]]]:
     current: dict[str, Any] = {}
-    with tarfile.open(shard) as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            name = member.name.rsplit("/", 1)[-1]
-            key, _, extension = name.partition(".")
-            prefix = member.name[: len(member.name) - len(name)] + key
-            if current and current["__key__"] != prefix:
-                yield current["__key__"], current
-                current = {}
-            handle = tar.extractfile(member)
-            assert handle is not None
-            current["__key__"] = prefix
-            current[extension] = handle.read()
+    for member in tar:
+        handle = tar.extractfile(member) if member.isfile() else None
+        if handle is None:
+            continue
+        name = member.name.rsplit("/", 1)[-1]
+        key, _, extension = name.partition(".")
+        prefix = member.name[: len(member.name) - len(name)] + key
+        if current and current["__key__"] != prefix:
+            yield current["__key__"], current
+            current = {}
+        current["__key__"] = prefix
+        current[extension] = handle.read()
     if current:
         yield current["__key__"], current
 

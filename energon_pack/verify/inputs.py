@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -83,10 +83,12 @@ class Packing:
         batch = self.collator.collate(list(samples))
         if batch.skipped_keys:
             raise ValueError(f"the collator skipped {list(batch.skipped_keys)}")
-        renumber = self.vocabulary.to_model
-        return replace(batch, input_ids=renumber(batch.input_ids), labels=renumber(batch.labels))
+        return batch
 
     def _model_inputs(self, model: Any, batch: CollatedBatch) -> Inputs:
+        """The model's inputs for ``batch``. The family's model-side inputs (masks, rope
+        positions) are derived from the tokenizer's ids, which the family knows; only then are
+        the ids renumbered for the cut model."""
         target = HFTarget.of(model)
         if target.segment_blind:
             target = HFTarget(_SEGMENT_AWARE_STAND_IN[target.mrope], target.attn_implementation)
@@ -101,7 +103,8 @@ class Packing:
                     batch.family_inputs,
                 )
             )
-        return inputs
+        renumber = self.vocabulary.to_model
+        return {**inputs, **{name: renumber(inputs[name]) for name in ("input_ids", "labels")}}
 
 
 def _takes(model: Any, name: str) -> bool:

@@ -27,6 +27,9 @@ VISION_HIDDEN = 32
 EXPERTS = 4
 WINDOW = 16
 """Sliding window of the cut model: short enough that a sample of the probe crosses it."""
+MLA_ROPE_DIM = 8
+MLA_NOPE_DIM = 8
+"""Rotated and unrotated query/key widths of a multi-head latent attention head."""
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _SPECIAL_SUFFIXES = ("_token_id", "_token_index")
 
@@ -179,6 +182,8 @@ def _cut_text(text: Any, vocab_size: int) -> None:
     if getattr(text, "layer_types", None):
         text.layer_types = kept
     rotary = _rotary_share(text)
+    rope_head = getattr(text, "qk_rope_head_dim", None)
+    rope_is_head = rope_head is not None and getattr(text, "head_dim", None) == rope_head
     text.vocab_size = vocab_size
     text.hidden_size = HIDDEN
     kv_heads = getattr(text, "num_key_value_heads", None)
@@ -211,11 +216,14 @@ def _cut_text(text: Any, vocab_size: int) -> None:
         ("linear_num_value_heads", 4),
         ("kv_lora_rank", 16),
         ("q_lora_rank", 16),
-        ("qk_rope_head_dim", 8),
-        ("qk_nope_head_dim", 8),
+        ("qk_rope_head_dim", MLA_ROPE_DIM),
+        ("qk_nope_head_dim", MLA_NOPE_DIM),
         ("v_head_dim", 16),
     ):
         _set(text, key, value)
+    if rope_is_head:  # multi-head latent attention rotates a head_dim of qk_rope_head_dim
+        text.head_dim = MLA_ROPE_DIM
+    _set(text, "qk_head_dim", MLA_ROPE_DIM + MLA_NOPE_DIM)
     _rescale_mrope(text, rotary)
 
 

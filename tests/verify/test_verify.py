@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 import torch
 from model_dirs import model_dir
+from torchvision_child import available, run_in_child
+from torchvision_models import NAMES as TORCHVISION_FAMILIES
 
 from energon_pack import verify_packing
 from energon_pack.cli import main
-from energon_pack.verify import VerifyReport
+from energon_pack.verify import VerifyReport, default_attn_implementations
 
 EXACT_FAMILIES = (
     "qwen2",
@@ -27,7 +29,7 @@ EXACT_FAMILIES = (
     "idefics3",
 )
 """Every family of docs/families.md whose processor loads here without torchvision, and a
-text model."""
+text model (the others: :data:`TORCHVISION_FAMILIES`, run where torchvision imports)."""
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +59,28 @@ def test_documented_families_are_exact(dirs: Callable[[str], Path], name: str) -
         assert result.layer is None
     if name == "qwen2":  # a text model takes no media: those samples are counted, not packed
         assert report.skipped["media_for_text_model"] > 0
+
+
+@pytest.mark.skipif(not available(), reason="the reference torchvision is not installed")
+def test_families_whose_processors_need_torchvision_are_exact() -> None:
+    """Gemma 4, GLM-4V, InternVL, LLaVA-OneVision, Pixtral, SmolVLM and Kimi K2.5 load from a
+    saved directory only where torchvision imports: verified there, each exact."""
+    job = {"names": list(TORCHVISION_FAMILIES)}
+    results = run_in_child("torchvision_models:verify_families", job)
+    results.pop("child_seconds")
+    assert sorted(results) == sorted(TORCHVISION_FAMILIES)
+    for name, (report,) in results.items():
+        found = {r["attn_implementation"]: r for r in report["results"]}
+        assert {a: r["verdict"] for a, r in found.items()} == {
+            "eager": "exact",
+            "sdpa": "exact",
+        }, (name, found)
+        assert len(report["samples"]) == 4, name
+        assert report["family"] is not None, name
+        for result in found.values():
+            assert result["leak"] == 0.0, (name, result)
+            assert result["loss_error"] < 1e-6, (name, result)
+            assert result["gradient_error"] < 1e-5, (name, result)
 
 
 def test_the_cut_model_keeps_each_layer_type(dirs: Callable[[str], Path]) -> None:
@@ -145,6 +169,81 @@ def test_an_implementation_that_cannot_run_says_why(dirs: Callable[[str], Path])
     assert "FlashAttention2" in reasons["flash_attention_2"]
     assert "no_such_kernel" in reasons["no_such_kernel"]
     assert report.exit_status == 0  # every implementation that ran is exact
+
+
+def test_flex_attention_is_checked_forward_only_on_a_cpu(dirs: Callable[[str], Path]) -> None:
+    report = verify_packing(dirs("qwen2"), samples=3, attn_implementations=["flex_attention"])
+    (result,) = report.results
+    assert result.verdict == "exact", report.table()
+    assert result.gradient_error is None
+    assert result.leak == 0.0
+    assert result.loss_error is not None
+    assert result.loss_error < 1e-6
+    assert result.reason.startswith("forward only, gradients not compared")
+    assert "backward on CPU" in result.reason
+
+
+def test_a_family_without_inputs_for_an_implementation_cannot_run(
+    dirs: Callable[[str], Path],
+) -> None:
+    """Gemma 3 packs with 4-D block masks, which flex_attention does not take: the library
+    refuses the combination and verify reports it, naming the implementations that work."""
+    report = verify_packing(dirs("gemma3"), attn_implementations=["flex_attention", "sdpa"])
+    assert verdicts(report) == {"flex_attention": "cannot_run", "sdpa": "exact"}
+    assert "takes no 4-D mask" in report.results[0].reason
+    assert report.exit_status == 0
+
+
+def test_default_implementations_are_those_of_the_device() -> None:
+    import importlib.util
+
+    assert default_attn_implementations("cpu") == ("eager", "sdpa")
+    on_gpu = default_attn_implementations("cuda:0")
+    assert on_gpu[:3] == ("eager", "sdpa", "flex_attention")
+    flash = importlib.util.find_spec("flash_attn") is not None
+    assert ("flash_attention_2" in on_gpu) == flash
+
+
+def test_a_chat_template_file_replaces_the_tokenizers(
+    dirs: Callable[[str], Path], tmp_path: Path
+) -> None:
+    template = tmp_path / "short.jinja"
+    template.write_text(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+        "{% for part in m['content'] %}{{ part.get('text', '') }}{% endfor %}{% endif %}"
+        "<|im_end|>\n{% endfor %}"
+    )
+    plain = verify_packing(dirs("qwen2"), samples=2, attn_implementations=["sdpa"])
+    templated = verify_packing(
+        dirs("qwen2"), samples=2, attn_implementations=["sdpa"], chat_template=template
+    )
+    assert verdicts(templated) == {"sdpa": "exact"}
+    assert plain.samples == templated.samples
+    assert sum(templated.segment_tokens) < sum(plain.segment_tokens)  # no system prompt
+    with pytest.raises(ValueError, match="not for a processor family"):
+        verify_packing(dirs("gemma3"), chat_template=template)
+    with pytest.raises(ValueError, match="--chat-template"):
+        verify_packing(dirs("qwen2"), chat_template=tmp_path / "missing.jinja")
+
+
+def test_a_damaged_shard_is_a_value_error_naming_it(
+    dirs: Callable[[str], Path], vlm_demo_path: Path, tmp_path: Path
+) -> None:
+    """The reader is lazy: a shard damaged after the samples verify takes costs nothing; one
+    damaged before them is a ValueError naming the shard (exit status 2 on the command line)."""
+    shard = (vlm_demo_path / "shard-000000.tar").read_bytes()
+    late = tmp_path / "late"
+    late.mkdir()
+    (late / "shard-000000.tar").write_bytes(shard[: len(shard) // 2])
+    report = verify_packing(dirs("qwen2"), data=late, samples=2, attn_implementations=["sdpa"])
+    assert verdicts(report) == {"sdpa": "exact"}
+    early = tmp_path / "early"
+    early.mkdir()
+    (early / "shard-000000.tar").write_bytes(b"\x00" * 100 + shard[100:4096])
+    with pytest.raises(ValueError, match=r"shard .*shard-000000\.tar is not a readable tar"):
+        verify_packing(dirs("qwen2"), data=early)
+    assert main(["verify", "--model", str(dirs("qwen2")), "--data", str(early)]) == 2
 
 
 def test_user_data_from_a_jsonl_file(dirs: Callable[[str], Path], tmp_path: Path) -> None:
