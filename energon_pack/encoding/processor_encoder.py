@@ -68,7 +68,7 @@ class ProcessorEncoder(SampleEncoder):
     ) -> None:
         super().__init__(family.tokenizer, **options)
         self.family = family
-        template = chat_template or _template_of(family)
+        template = chat_template or processor_chat_template(family)
         if template is None:
             raise ValueError(
                 f"{type(family.processor).__name__} has no chat template; set "
@@ -236,7 +236,8 @@ def _typed(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def _template_of(family: ProcessorFamily) -> str | None:
+def processor_chat_template(family: ProcessorFamily) -> str | None:
+    """The chat template the family renders: its processor's, else its tokenizer's."""
     for owner in (family.processor, family.tokenizer):
         template = getattr(owner, "chat_template", None)
         if isinstance(template, str) and template:

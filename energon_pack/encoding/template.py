@@ -62,7 +62,7 @@ from energon_pack.encoding.chatml import (
 )
 from energon_pack.encoding.families import ProcessorFamily, delimited_spans
 from energon_pack.encoding.family import Family, family_media, model_family
-from energon_pack.encoding.processor_encoder import ProcessorEncoder
+from energon_pack.encoding.processor_encoder import ProcessorEncoder, processor_chat_template
 from energon_pack.encoding.rendering import render_sample, tokenise_text, with_system
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import MediaConfig, MediaError, MediaItem
@@ -407,7 +407,9 @@ def make_encoder(
     ``family`` (anything :func:`~energon_pack.model_family` takes: a processor, its saved
     directory, a preset name, ...): a Qwen preset gives the encoder its media settings
     (``media`` must fit them); a processor-backed family gives its
-    :class:`~energon_pack.ProcessorEncoder`, whose ids equal the family's processor.
+    :class:`~energon_pack.ProcessorEncoder`, whose ids equal the family's processor
+    (``tokenizer``: None, the processor's, or one equal to it such as the tokenizer loaded
+    from the same directory).
     """
     check_choice("encoding", encoding, ("auto", "template", "chatml"))
     chosen = None if family is None else model_family(family)
@@ -478,15 +480,35 @@ def check_encoder(encoder: SampleEncoder, family: Family | None) -> SampleEncode
     return encoder
 
 
+def _same_tokenizer(tokenizer: Any, family: ProcessorFamily) -> bool:
+    """Whether ``tokenizer`` encodes as the family's processor's tokenizer does: that object,
+    or one with the same vocabulary and special tokens and no other chat template (the family
+    renders its processor's)."""
+    own: Any = family.tokenizer
+    if tokenizer is own:
+        return True
+    template = getattr(tokenizer, "chat_template", None)
+    try:
+        return bool(
+            tokenizer.get_vocab() == own.get_vocab()
+            and tokenizer.all_special_tokens == own.all_special_tokens
+            and (not template or template == processor_chat_template(family))
+        )
+    except AttributeError:  # not an HF tokenizer (e.g. the built-in ByteTokenizer)
+        return False
+
+
 def _check_processor_options(
     family: ProcessorFamily, tokenizer: object, encoding: str, media_block: object
 ) -> None:
-    """What a processor-backed family's encoder takes: its processor's tokenizer (or None),
-    its processor's own expansion, its chat template."""
-    if tokenizer is not None and tokenizer is not family.tokenizer:
+    """What a processor-backed family's encoder takes: its processor's tokenizer (or None, or
+    a tokenizer equal to it, e.g. loaded from the same directory), its processor's own
+    expansion, its chat template."""
+    if tokenizer is not None and not _same_tokenizer(tokenizer, family):
         raise ValueError(
-            f"family={family.name!r} encodes with its processor's tokenizer; pass "
-            "processor.tokenizer (or None)"
+            f"family={family.name!r} encodes with its processor's tokenizer, and this "
+            "tokenizer differs from it (its vocabulary, special tokens or chat template); pass "
+            "the tokenizer saved with the processor, processor.tokenizer, or None"
         )
     if media_block is not None:
         raise ValueError(

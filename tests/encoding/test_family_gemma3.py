@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -228,7 +229,34 @@ def test_assistant_spans(replies: list[str]) -> None:
     ids, mask = masked_text(family, text)
     assert len(family.assistant_spans(text)) == len(replies)
     picked = [i for i, m in zip(ids, mask, strict=True) if m]
-    assert TOKENIZER.decode(picked) == "".join(f"{r}<end_of_turn>" for r in replies)
+    assert TOKENIZER.decode(picked) == "".join(f"{r}<end_of_turn>\n" for r in replies)
+
+
+@pytest.mark.parametrize("replies", [["Yes.", "No, a dog."], ["One.", "Two fox.", "Lazy dog."]])
+def test_assistant_spans_are_the_training_templates_generation_blocks(
+    replies: list[str],
+) -> None:
+    """TRL's Gemma 3 training template marks what it trains with ``{% generation %}``: the reply,
+    its ``<end_of_turn>`` and the newline after it. It renders the same ids as the released
+    template, and its assistant mask is the family's spans."""
+    import trl
+
+    template = Path(trl.__file__).parent / "chat_templates" / "gemma3_training.jinja"
+    conversation = messages(0, replies)
+    theirs = TOKENIZER.apply_chat_template(
+        conversation,
+        chat_template=template.read_text(encoding="utf-8"),
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
+    text = make_processor().apply_chat_template(conversation, tokenize=False)
+    spans = Gemma3Family(make_processor()).assistant_spans(text)
+    ours = TOKENIZER(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert ours["input_ids"] == theirs["input_ids"]
+    mask = [any(lo <= a and b <= hi for lo, hi in spans) for a, b in ours["offset_mapping"]]
+    assert mask == [bool(m) for m in theirs["assistant_masks"]]
+    assert sum(mask) > len(replies)
 
 
 def tiny_model() -> PreTrainedModel:

@@ -229,7 +229,7 @@ def turns(*pairs: tuple[str, str], system: str | None = None) -> list[dict[str, 
 
 def test_assistant_spans() -> None:
     two = turns(("What is shown here?", "A fox."), ("And here?", "The lazy dog.\n indented"))
-    assert masked_text(two) == ["A fox.<turn|>", "The lazy dog.\n indented<turn|>"]
+    assert masked_text(two) == ["A fox.<turn|>\n", "The lazy dog.\n indented<turn|>\n"]
     three = turns(
         ("Describe the image.", "The quick brown fox."),
         ("12 345", "6789"),
@@ -237,9 +237,9 @@ def test_assistant_spans() -> None:
         system="the system sets the rules.",
     )
     assert masked_text(three) == [
-        "The quick brown fox.<turn|>",
-        "6789<turn|>",
-        "émigré façade naïve.<turn|>",
+        "The quick brown fox.<turn|>\n",
+        "6789<turn|>\n",
+        "émigré façade naïve.<turn|>\n",
     ]
     # the template's pre-filled empty thought channel belongs to the prompt
     prompt = PROCESSOR.apply_chat_template([two[0]], tokenize=False, add_generation_prompt=True)
@@ -247,7 +247,7 @@ def test_assistant_spans() -> None:
     assert prompt.endswith("<|turn>model\n<|channel>thought\n<channel|>")
     text = prompt + "The lazy dog.<turn|>\n"
     (span,) = FAMILY.assistant_spans(text)
-    assert text[span[0] : span[1]] == "The lazy dog.<turn|>"
+    assert text[span[0] : span[1]] == "The lazy dog.<turn|>\n"
     thought = "<|turn>model\n<|channel>thought\nhmm<channel|>A fox.<turn|>"
     assert [thought[a:b] for a, b in FAMILY.assistant_spans(thought)] == [
         "<|channel>thought\nhmm<channel|>A fox.<turn|>"

@@ -179,6 +179,33 @@ def test_saved_directory_gives_the_same_family(
     assert loaded.expansions(sizes) == family.expansions(sizes)
 
 
+@pytest.mark.parametrize("name", sorted(SAVABLE))
+def test_the_tokenizer_saved_with_the_processor_is_the_processors(
+    name: str, tmp_path: Path
+) -> None:
+    """``make_encoder(tokenizer, family=DIR)``, the call a user writes first, with the tokenizer
+    loaded from the same directory: it encodes as ``make_encoder(family=DIR)``. A tokenizer
+    that differs (another vocabulary, another chat template) is refused, naming the fix."""
+    from transformers import AutoTokenizer
+
+    CASES[name].processor().save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    family = model_family(tmp_path)
+    assert tokenizer is not family.tokenizer
+    theirs, ours = make_encoder(family=tmp_path), make_encoder(tokenizer, family=tmp_path)
+    for sample in samples():
+        key = sample["__key__"]
+        want, got = theirs.encode_sample(key, sample), ours.encode_sample(key, sample)
+        assert torch.equal(got.input_ids, want.input_ids)
+        assert torch.equal(got.loss_mask, want.loss_mask)
+    other = CASES["gemma3" if name != "gemma3" else "idefics3"].processor().tokenizer
+    with pytest.raises(ValueError, match="differs from it"):
+        make_encoder(other, family=tmp_path)
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    with pytest.raises(ValueError, match="chat template"):
+        make_encoder(tokenizer, family=tmp_path)
+
+
 RELOAD_SIZES = [(50, 120), (64, 48), (300, 20)]
 """Image sizes (height, width) the saved and the reloaded processor's families process."""
 RELOAD_TOLERANCE = {"gemma3": 4 / 255 + 1e-6, "idefics3": 22 / 255 + 1e-6}

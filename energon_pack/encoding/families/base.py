@@ -40,12 +40,17 @@ TEXT_KEYS = frozenset({"input_ids", "attention_mask"})
 
 
 def delimited_spans(
-    text: str, header: str, end: str, *, opening: Callable[[str, int], int | None] | None = None
+    text: str,
+    header: str,
+    end: str,
+    *,
+    opening: Callable[[str, int], int | None] | None = None,
+    trailing: str = "",
 ) -> list[tuple[int, int]]:
     """Character spans of the replies in ``text``: from after each ``header`` (or from
-    ``opening(text, offset after the header)``, where the reply begins) through its ``end``; a
-    reply without an end, or without an opening (``opening`` gives None), is no span (so a
-    count check refuses it)."""
+    ``opening(text, offset after the header)``, where the reply begins) through its ``end``,
+    and through ``trailing`` where it follows the end directly; a reply without an end, or
+    without an opening (``opening`` gives None), is no span (so a count check refuses it)."""
     spans = []
     start = text.find(header)
     while start >= 0:
@@ -56,7 +61,10 @@ def delimited_spans(
         stop = text.find(end, begin)
         if stop < 0:
             break
-        spans.append((begin, stop + len(end)))
+        stop += len(end)
+        if trailing and text.startswith(trailing, stop):
+            stop += len(trailing)
+        spans.append((begin, stop))
         start = text.find(header, stop)
     return spans
 

@@ -113,8 +113,9 @@ class Gemma3Family(ProcessorFamily):
         return out
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]]:
-        """From after each ``<start_of_turn>model\\n`` through its ``<end_of_turn>``."""
-        return delimited_spans(text, self.HEADER, self.END)
+        """From after each ``<start_of_turn>model\\n`` through its ``<end_of_turn>`` and the
+        newline after it: what the Gemma training templates' generation markers enclose."""
+        return delimited_spans(text, self.HEADER, self.END, trailing="\n")
 
     def token_inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """``token_type_ids``: 1 on the soft tokens, 0 elsewhere (as the processor writes)."""

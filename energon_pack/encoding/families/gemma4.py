@@ -113,9 +113,10 @@ class Gemma4Family(ProcessorFamily):
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]]:
         """After each ``<|turn>model\\n`` (and a pre-filled empty thought channel right after
-        it) through its ``<turn|>``."""
+        it) through its ``<turn|>`` and the newline after it, as for Gemma 3 (what the Gemma
+        training templates' generation markers enclose)."""
         spans = []
-        for begin, end in delimited_spans(text, _HEADER, _END):
+        for begin, end in delimited_spans(text, _HEADER, _END, trailing="\n"):
             if text.startswith(_EMPTY_THOUGHT, begin):
                 begin += len(_EMPTY_THOUGHT)
             spans.append((begin, end))
