@@ -22,7 +22,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,25 +31,14 @@ ROOT = Path(__file__).resolve().parent.parent
 # The family tests' builders (tests/encoding) and the shared test helpers (tests/support).
 sys.path[:0] = [str(ROOT / "tests" / "encoding"), str(ROOT / "tests" / "support")]
 
-from model_dirs import BUILDERS, model_dir  # noqa: E402
+from model_dirs import BUILDERS, model_dir, verify_runs  # noqa: E402
 from torchvision_child import available, run_in_child  # noqa: E402
 from torchvision_models import NAMES as TORCHVISION_FAMILIES  # noqa: E402
 
-from energon_pack import verify_packing  # noqa: E402
 from energon_pack.cli.tables import format_table  # noqa: E402
 
 REFUSED = ("qwen3_5",)
 """Models the library refuses to pack: verify measures their leak."""
-
-
-def in_process(name: str, seeds: list[int], root: Path) -> list[dict[str, Any]]:
-    directory = model_dir(root / name, name)
-    reports = []
-    for seed in seeds:
-        started = time.perf_counter()
-        report = verify_packing(directory, seed=seed)
-        reports.append({**report.to_json(), "seconds": time.perf_counter() - started})
-    return reports
 
 
 def summary(name: str, reports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -98,7 +86,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for name in BUILDERS:
             if name in chosen:
-                found[name] = in_process(name, seeds, Path(scratch))
+                found[name] = verify_runs(model_dir(Path(scratch) / name, name), seeds)
     in_child = [name for name in TORCHVISION_FAMILIES if name in chosen]
     if in_child and available():
         job = {"names": in_child, "seeds": seeds}

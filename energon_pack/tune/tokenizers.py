@@ -83,6 +83,16 @@ def tokenizer_of(name: str | None, chat_template: str | None = None) -> Tokenize
     return None
 
 
+def refuse_template_for_processor(chat_template: str | Path | None) -> None:
+    """A ValueError naming ``--chat-template`` when one is given for a processor family (which
+    renders its processor's own template)."""
+    if chat_template is not None:
+        raise ValueError(
+            f"--chat-template {str(chat_template)!r} is not for a processor family, which "
+            "renders its processor's template; drop it"
+        )
+
+
 def describe_tokenizer(
     name: str | None, family: Family | None = None, chat_template: str | None = None
 ) -> dict[str, object]:
@@ -93,11 +103,7 @@ def describe_tokenizer(
     processor ``family``, whose tokenizer it is; ``system_prompt``); ``chat_template``: the
     template file applied (``--chat-template``), recorded too."""
     if isinstance(family, ProcessorFamily):
-        if chat_template is not None:
-            raise ValueError(
-                f"--chat-template {chat_template!r} is not for a processor family, which "
-                "renders its processor's template; drop it"
-            )
+        refuse_template_for_processor(chat_template)
         tokenizer: Any = family.tokenizer
         name, encoder = f"the {family.name} processor's", make_encoder(family=family)
     else:

@@ -17,7 +17,7 @@ from energon_pack.encoding.family import model_family
 from energon_pack.encoding.template import make_encoder
 from energon_pack.packing.packed import EncodedSample
 from energon_pack.train.hf import HFTarget
-from energon_pack.tune.tokenizers import read_chat_template
+from energon_pack.tune.tokenizers import read_chat_template, refuse_template_for_processor
 from energon_pack.verify.data import Samples, changed, encode_samples
 from energon_pack.verify.diagnose import Findings, layer_name, reason
 from energon_pack.verify.inputs import Adapt, Inputs, Packing
@@ -258,11 +258,7 @@ def default_attn_implementations(device: str = "cpu") -> tuple[str, ...]:
 
 def _encoder(directory: Path, family: Any, chat_template: str | Path | None) -> Any:
     if isinstance(family, ProcessorFamily):
-        if chat_template is not None:
-            raise ValueError(
-                f"--chat-template {str(chat_template)!r} is not for a processor family, which "
-                "renders its processor's template; drop it"
-            )
+        refuse_template_for_processor(chat_template)
         return make_encoder(family=family)
     from transformers import AutoTokenizer
 

@@ -143,3 +143,18 @@ def model_dir(directory: Path, name: str) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         BUILDERS[name](directory)
     return directory
+
+
+def verify_runs(directory: Path, seeds: list[int]) -> list[dict[str, Any]]:
+    """``verify_packing(directory, seed=s)`` (default implementations) for each seed: the
+    reports as JSON, each with its wall time under ``"seconds"``."""
+    import time
+
+    from energon_pack import verify_packing
+
+    reports = []
+    for seed in seeds:
+        started = time.perf_counter()
+        report = verify_packing(directory, seed=seed)
+        reports.append({**report.to_json(), "seconds": time.perf_counter() - started})
+    return reports

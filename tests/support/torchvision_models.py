@@ -79,21 +79,14 @@ def _give_missing_video_processor(processor: Any, model_type: str) -> None:
 
 
 def verify_families(job: dict[str, Any]) -> dict[str, Any]:
-    """``verify_packing`` (default implementations) on the saved directory of each name in
-    ``job["names"]`` (of :data:`NAMES`), once per seed in ``job["seeds"]`` (default ``[0]``):
-    name -> the reports as JSON, each with its wall time under ``"seconds"``."""
+    """:func:`model_dirs.verify_runs` on the saved directory of each name in ``job["names"]``
+    (of :data:`NAMES`), over the seeds ``job["seeds"]`` (default ``[0]``): name -> reports."""
     import tempfile
-    import time
 
-    from energon_pack import verify_packing
+    from model_dirs import verify_runs
 
     out: dict[str, Any] = {}
     for name in job["names"]:
         with tempfile.TemporaryDirectory() as scratch:
-            directory = model_dir(Path(scratch), name)
-            out[name] = []
-            for seed in job.get("seeds", [0]):
-                started = time.perf_counter()
-                report = verify_packing(directory, seed=seed)
-                out[name].append({**report.to_json(), "seconds": time.perf_counter() - started})
+            out[name] = verify_runs(model_dir(Path(scratch), name), job.get("seeds", [0]))
     return out
