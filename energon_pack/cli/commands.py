@@ -1,7 +1,8 @@
-"""What each ``energon-pack`` subcommand does (``demo``, ``check-config``, ``offline``, ``tune``,
-``report``, ``redist``), and the exit statuses (:mod:`~energon_pack.cli.exits`) they return.
-Each command imports torch, transformers or Megatron-Energon itself, where it needs them, so
-that ``check-config`` and the parser stay light.
+"""What each ``energon-pack`` subcommand does (``demo``, ``check-config``, ``offline``,
+``plan``, ``tune``, ``report``, ``redist``, ``verify``), and the exit statuses
+(:mod:`~energon_pack.cli.exits`) they return. Each command imports torch, transformers,
+Megatron-Energon or Ray itself, where it needs them, so that ``check-config`` and the parser
+stay light.
 """
 
 from __future__ import annotations
@@ -235,6 +236,51 @@ def cmd_offline(args: argparse.Namespace) -> int:
             f"packed_metadata_path='{metadata}', pad_seq_to_mult={spec.pad_seq_to_mult}, "
             f"pad_cu_seqlens={spec.pad_cu_seqlens})"
         )
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from energon_pack.encoding.families import ProcessorFamily
+    from energon_pack.encoding.family import model_family
+    from energon_pack.encoding.template import make_encoder
+    from energon_pack.packing.row_layout import RowLayout
+    from energon_pack.packing.vision_budget import VisionBudget
+    from energon_pack.plan import PlanSpec, plan_dataset
+    from energon_pack.tune import tokenizer_of
+    from energon_pack.tune.tokenizers import refuse_template_for_processor
+
+    spec = PlanSpec(
+        RowLayout(args.seq_length, args.pad_to_multiple_of),
+        VisionBudget(args.max_vision_tokens, args.max_media, args.vision_balance),
+        data_parallel_size=args.data_parallel_size,
+        global_batch_size=args.global_batch_size,
+        seed=args.seed,
+        overlong=args.overlong,
+    )
+    family = model_family(args.family) if args.family else None
+    if isinstance(family, ProcessorFamily):
+        refuse_template_for_processor(args.chat_template)
+        if args.tokenizer:
+            raise ValueError(
+                f"--tokenizer with the {family.name!r} family: its processor brings its own "
+                "tokenizer; drop --tokenizer"
+            )
+        encoder = make_encoder(family=family)
+    else:
+        encoder = make_encoder(tokenizer_of(args.tokenizer, args.chat_template), family=family)
+    media_root = args.media_root if args.media_root is not None else args.source.parent
+    plan = plan_dataset(
+        args.source,
+        args.out_dir,
+        spec,
+        encoder,
+        media_root=media_root,
+        ray_address=args.ray_address,
+        force=args.force,
+    )
+    action = "reused the up-to-date plan in" if plan.reused else "wrote"
+    print(plan.summary())
+    print(f"{action} {plan.out_dir}")
     return 0
 
 

@@ -209,6 +209,74 @@ def build_parser() -> argparse.ArgumentParser:
     )
     offline.add_argument("--force", action="store_true", help="rebuild a stale OUT_DIR")
 
+    plan = commands.add_parser(
+        "plan",
+        help="plan every pack of a dataset before training, on Ray Data (exact counts, the "
+        "vision caps, balanced steps)",
+        description="Measures every row of SOURCE (a JSONL file of rows, or a JSON file "
+        "holding one array: chat rows with media paths, prompt/answer pairs, pre-tokenised "
+        "ids) with the encoder the loaders use (media probed from their headers), on Ray "
+        "Data: a local Ray with every core, or --ray-address. Then packs all rows at once "
+        "and lays the packs out as steps over the data-parallel ranks. Writes "
+        "OUT_DIR/plan.parquet (one row per pack) and OUT_DIR/plan.json, and prints one "
+        "summary line. An up-to-date OUT_DIR is reused; one built from another source or with "
+        "other settings is refused unless --force. Exit status 2 on bad input or settings, 3 "
+        "when a file cannot be read or written.",
+    )
+    plan.add_argument("source", type=Path, metavar="SOURCE", help="the rows to plan")
+    plan.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="the plan directory")
+    plan.add_argument(
+        "--seq-length", type=positive_int, required=True, help="tokens per packed row"
+    )
+    plan.add_argument(
+        "--pad-to-multiple-of",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="each sample's span in a row is a multiple of this (pad_seq_to_mult)",
+    )
+    plan.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP)
+    plan.add_argument("--chat-template", metavar="FILE", help=CHAT_TEMPLATE_HELP)
+    plan.add_argument("--family", metavar="NAME|DIR", help=FAMILY_HELP)
+    plan.add_argument(
+        "--media-root",
+        type=Path,
+        metavar="DIR",
+        help="media paths in the rows are read inside this folder (default: SOURCE's folder)",
+    )
+    plan.add_argument(
+        "--max-vision-tokens", type=positive_int, metavar="V", help="most vision tokens per pack"
+    )
+    plan.add_argument("--max-media", type=positive_int, metavar="K", help="most media per pack")
+    plan.add_argument(
+        "--vision-balance",
+        action="store_true",
+        help="give the ranks of each step packs of even vision tokens",
+    )
+    plan.add_argument(
+        "--data-parallel-size", type=positive_int, default=1, metavar="D", help="ranks"
+    )
+    plan.add_argument(
+        "--global-batch-size",
+        type=positive_int,
+        metavar="G",
+        help="packs per optimizer step, a multiple of D (default D)",
+    )
+    plan.add_argument("--seed", type=non_negative_int, default=0, help="seed of the step order")
+    plan.add_argument(
+        "--overlong",
+        choices=["skip", "error"],
+        default="skip",
+        help="a row that fits no pack (or alone over a vision cap): listed in plan.json, or stop",
+    )
+    plan.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="a running Ray cluster to measure on (e.g. auto, ray://host:10001); default: "
+        "start a local Ray with every core and stop it when done",
+    )
+    plan.add_argument("--force", action="store_true", help="rebuild a stale OUT_DIR")
+
     tune = commands.add_parser(
         "tune",
         help="measure bin fill, worker RSS and throughput per packing_buffer_size on a dataset",

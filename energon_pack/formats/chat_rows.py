@@ -37,7 +37,13 @@ from energon_pack.formats.raw import RawSample
 from energon_pack.media.errors import MediaError
 from energon_pack.media.probe import Frames, image_frames
 
-__all__ = ["ChatDataset", "is_chat_row", "parse_chat_row", "resolve_inside"]
+__all__ = [
+    "ChatDataset",
+    "is_chat_row",
+    "parse_chat_row",
+    "read_media_paths",
+    "resolve_inside",
+]
 
 MediaKind = Literal["image", "video"]
 _FIELDS: dict[MediaKind, tuple[str, str]] = {
@@ -209,38 +215,49 @@ class ChatDataset(torch.utils.data.Dataset[tuple[str, dict[str, Any]]]):
         return len(self.rows)
 
     def __getitem__(self, index: int) -> tuple[str, dict[str, Any]]:
-        row = dict(self.rows[index])
+        row = self.rows[index]
         key = str(row.get("id", index))
-        for plural, single in _FIELDS.values():
-            for name in (plural, single):
-                if row.get(name) is not None:
-                    row[name] = self._read_paths(row[name], key, name)
-        return key, row
+        return key, read_media_paths(row, key, self.media_root)
 
-    def _read_paths(self, value: Any, key: str, name: str) -> Any:
-        if isinstance(value, (list, tuple)):
-            return [self._read_path(item, key, f"{name}[{i}]") for i, item in enumerate(value)]
-        return self._read_path(value, key, name)
 
-    def _read_path(self, item: Any, key: str, member: str) -> Any:
-        path = item
-        if isinstance(item, Mapping):
-            if item.get("bytes") is not None:
-                return item
-            path = item.get("path")
-        if not isinstance(path, (str, os.PathLike)):
+def read_media_paths(row: Mapping[str, Any], key: str, media_root: Path | None) -> dict[str, Any]:
+    """A copy of the chat ``row`` whose media paths are read as bytes from inside
+    ``media_root``; a path that cannot be read is left as its
+    :class:`~energon_pack.media.MediaError`, raised when the sample is encoded (so each
+    loader's ``on_media_error`` applies)."""
+    out = dict(row)
+    for plural, single in _FIELDS.values():
+        for name in (plural, single):
+            if out.get(name) is not None:
+                out[name] = _read_paths(out[name], key, name, media_root)
+    return out
+
+
+def _read_paths(value: Any, key: str, name: str, media_root: Path | None) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_read_path(item, key, f"{name}[{i}]", media_root) for i, item in enumerate(value)]
+    return _read_path(value, key, name, media_root)
+
+
+def _read_path(item: Any, key: str, member: str, media_root: Path | None) -> Any:
+    path = item
+    if isinstance(item, Mapping):
+        if item.get("bytes") is not None:
             return item
-        if self.media_root is None:
-            return MediaError(
-                key, member, "bad_sample", f"media path {os.fspath(path)!r} needs media_root="
-            )
-        try:
-            target = resolve_inside(self.media_root, path, key, member)
-            return target.read_bytes()
-        except MediaError as error:  # raised when the sample is encoded, so policies apply
-            return error
-        except (OSError, ValueError, RuntimeError) as error:  # e.g. no permission, a folder
-            return _path_error(os.fspath(path), self.media_root, key, member, error)
+        path = item.get("path")
+    if not isinstance(path, (str, os.PathLike)):
+        return item
+    if media_root is None:
+        return MediaError(
+            key, member, "bad_sample", f"media path {os.fspath(path)!r} needs media_root="
+        )
+    try:
+        target = resolve_inside(media_root, path, key, member)
+        return target.read_bytes()
+    except MediaError as error:  # raised when the sample is encoded, so policies apply
+        return error
+    except (OSError, ValueError, RuntimeError) as error:  # e.g. no permission, a folder
+        return _path_error(os.fspath(path), media_root, key, member, error)
 
 
 def _load_rows(path: str | os.PathLike[str]) -> list[Mapping[str, Any]]:

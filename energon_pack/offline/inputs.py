@@ -93,22 +93,8 @@ def _tokens(
     key: str, record: dict[str, Any], encoder: SampleEncoder, vocab_size: int | None
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
     if "input_ids" in record:
-        return _pretokenised(key, record, vocab_size)
-    if "input" in record and "output" in record:
-        prompt, answer = record["input"], record["output"]
-        if not isinstance(prompt, str) or not isinstance(answer, str):
-            raise ValueError(f"sample {key}: 'input' and 'output' must be strings")
-        sample: dict[str, Any] = {
-            "conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": answer}]
-        }
-        if "system" in record:
-            sample["system"] = record["system"]
-    elif any(field in record for field in _CONVERSATION_FIELDS):
-        sample = record
-    else:
-        raise ValueError(
-            f"sample {key}: unknown record with keys {sorted(record)}; expected {SAMPLE_FORMS}"
-        )
+        return pretokenised(key, record, vocab_size)
+    sample = conversation_sample(key, record)
     media = [field for field in _MEDIA_FIELDS if record.get(field)]
     if media:
         raise ValueError(
@@ -122,6 +108,28 @@ def _tokens(
         )
     encoded = encoder.encode(raw)
     return encoded.input_ids.numpy(), encoded.loss_mask.numpy().astype(np.uint8)
+
+
+def conversation_sample(key: str, record: dict[str, Any]) -> dict[str, Any]:
+    """The conversation sample the collator reads for ``record``: a prompt/answer pair as a
+    user and an assistant turn, a chat row or WebDataset conversation as it is; a ValueError
+    naming the sample forms otherwise (pre-tokenised records are read by
+    :func:`pretokenised`)."""
+    if "input" in record and "output" in record:
+        prompt, answer = record["input"], record["output"]
+        if not isinstance(prompt, str) or not isinstance(answer, str):
+            raise ValueError(f"sample {key}: 'input' and 'output' must be strings")
+        sample: dict[str, Any] = {
+            "conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": answer}]
+        }
+        if "system" in record:
+            sample["system"] = record["system"]
+        return sample
+    if any(field in record for field in _CONVERSATION_FIELDS):
+        return record
+    raise ValueError(
+        f"sample {key}: unknown record with keys {sorted(record)}; expected {SAMPLE_FORMS}"
+    )
 
 
 def im_end_newline(tokenizer: Tokenizer) -> tuple[int, list[int]]:
@@ -142,9 +150,11 @@ def _train_newline_after(
     return out
 
 
-def _pretokenised(
+def pretokenised(
     key: str, record: dict[str, Any], vocab_size: int | None
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    """The ``input_ids`` and ``loss_mask`` of a pre-tokenised record, checked (aligned, 0/1
+    mask, ids inside ``vocab_size`` or int32); a ValueError naming the sample otherwise."""
     raw_ids, raw_mask = record["input_ids"], record.get("loss_mask")
     if not isinstance(raw_ids, list) or not isinstance(raw_mask, list):
         raise ValueError(

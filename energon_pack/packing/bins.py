@@ -66,16 +66,19 @@ def overlong_refusal(key: object, length: int, align: int, capacity: int) -> str
     return overlong_message(key, length, align, capacity)
 
 
-class _MaxTree:
-    """Segment tree over ``size`` slots holding ints; finds the leftmost slot >= a value."""
+class MaxTree:
+    """Segment tree over ``size`` slots holding ints; finds the leftmost slot >= a value.
+
+    ``nodes[1]`` is the root and node ``n`` has children ``2n`` and ``2n + 1``; slot ``i`` is
+    node ``leaves + i``; each inner node holds the larger of its children."""
 
     def __init__(self, size: int, initial: int) -> None:
-        self._leaves = 1 << max(0, (size - 1).bit_length())
-        self._tree = [initial] * (2 * self._leaves)
+        self.leaves = 1 << max(0, (size - 1).bit_length())
+        self.nodes = [initial] * (2 * self.leaves)
 
     def set(self, index: int, value: int) -> None:
-        node = index + self._leaves
-        tree = self._tree
+        node = index + self.leaves
+        tree = self.nodes
         tree[node] = value
         node >>= 1
         while node:
@@ -85,13 +88,13 @@ class _MaxTree:
 
     def leftmost_at_least(self, value: int) -> int:
         """Index of the leftmost slot holding ``>= value``, or -1 if there is none."""
-        tree = self._tree
+        tree = self.nodes
         if tree[1] < value:
             return -1
         node = 1
-        while node < self._leaves:
+        while node < self.leaves:
             node = 2 * node if tree[2 * node] >= value else 2 * node + 1
-        return node - self._leaves
+        return node - self.leaves
 
 
 def _decreasing_order(lengths: Sequence[int], capacity: int, align: int) -> list[int]:
@@ -110,7 +113,7 @@ def first_fit_decreasing(
     decreasing. Returns groups of indices into ``lengths``. O(n log n)."""
     order = _decreasing_order(lengths, capacity, align)
     cap_units = capacity // align
-    free = _MaxTree(len(lengths), -1)  # slot = bin index, value = free units
+    free = MaxTree(len(lengths), -1)  # slot = bin index, value = free units
     groups: list[list[int]] = []
     free_units: list[int] = []
     for index in order:
@@ -135,7 +138,7 @@ def best_fit_decreasing(
     order = _decreasing_order(lengths, capacity, align)
     cap_units = capacity // align
     # Bins are bucketed by their free units; slot r holds r while some bin has r units free.
-    nonempty = _MaxTree(cap_units + 1, -1)
+    nonempty = MaxTree(cap_units + 1, -1)
     buckets: list[list[int]] = [[] for _ in range(cap_units + 1)]
     groups: list[list[int]] = []
     for index in order:

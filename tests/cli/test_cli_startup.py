@@ -52,7 +52,7 @@ def _commands() -> dict[str, argparse.ArgumentParser]:
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
 
 
-COMMANDS = ("demo", "check-config", "offline", "tune", "report", "redist", "verify")
+COMMANDS = ("demo", "check-config", "offline", "plan", "tune", "report", "redist", "verify")
 LIGHT = [
     pytest.param(["--help"], 0, id="--help"),
     *(pytest.param([name, "--help"], 0, id=f"{name} --help") for name in COMMANDS),

@@ -31,6 +31,7 @@ STAGES = (
     "collate",
     "energon",
     "offline",
+    "plan",
     "tune",
     "verify",
     "cli",

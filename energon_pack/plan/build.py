@@ -1,0 +1,174 @@
+"""Building a plan: :func:`plan_dataset` measures every row on Ray Data, packs them all at
+once, lays the packs out as training steps and writes the plan directory."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from energon_pack.encoding.chatml import SampleEncoder
+from energon_pack.encoding.describe import encoding_record
+from energon_pack.encoding.fingerprint import tokenizer_identity
+from energon_pack.offline.manifest import tokenizer_content
+from energon_pack.plan.engine import measure_on_ray
+from energon_pack.plan.measure import SKIP_KINDS
+from energon_pack.plan.pack import lay_out_steps, pack_rows
+from energon_pack.plan.source import JsonSource
+from energon_pack.plan.spec import PlanSpec
+from energon_pack.plan.store import (
+    FORMAT_VERSION,
+    PACKS_FILE,
+    PLAN_FILE,
+    ROWS_FILE,
+    Plan,
+    differences,
+    read_record,
+    write_packs,
+    write_record,
+    write_rows,
+)
+
+logger = logging.getLogger("energon_pack.plan")
+
+
+def plan_dataset(
+    source: str | Path,
+    out_dir: str | Path,
+    spec: PlanSpec,
+    encoder: SampleEncoder,
+    *,
+    media_root: str | Path | None = None,
+    ray_address: str | None = None,
+    force: bool = False,
+) -> Plan:
+    """Plan every pack of ``source`` (a JSONL file of rows, or a JSON file holding one array
+    of them: chat rows with their media, prompt/answer pairs, pre-tokenised ids) and write
+    the plan to ``out_dir`` (:mod:`energon_pack.plan.store`).
+
+    Each row is measured by ``encoder`` (the encoder the loaders use, e.g.
+    ``make_encoder(tokenizer)`` or ``make_encoder(family=processor)``; media paths are read
+    under ``media_root``, probed from their headers), on Ray Data: a local Ray with every core,
+    or the cluster at ``ray_address``. The rows are then packed at once by first fit
+    decreasing within ``spec.layout`` and ``spec.vision``'s caps and laid out as steps of
+    ``spec.global_batch_size`` packs over ``spec.data_parallel_size`` ranks (balanced for the
+    vision encoder with ``spec.vision.balance``).
+
+    A row that is no sample, has media that cannot be probed, fits no row or is alone over a
+    vision cap is left out, counted by kind and listed with its reason in ``plan.json``
+    (``spec.overlong="error"``: an overlong row stops the build instead). An up-to-date plan
+    in ``out_dir`` is reused; one built from another source or with other settings is refused
+    with a ValueError naming what differs, unless ``force``.
+    """
+    out_dir = Path(out_dir)
+    rows = JsonSource.open(source, media_root)
+    asked: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "source": rows.fingerprint(),
+        "spec": spec.to_json(),
+        "encoder": encoder_identity(encoder),
+    }
+    existing = None if force else read_record(out_dir)
+    if existing is not None:
+        changed = differences(existing, asked)
+        if changed:
+            raise ValueError(
+                f"plan dir {out_dir} holds a plan built otherwise: {'; '.join(changed)}; "
+                "rebuild it with --force (force=True) or choose a new directory"
+            )
+        logger.info("reusing the up-to-date plan in %s", out_dir)
+        return Plan(out_dir, existing, reused=True)
+    if not force and out_dir.exists() and any(out_dir.iterdir()):
+        raise ValueError(
+            f"out dir {out_dir} is not empty and has no {PLAN_FILE}; pass force=True (--force) "
+            "to build there, or choose an empty or new directory"
+        )
+    if len(rows) == 0:
+        raise ValueError(f"source {rows.path} holds no rows; check the file")
+    columns = measure_on_ray(rows.partitions(), encoder, spec, rows.media_root, ray_address)
+    if spec.overlong == "error":
+        _refuse_overlong(columns)
+    kept = np.flatnonzero(columns["skip"] == "")
+    if kept.size == 0:
+        raise ValueError(
+            f"source {rows.path}: every one of its {len(rows)} rows was left out "
+            f"({_skip_counts(columns)}); see why in the log, or fix the rows or the settings"
+        )
+    length, vision, media = (columns[name][kept] for name in ("length", "vision_tokens", "media"))
+    local = pack_rows(length.tolist(), vision.tolist(), media.tolist(), spec)
+    groups = [[int(kept[i]) for i in group] for group in local]
+    pack_vision = [int(columns["vision_tokens"][group].sum()) for group in groups]
+    pack_largest = [int(columns["vision_tokens"][group].max()) for group in groups]
+    steps = lay_out_steps(pack_vision, pack_largest, spec)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / PLAN_FILE).unlink(missing_ok=True)  # incomplete until the record is back
+    write_packs(out_dir / PACKS_FILE, groups, columns, steps.step, steps.rank, steps.micro)
+    if rows.index is not None:
+        write_rows(out_dir / ROWS_FILE, rows.index)
+    padded = sum(spec.layout.aligned(int(n)) for n in length)
+    skipped = [
+        {"key": str(columns["index"][i]), "kind": str(columns["skip"][i]), "reason": reason}
+        for i, reason in enumerate(columns["reason"])
+        if reason
+    ]
+    if skipped:
+        logger.warning(
+            "%d row(s) left out of the plan (%s), each listed in %s; the first: %s",
+            len(skipped),
+            ", ".join(f"{n} {kind}" for kind, n in _skip_counts(columns).items() if n),
+            out_dir / PLAN_FILE,
+            skipped[0]["reason"],
+        )
+    per_step = spec.steps_of
+    record = {
+        **asked,
+        "energon_pack_version": importlib.metadata.version("energon_pack"),
+        "counts": {
+            "rows": len(rows),
+            "samples": int(kept.size),
+            "packs": len(groups),
+            "steps": math.ceil(len(groups) / per_step),
+            "last_step_packs": len(groups) % per_step or per_step,
+            "tokens": int(length.sum()),
+            "fill": padded / (len(groups) * spec.layout.capacity),
+            "straggler": _number(steps.straggler),
+            "straggler_floor": _number(steps.floor),
+            "skipped": _skip_counts(columns),
+        },
+        "skipped": skipped,
+    }
+    write_record(out_dir, record)
+    return Plan(out_dir, record)
+
+
+def encoder_identity(encoder: SampleEncoder) -> dict[str, Any]:
+    """What decides the measured lengths: the tokenizer (identity and content), the encoding
+    and the encoder's settings (media included)."""
+    tokenizer = encoder.tokenizer
+    return {
+        "tokenizer": tokenizer_identity(tokenizer),
+        "tokenizer_content": tokenizer_content(tokenizer),
+        **encoding_record(encoder),
+        "settings": encoder.settings(),
+    }
+
+
+def _skip_counts(columns: dict[str, Any]) -> dict[str, int]:
+    counted = Counter(str(kind) for kind in columns["skip"] if kind)
+    return {kind: counted.get(kind, 0) for kind in SKIP_KINDS}
+
+
+def _refuse_overlong(columns: dict[str, Any]) -> None:
+    """A ValueError naming the first row that fits no pack (``overlong="error"``)."""
+    for kind, reason in zip(columns["skip"], columns["reason"], strict=True):
+        if kind in ("overlong", "over_vision_cap"):
+            raise ValueError(f"{reason}; or pass overlong='skip' (--overlong skip) to list it")
+
+
+def _number(value: float) -> float | None:
+    return None if math.isnan(value) else value

@@ -1,0 +1,113 @@
+"""Running the measure stage on Ray Data: the partitions become a Ray dataset, each is measured
+by :func:`~energon_pack.plan.measure.measure_partition` in a Ray task (Ray schedules, retries
+and shows the progress), and the columns come back to the driver.
+
+Without an address a local Ray is started with every core and stopped when done; with
+``address`` (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``) the running cluster is joined
+and left running. A Ray already started in this process (``ray.init`` by the caller) is used
+as it is.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from energon_pack.encoding.chatml import SampleEncoder
+from energon_pack.plan.measure import COLUMNS, measure_partition
+from energon_pack.plan.spec import PlanSpec
+
+_FAILED = "failed"
+"""The ``skip`` of the row that carries a task's error."""
+RAY_FIX = "install the extra: pip install 'energon_pack[ray]'"
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None) -> Iterator[None]:
+    """Ray, started here (local, every core) or joined at ``address``, for the block; a Ray
+    started here is shut down after it."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(f"planning runs on Ray Data, which is not installed; {RAY_FIX}") from None
+    if ray.is_initialized():
+        yield
+        return
+    settings: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if address is None:
+        settings["num_cpus"] = os.cpu_count() or 1
+    else:
+        settings["address"] = address
+    try:
+        ray.init(**settings)
+    except ConnectionError as error:
+        raise ValueError(
+            f"--ray-address {address!r}: no Ray cluster answers there ({error}); start one "
+            "(ray start --head) or leave the address out to run locally"
+        ) from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def measure_on_ray(
+    partitions: list[str],
+    encoder: SampleEncoder,
+    spec: PlanSpec,
+    media_root: Path | None,
+    address: str | None = None,
+) -> dict[str, npt.NDArray[Any]]:
+    """The :data:`~energon_pack.plan.measure.COLUMNS` of every row of ``partitions``, in row
+    order, measured by Ray tasks."""
+    with ray_session(address):
+        import ray.data
+
+        def measure(batch: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
+            try:
+                parts = [
+                    measure_partition(str(p), encoder, spec, media_root) for p in batch["part"]
+                ]
+            except (ValueError, OSError) as error:  # Ray would keep only its text
+                return _failure(error)
+            return _concatenated(parts)
+
+        dataset = ray.data.from_items(
+            [{"part": part} for part in partitions], override_num_blocks=len(partitions)
+        )
+        measured = dataset.map_batches(measure, batch_size=1, batch_format="numpy")
+        batches = list(measured.iter_batches(batch_size=None, batch_format="numpy"))
+    columns = _concatenated(batches)
+    failed = np.flatnonzero(columns["skip"] == _FAILED)
+    if failed.size:
+        raise pickle.loads(base64.b64decode(columns["reason"][failed[0]]))
+    order = np.argsort(columns["index"], kind="stable")
+    return {name: values[order] for name, values in columns.items()}
+
+
+def _failure(error: ValueError | OSError) -> dict[str, npt.NDArray[Any]]:
+    """One row that carries ``error`` whole (pickled) to the driver, which raises it."""
+    row: dict[str, Any] = dict.fromkeys(COLUMNS[:4], -1)
+    row.update(skip=_FAILED, reason=base64.b64encode(pickle.dumps(error)).decode("ascii"))
+    return {
+        name: np.asarray([row[name]], dtype=object if name in ("skip", "reason") else np.int64)
+        for name in COLUMNS
+    }
+
+
+def _concatenated(batches: list[dict[str, npt.NDArray[Any]]]) -> dict[str, npt.NDArray[Any]]:
+    if not batches:
+        return {
+            name: np.zeros(0, dtype=np.int64 if position < 4 else object)
+            for position, name in enumerate(COLUMNS)
+        }
+    return {name: np.concatenate([batch[name] for batch in batches]) for name in COLUMNS}

@@ -1,0 +1,165 @@
+"""A plan on disk: ``plan.parquet`` (one row per pack) and ``plan.json`` (what it was built
+from and with, and its counts), read back as a :class:`Plan`.
+
+``plan.parquet`` columns, one row per pack in step order: ``pack`` (its number), ``step``,
+``rank``, ``micro`` (its place among the rank's packs of the step), and per member, in row
+order: ``keys`` (the row index as a string), ``lengths`` (tokens, unpadded),
+``vision_tokens`` and ``media``.
+
+``plan.json`` (written last, so only a complete plan has one): ``format_version``,
+``energon_pack_version``, ``source`` (the file, its size and SHA-256, the media root),
+``spec`` (:meth:`PlanSpec.to_json`), ``encoder`` (the tokenizer's identity, the encoding and
+the encoder's settings), ``counts`` (``rows``, ``samples`` planned, ``packs``, ``steps``,
+``last_step_packs``, ``tokens``, ``fill``, ``straggler``, ``straggler_floor``, ``skipped``
+by kind) and ``skipped`` (every row left out: ``key``, ``kind``, ``reason``). A line index
+of a JSONL source, ``rows.npy`` (``[2, rows]`` start and end byte offsets), lets a reader
+fetch any row without reading the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from energon_pack.encoding.fingerprint import settings_fingerprint
+from energon_pack.offline.manifest import name_os_errors, write_json
+
+PLAN_FILE = "plan.json"
+PACKS_FILE = "plan.parquet"
+ROWS_FILE = "rows.npy"
+FORMAT_VERSION = 1
+_COMPARED = ("format_version", "source", "spec", "encoder")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole-dataset plan: where it lies, what ``plan.json`` says, and its packs."""
+
+    out_dir: Path
+    record: Mapping[str, Any]
+    """The contents of ``plan.json``."""
+    reused: bool = False
+    """Whether an up-to-date plan already in ``out_dir`` was returned."""
+
+    @classmethod
+    def read(cls, out_dir: str | Path) -> Plan:
+        """The plan in ``out_dir``; a ValueError names the directory when it holds none."""
+        out_dir = Path(out_dir)
+        record = read_record(out_dir)
+        if record is None:
+            raise ValueError(
+                f"{out_dir} holds no plan ({PLAN_FILE} is missing: not a plan directory, or "
+                "an interrupted build); run energon-pack plan again"
+            )
+        return cls(out_dir, record)
+
+    @property
+    def counts(self) -> Mapping[str, Any]:
+        """Rows, samples, packs, steps, fill, straggler ratio, skipped by kind, ..."""
+        counts: Mapping[str, Any] = self.record["counts"]
+        return counts
+
+    @property
+    def packs(self) -> int:
+        """Packs in the plan (each one row of micro-batch 1)."""
+        return int(self.counts["packs"])
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps of one epoch (the last may hold fewer packs)."""
+        return int(self.counts["steps"])
+
+    def table(self) -> Any:
+        """``plan.parquet`` as a ``pyarrow.Table``."""
+        import pyarrow.parquet as pq
+
+        path = self.out_dir / PACKS_FILE
+        with name_os_errors(path):
+            return pq.read_table(path)
+
+    def summary(self) -> str:
+        """One line: samples, packs, steps, fill, straggler ratio and skipped rows."""
+        counts = self.counts
+        skipped = counts["skipped"]
+        left_out = ", ".join(f"{n} {kind}" for kind, n in skipped.items() if n) or "none"
+        straggler = counts["straggler"]
+        balance = "n/a" if straggler is None else f"{straggler:.3f}"
+        floor = counts["straggler_floor"]
+        floor_text = "" if floor is None else f" (floor {floor:.3f})"
+        return (
+            f"{counts['samples']} samples -> {counts['packs']} packs in {counts['steps']} "
+            f"steps, fill {counts['fill']:.4f}, straggler {balance}{floor_text} at "
+            f"{self.record['spec']['data_parallel_size']} ranks; skipped: {left_out}"
+        )
+
+
+def read_record(out_dir: Path) -> dict[str, Any] | None:
+    """``out_dir``'s ``plan.json`` (None when there is none); a ValueError when unreadable."""
+    path = out_dir / PLAN_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{path} is not valid JSON ({error}); rebuild the plan with --force"
+        ) from None
+    if not isinstance(record, dict) or not all(key in record for key in (*_COMPARED, "counts")):
+        raise ValueError(f"{path} is not a plan record; rebuild the plan with --force")
+    return record
+
+
+def differences(built: Mapping[str, Any], asked: Mapping[str, Any]) -> list[str]:
+    """Every setting (dotted name) where the plan ``built`` differs from the request."""
+    old = settings_fingerprint({name: built.get(name) for name in _COMPARED})
+    new = settings_fingerprint({name: asked.get(name) for name in _COMPARED})
+    return [
+        f"{name}={old.get(name)!r} but the request has {new.get(name)!r}"
+        for name in sorted(set(old) | set(new))
+        if old.get(name) != new.get(name)
+    ]
+
+
+def write_packs(
+    path: Path,
+    groups: list[list[int]],
+    columns: Mapping[str, Any],
+    step: Any,
+    rank: Any,
+    micro: Any,
+) -> None:
+    """``plan.parquet``: the packs in step order (then rank, then micro-batch)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    order = sorted(range(len(groups)), key=lambda p: (step[p], rank[p], micro[p]))
+    index, length = columns["index"], columns["length"]
+    vision, media = columns["vision_tokens"], columns["media"]
+    table = pa.table(
+        {
+            "pack": pa.array(order, pa.int64()),
+            "step": pa.array([int(step[p]) for p in order], pa.int64()),
+            "rank": pa.array([int(rank[p]) for p in order], pa.int32()),
+            "micro": pa.array([int(micro[p]) for p in order], pa.int32()),
+            "keys": pa.array([[str(index[i]) for i in groups[p]] for p in order]),
+            "lengths": pa.array([[int(length[i]) for i in groups[p]] for p in order]),
+            "vision_tokens": pa.array([[int(vision[i]) for i in groups[p]] for p in order]),
+            "media": pa.array([[int(media[i]) for i in groups[p]] for p in order]),
+        }
+    )
+    with name_os_errors(path):
+        pq.write_table(table, path)
+
+
+def write_rows(path: Path, index: Any) -> None:
+    with name_os_errors(path):
+        np.save(path, index)
+
+
+def write_record(out_dir: Path, record: Mapping[str, Any]) -> None:
+    write_json(out_dir / PLAN_FILE, record)
