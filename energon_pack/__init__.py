@@ -76,6 +76,7 @@ if TYPE_CHECKING:  # the public names, for type checkers (read lazily below)
         straggler_ratio,
         unpack,
     )
+    from energon_pack.plan import Plan, PlanSpec, plan_dataset
     from energon_pack.train import (
         BridgeVisualInputs,
         HFTarget,
@@ -105,6 +106,7 @@ _HOMES: dict[str, str] = {
         ),
         "energon_pack.energon": ("PackedBatch", "PackingStats", "PackingTaskEncoder"),
         "energon_pack.formats": ("ChatDataset", "parse_any"),
+        "energon_pack.plan": ("Plan", "PlanSpec", "plan_dataset"),
         "energon_pack.formats.native": ("parse_sample",),
         "energon_pack.formats.raw": ("RawSample",),
         "energon_pack.media": (
@@ -187,13 +189,15 @@ def _group(title: str) -> None:
 
 
 # What a training script builds first: the loader of each path (Megatron-Energon, a PyTorch
-# DataLoader, packs written ahead of training) and the encoder and model family they share.
+# DataLoader, packs written ahead of training), the encoder and model family they share, and
+# the plan of a whole dataset.
 __all__ += [
     "PackingTaskEncoder",
     "VLMPackingCollator",
     "make_encoder",
     "model_family",
     "pack_offline",
+    "plan_dataset",
 ]
 _group("Entry points")
 
@@ -204,6 +208,7 @@ __all__ += [
     "MediaConfig",
     "MonitorConfig",
     "PackingSpec",
+    "PlanSpec",
     "RowLayout",
     "VisionBudget",
 ]
@@ -271,6 +276,10 @@ _group("Training adapters")
 # Packs written ahead of training, and reading them back.
 __all__ += ["OfflinePackResult", "PackMetadata", "PackedDataset"]
 _group("Offline")
+
+# Every pack of a dataset planned before training.
+__all__ += ["Plan"]
+_group("Plans")
 
 # Packing proven on the user's own model and attention implementations.
 __all__ += ["BackendResult", "VerifyReport", "verify_packing"]

@@ -230,6 +230,7 @@ class BoundedTemplate:
         env.filters[_LOOP] = _bounded_loop
         env.filters[_SIZED] = _bounded_size
         self.environment = env
+        self.source = template
         self.template = env.from_string(template)
         self.seconds = seconds
         self.max_chars = max_chars
@@ -237,6 +238,13 @@ class BoundedTemplate:
         self._plain: Callable[[Any], Any] = getattr(hf, "_plain_template_data", identity)
         self._normalize: Callable[[Any], Any] = getattr(hf, "_normalize_chat_messages", _drop_none)
         self._alias: Callable[[Any], Any] = getattr(hf, "_alias_reasoning_fields", identity)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its template text and bounds, compiled again where it is loaded (a
+        compiled environment does not pickle): encoders travel to spawned loader workers and
+        Ray tasks."""
+        state = {"seconds": self.seconds, "max_chars": self.max_chars}
+        return type(self), (self.source,), state
 
     def render(
         self,

@@ -19,7 +19,7 @@ from energon_pack.offline.manifest import tokenizer_content
 from energon_pack.plan.engine import measure_on_ray
 from energon_pack.plan.measure import SKIP_KINDS
 from energon_pack.plan.pack import lay_out_steps, pack_rows
-from energon_pack.plan.source import JsonSource
+from energon_pack.plan.source import JsonSource, open_source
 from energon_pack.plan.spec import PlanSpec
 from energon_pack.plan.store import (
     FORMAT_VERSION,
@@ -47,8 +47,9 @@ def plan_dataset(
     ray_address: str | None = None,
     force: bool = False,
 ) -> Plan:
-    """Plan every pack of ``source`` (a JSONL file of rows, or a JSON file holding one array
-    of them: chat rows with their media, prompt/answer pairs, pre-tokenised ids) and write
+    """Plan every pack of ``source`` (a JSONL file of rows, a JSON file holding one array of
+    them, or a ``.parquet`` file whose columns are the rows' fields: chat rows with their
+    media, prompt/answer pairs, pre-tokenised ids) and write
     the plan to ``out_dir`` (:mod:`energon_pack.plan.store`).
 
     Each row is measured by ``encoder`` (the encoder the loaders use, e.g.
@@ -66,7 +67,7 @@ def plan_dataset(
     with a ValueError naming what differs, unless ``force``.
     """
     out_dir = Path(out_dir)
-    rows = JsonSource.open(source, media_root)
+    rows = open_source(source, media_root)
     asked: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "source": rows.fingerprint(),
@@ -108,7 +109,7 @@ def plan_dataset(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / PLAN_FILE).unlink(missing_ok=True)  # incomplete until the record is back
     write_packs(out_dir / PACKS_FILE, groups, columns, steps.step, steps.rank, steps.micro)
-    if rows.index is not None:
+    if isinstance(rows, JsonSource) and rows.index is not None:
         write_rows(out_dir / ROWS_FILE, rows.index)
     padded = sum(spec.layout.aligned(int(n)) for n in length)
     skipped = [

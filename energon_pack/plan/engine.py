@@ -69,6 +69,13 @@ def measure_on_ray(
 ) -> dict[str, npt.NDArray[Any]]:
     """The :data:`~energon_pack.plan.measure.COLUMNS` of every row of ``partitions``, in row
     order, measured by Ray tasks."""
+    try:
+        pickle.dumps(encoder)
+    except Exception as error:  # whatever the encoder holds that does not pickle
+        raise ValueError(
+            f"the encoder cannot travel to Ray's workers: pickling it fails ({error}); pass an "
+            "encoder that make_encoder() builds, with a tokenizer that pickles"
+        ) from None
     with ray_session(address):
         import ray.data
 

@@ -1,13 +1,16 @@
 """Packing a whole dataset's measured rows, and laying the packs out as training steps.
 
-:func:`pack_rows` is first fit decreasing over the padded lengths; under vision caps each
-row goes to the first pack that has room for its tokens, vision tokens and media alike (a
-segment tree keeps each budget's most free room per range of packs, so a search skips every
-range where one budget is short). :func:`lay_out_steps` gives each pack its step and rank:
-``global_batch_size`` packs per step, ``global_batch_size / data_parallel_size`` per rank.
-With balance on, the packs of a step are those nearest in vision tokens (packs sorted by
-them, then cut into steps) and are dealt to the ranks heaviest first, each to the least
-loaded rank with room; the order of the steps is then shuffled with the seed.
+:func:`pack_rows` is first fit decreasing over the padded lengths. Under vision caps each row
+goes to the first pack that has room for its tokens, vision tokens and media alike (a segment
+tree keeps each budget's most free room per range of packs, so a search skips every range
+where one budget is short), in two orders of the rows, keeping the fewer packs. With balance,
+:func:`even_out_vision` then trades rows between heavy and light packs.
+
+:func:`lay_out_steps` gives each pack its step and rank: ``global_batch_size`` packs per step,
+``global_batch_size / data_parallel_size`` per rank. With balance on, the packs of a step are
+those nearest in vision tokens (packs sorted by them, then cut into steps) and are dealt to the
+ranks heaviest first, each to the least loaded rank with room; the order of the steps is then
+shuffled with the seed.
 """
 
 from __future__ import annotations
@@ -81,12 +84,26 @@ def pack_rows(
 def _first_fit_within_caps(
     padded: Sequence[int], vision: Sequence[int], media: Sequence[int], caps: Sequence[int]
 ) -> list[list[int]]:
-    """First fit decreasing on vectors: rows by the sum of their shares of the three budgets,
-    largest first, each into the first pack with room in every budget."""
-    share = [
+    """First fit decreasing on vectors, each row into the first pack with room in every budget,
+    in two orders: the rows by padded length, and by the sum of their shares of the three
+    budgets (largest first both); the one that needs fewer packs (the first on a tie)."""
+    by_length = [float(n) for n in padded]
+    by_share = [
         padded[i] / caps[0] + vision[i] / caps[1] + media[i] / caps[2] for i in range(len(padded))
     ]
-    order = sorted(range(len(padded)), key=lambda i: (-share[i], i))
+    tries = [_first_fit(size, padded, vision, media, caps) for size in (by_length, by_share)]
+    return min(tries, key=len)
+
+
+def _first_fit(
+    size: Sequence[float],
+    padded: Sequence[int],
+    vision: Sequence[int],
+    media: Sequence[int],
+    caps: Sequence[int],
+) -> list[list[int]]:
+    """The rows by ``size``, largest first, each into the first pack with room for it."""
+    order = sorted(range(len(padded)), key=lambda i: (-size[i], i))
     tree = _FreeTree(len(padded))
     groups: list[list[int]] = []
     free: list[list[int]] = []
@@ -111,16 +128,18 @@ _TRIED = 4
 """Rows of the heavier pack :func:`_trade` tries to move, best first."""
 _PARTNERS = 8
 """Heavy packs a light pack trades with in one pass, heaviest first."""
-"""Rows of the heavier pack :func:`_trade` tries to move, best first."""
+_SCANNED = 64
+"""Heavy packs a light pack looks at in one pass for a trade (heaviest first)."""
 
 
 def even_out_vision(
     groups: list[list[int]], sizes: Sequence[Sequence[int]], caps: Sequence[int]
 ) -> list[list[int]]:
-    """``groups`` with vision tokens moved from heavy packs to light ones: each pass pairs the
-    i-th heaviest pack with the i-th lightest, and moves rows that carry vision tokens from
-    the heavy one to the light one in exchange for text-only rows of the same total tokens
-    (as near as the packs' free room allows), while that brings their vision tokens closer.
+    """``groups`` with vision tokens moved from heavy packs to light ones. Each pass takes the
+    packs below the mean vision tokens, lightest first; each trades with packs above the mean,
+    heaviest first: a row that carries vision tokens goes from the heavy pack to the light one
+    and text-only rows of the same total tokens (as near as the packs' free room allows) come
+    back, while that brings the two closer and the light one is below the mean.
     ``sizes`` is ``(padded lengths, vision tokens, media)`` per row. Every pack stays within
     ``caps`` and the packs keep their count, so the fill is unchanged."""
     groups = [list(group) for group in groups]
@@ -132,15 +151,19 @@ def even_out_vision(
         moved = False
         for light in reversed(order[len(order) // 2 :]):
             partners = 0
-            for heavy in heavy_side:
+            for heavy in heavy_side[:_SCANNED]:
                 if loads[light][1] >= mean or partners == _PARTNERS:
                     break
                 if loads[heavy][1] <= mean:
                     continue
-                partners += 1
+                traded = False
                 while loads[light][1] < mean and _trade(groups, loads, heavy, light, sizes, caps):
-                    moved = True
-            heavy_side.sort(key=lambda p: (-loads[p][1], p))
+                    traded = True
+                partners += traded
+                moved |= traded
+            # heavy packs brought down to the mean leave the front of the list
+            front = [p for p in heavy_side[:_SCANNED] if loads[p][1] > mean]
+            heavy_side[:_SCANNED] = front
         if not moved:
             break
     return groups

@@ -1,10 +1,12 @@
-"""The rows a plan measures: a JSONL file (one record per non-blank line) or a JSON file
-holding one array of records, each named by its 0-based row index.
+"""The rows a plan measures: a JSONL file (one record per non-blank line), a JSON file holding
+one array of records, or a Parquet file (one record per row, its columns as the record's
+fields), each row named by its 0-based index. :func:`open_source` opens either.
 
 A JSONL file is indexed once (:func:`line_index`: where each record starts and ends) and cut
-into byte ranges that workers read on their own, so the driver never holds the rows; a JSON
-array is read whole (as :func:`~energon_pack.offline.inputs.read_records` reads it) and its
-records travel with their partitions.
+into byte ranges that workers read on their own, so the driver never holds the rows; a Parquet
+file is cut by row groups, which workers read on their own too; a JSON array is read whole (as
+:func:`~energon_pack.offline.inputs.read_records` reads it) and its records travel with their
+partitions.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from energon_pack.offline.manifest import name_os_errors, sha256
 ROWS_PER_PARTITION = 2048
 """Records one measuring task reads: small enough to spread a short file over every worker,
 large enough that scheduling costs little next to the tokenising."""
+
+
+def open_source(path: str | Path, media_root: str | Path | None = None) -> Source:
+    """The source at ``path``: a ``.parquet`` file, else a JSON/JSONL file."""
+    if Path(path).suffix == ".parquet":
+        return ParquetSource.open(path, media_root)
+    return JsonSource.open(path, media_root)
 
 
 def line_index(path: Path) -> npt.NDArray[np.int64]:
@@ -77,14 +86,8 @@ class JsonSource:
         return int(self.index.shape[1])
 
     def fingerprint(self) -> dict[str, Any]:
-        """What identifies the rows: the file's resolved path, size and SHA-256, and the media
-        root."""
-        return {
-            "path": str(self.path.resolve()),
-            "bytes": self.path.stat().st_size,
-            "sha256": sha256(self.path),
-            "media_root": None if self.media_root is None else str(self.media_root.resolve()),
-        }
+        """What identifies the rows (:func:`file_fingerprint`)."""
+        return file_fingerprint(self.path, self.media_root)
 
     def partitions(self, rows: int = ROWS_PER_PARTITION) -> list[str]:
         """The source cut into runs of ``rows`` records, each a JSON text that
@@ -102,11 +105,75 @@ class JsonSource:
         return out
 
 
+@dataclass(frozen=True)
+class ParquetSource:
+    """A Parquet file of rows (its columns are each record's fields: ``messages``,
+    ``images``, ...), and the folder its media paths are read under; ``row_groups`` holds the
+    row count of each row group. Build it with :meth:`open`."""
+
+    path: Path
+    media_root: Path | None
+    row_groups: tuple[int, ...]
+
+    @classmethod
+    def open(cls, path: str | Path, media_root: str | Path | None = None) -> ParquetSource:
+        """Read the file's footer (a ValueError names it when it is no Parquet file)."""
+        import pyarrow.parquet as pq
+
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"source {path} is not a file; pass a Parquet file of rows")
+        try:
+            metadata = pq.ParquetFile(path).metadata
+        except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+            raise ValueError(f"source {path} is not a readable Parquet file ({error})") from None
+        counts = tuple(metadata.row_group(k).num_rows for k in range(metadata.num_row_groups))
+        return cls(path, None if media_root is None else Path(media_root), counts)
+
+    def __len__(self) -> int:
+        return sum(self.row_groups)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies the rows (:func:`file_fingerprint`)."""
+        return file_fingerprint(self.path, self.media_root)
+
+    def partitions(self, rows: int = ROWS_PER_PARTITION) -> list[str]:
+        """One partition per row group (``rows`` is not used: a row group is read whole)."""
+        starts = [sum(self.row_groups[:k]) for k in range(len(self.row_groups))]
+        return [
+            json.dumps({"path": str(self.path), "first": first, "row_group": k})
+            for k, first in enumerate(starts)
+            if self.row_groups[k]
+        ]
+
+
+Source = JsonSource | ParquetSource
+
+
+def file_fingerprint(path: Path, media_root: Path | None) -> dict[str, Any]:
+    """What identifies a source file's rows: its resolved path, size and SHA-256, and the
+    media root."""
+    return {
+        "path": str(path.resolve()),
+        "bytes": path.stat().st_size,
+        "sha256": sha256(path),
+        "media_root": None if media_root is None else str(media_root.resolve()),
+    }
+
+
 def read_partition(partition: str) -> Iterator[tuple[int, Any]]:
-    """``(row index, record)`` of each record of a partition of :meth:`JsonSource.partitions`;
-    a line that is not valid JSON gives its ValueError as the record."""
+    """``(row index, record)`` of each record of a source's partition; a JSONL line that is not
+    valid JSON gives its ValueError as the record."""
     part = json.loads(partition)
     first = part["first"]
+    if "row_group" in part:
+        import pyarrow.parquet as pq
+
+        path = Path(part["path"])
+        with name_os_errors(path):
+            table = pq.ParquetFile(path).read_row_group(part["row_group"])
+        yield from enumerate(table.to_pylist(), first)
+        return
     if "records" in part:
         yield from enumerate(part["records"], first)
         return

@@ -497,3 +497,22 @@ def test_offline_cli_with_a_tokenizer_directory_uses_its_chat_template(tmp_path:
     assert got == sorted(want)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["tokenizer"]["encoding"] == "template"
+
+
+def test_a_template_encoder_pickles_and_encodes_the_same_after() -> None:
+    """Spawned loader workers and Ray tasks get the encoder pickled: its compiled template is
+    rebuilt from the text, with the same bounds, and encodes the same ids and mask."""
+    import pickle
+
+    encoder = make_encoder(real_qwen_tokenizer(chat_template=RELEASED["QWEN3"]))
+    messages = [
+        {"role": "user", "content": "What is in the picture?"},
+        {"role": "assistant", "content": "A red square."},
+    ]
+    before = encoder.encode_sample("k", {"messages": messages})
+    loaded = pickle.loads(pickle.dumps(encoder))
+    after = loaded.encode_sample("k", {"messages": messages})
+    assert after.input_ids.tolist() == before.input_ids.tolist()
+    assert after.loss_mask.tolist() == before.loss_mask.tolist()
+    assert loaded._bounded.seconds == encoder._bounded.seconds
+    assert loaded._bounded.source == encoder._bounded.source

@@ -18,14 +18,14 @@ from energon_pack import RowLayout, VisionBudget, VLMPackingCollator, make_encod
 from energon_pack.encoding.chatml import SampleEncoder
 from energon_pack.formats.chat_rows import ChatDataset
 from energon_pack.plan.measure import measure_partition
-from energon_pack.plan.source import JsonSource
+from energon_pack.plan.source import JsonSource, open_source
 from energon_pack.plan.spec import PlanSpec
 
 SPEC = PlanSpec(RowLayout(32768))
 
 
 def _measured(path: Path, media_root: Path | None, encoder: SampleEncoder) -> dict:
-    source = JsonSource.open(path, media_root)
+    source = open_source(path, media_root)
     parts = [measure_partition(p, encoder, SPEC, media_root) for p in source.partitions(rows=64)]
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
@@ -106,3 +106,54 @@ def test_a_json_array_is_read_as_rows_of_one_partition_each(tmp_path: Path) -> N
     assert len(source) == 5
     assert measured["index"].tolist() == [0, 1, 2, 3, 4]
     assert np.diff(measured["length"]).tolist() == [1, 1, 1, 1]  # one byte token per "a"
+
+
+def test_a_parquet_source_measures_as_its_jsonl_rows(chat_rows: ChatRows, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = chat_rows.path.read_text().splitlines()
+    # one schema, as a Parquet file has: the ShareGPT rows (a column is the union of the
+    # rows' fields, so rows of other forms would gain null fields the loaders refuse too)
+    kept = [
+        i
+        for i, line in enumerate(lines)
+        if all("from" in turn for turn in json.loads(line).get("conversations", [{}]))
+    ]
+    rows = [json.loads(lines[i]) for i in kept]
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text("".join(lines[i] + "\n" for i in kept))
+    for number, row in enumerate(rows):  # as a `datasets` Image column: bytes or a path
+        row["images"] = [
+            {"bytes": (chat_rows.media_root / name).read_bytes(), "path": None}
+            if number % 2
+            else {"bytes": None, "path": name}
+            for name in row.get("images", [])
+        ]
+        row.setdefault("videos", [])
+        row.setdefault("system", None)
+    turn = pa.struct([("from", pa.string()), ("value", pa.string())])
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema(
+        [
+            ("conversations", pa.list_(turn)),
+            ("system", pa.string()),
+            ("images", pa.list_(image)),
+            ("videos", pa.list_(pa.string())),
+        ]
+    )
+    parquet = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema), parquet, row_group_size=128)
+    encoder = make_encoder(None, media=SMALL_MEDIA)
+    source = open_source(parquet, chat_rows.media_root)
+    assert len(source) == len(kept) > 128
+    assert len(source.partitions()) == -(-len(kept) // 128)  # one per row group
+    from_parquet = _measured(parquet, chat_rows.media_root, encoder)
+    from_jsonl = _measured(jsonl, chat_rows.media_root, encoder)
+    assert set(from_jsonl["skip"].tolist()) == {""}
+    for name in ("index", "length", "vision_tokens", "media", "skip"):
+        assert from_parquet[name].tolist() == from_jsonl[name].tolist(), name
+    not_parquet = tmp_path / "bad.parquet"
+    not_parquet.write_bytes(b"PAR1 but no footer")
+    with pytest.raises(ValueError, match=r"bad\.parquet is not a readable Parquet file"):
+        open_source(not_parquet)

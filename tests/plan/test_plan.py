@@ -141,3 +141,27 @@ def test_cli_plan_prints_the_summary_and_refuses_a_stale_dir(
     assert "spec.global_batch_size=4 but the request has 2" in capsys.readouterr().err
     assert main([*argv, "--global-batch-size", "3"]) == 2
     assert "not a multiple of data_parallel_size=2" in capsys.readouterr().err
+
+
+def test_a_template_encoder_travels_to_the_ray_tasks(tmp_path: Path) -> None:
+    from chat_templates import QWEN3
+    from real_qwen import real_qwen_tokenizer
+
+    source = tmp_path / "rows.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps({"input": f"question {i} " * (1 + i % 7), "output": "answer " * i}) + "\n"
+            for i in range(1, 40)
+        )
+    )
+    encoder = make_encoder(real_qwen_tokenizer(chat_template=QWEN3))
+    plan = plan_dataset(source, tmp_path / "plan", PlanSpec(RowLayout(1024)), encoder)
+    (part,) = JsonSource.open(source).partitions()
+    measured = measure_partition(part, encoder, PlanSpec(RowLayout(1024)), None)
+    planned = {
+        int(k): n
+        for p in plan.table().to_pylist()
+        for k, n in zip(p["keys"], p["lengths"], strict=True)
+    }
+    assert planned == dict(enumerate(measured["length"].tolist()))
+    assert plan.record["encoder"]["encoding"] == "template"

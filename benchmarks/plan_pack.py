@@ -1,0 +1,209 @@
+"""A whole-dataset plan against first fit decreasing and the online packer; its pack step cost.
+
+The three seeded VLM mixes of benchmarks/vision_budget.py (short-turns, long-turns,
+small-images; 32,000 samples each by default), at seq 8192 and 16384. Caps as there: V = 1.5x
+the uncapped mean vision tokens per pack, K = ceil(1.5x its mean media); samples alone over a
+cap are left out of every scheme. Per configuration:
+
+  ffd            first fit decreasing on the lengths alone (no caps): the fill to match
+  online         the online packer at buffer 64 under the caps with balance, one stream, its
+                 end-of-stream flush included (every pack counted, as the plan counts them)
+  plan           energon_pack.plan.pack: pack_rows (caps + balance) and lay_out_steps
+
+Figures: fill (every pack counted), the plan's fill minus ffd's (goal >= -0.001), the plan's
+straggler ratio at 8 and 64 ranks with its floor (energon_pack.straggler_floor over the plan's
+steps; goal <= floor + 0.02) and the seconds of the pack step (pack_rows + lay_out_steps, one
+core). Then the pack step's time and peak memory (tracemalloc) on --scale synthetic samples
+without and with the caps and balance.
+
+Usage: python benchmarks/plan_pack.py [--samples N] [--streams a,b] [--seq-lengths a,b]
+       [--scale N] [--out benchmarks/results/plan_pack.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+import tracemalloc
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from vision_budget import STREAMS
+
+from energon_pack import OnlineBinPacker, PackingWarning, RowLayout, VisionBudget
+from energon_pack.cli.tables import format_table
+from energon_pack.packing.bins import first_fit_decreasing, groups_fill
+from energon_pack.packing.synthetic import VisionSample, vision_mix
+from energon_pack.plan.pack import lay_out_steps, pack_rows
+from energon_pack.plan.spec import PlanSpec
+
+RANKS = (8, 64)
+ONLINE_BUFFER = 64
+
+
+def online_fill(samples: Sequence[VisionSample], seq: int, budget: VisionBudget) -> float:
+    """The online packer's fill over every pack it emits, the flush included."""
+    packer = OnlineBinPacker(seq, ONLINE_BUFFER, overlong="skip", vision=budget)
+    used = packs = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PackingWarning)
+        for index, s in enumerate(samples):
+            for b in packer.push(index, s.length, vision_tokens=s.vision_tokens, media=s.media):
+                used, packs = used + b.used, packs + 1
+        for b in packer.flush():
+            used, packs = used + b.used, packs + 1
+    return used / (packs * seq)
+
+
+def plan_figures(samples: Sequence[VisionSample], seq: int, budget: VisionBudget) -> dict:
+    lengths = [s.length for s in samples]
+    vision = [s.vision_tokens for s in samples]
+    media = [s.media for s in samples]
+    out: dict = {}
+    for ranks in RANKS:
+        spec = PlanSpec(RowLayout(seq), budget, data_parallel_size=ranks)
+        start = time.perf_counter()
+        groups = pack_rows(lengths, vision, media, spec)
+        pack_vision = [sum(vision[i] for i in g) for g in groups]
+        largest = [max(vision[i] for i in g) for g in groups]
+        steps = lay_out_steps(pack_vision, largest, spec)
+        seconds = time.perf_counter() - start
+        assert all(
+            budget.fits(pv, sum(media[i] for i in g))
+            for pv, g in zip(pack_vision, groups, strict=True)
+        )
+        out["fill"] = groups_fill(groups, lengths, seq)
+        out["packs"] = len(groups)
+        out[f"straggler_{ranks}"] = steps.straggler
+        out[f"floor_{ranks}"] = steps.floor
+        out[f"seconds_{ranks}"] = seconds
+    return out
+
+
+def compare(stream: str, seq: int, count: int) -> dict:
+    samples = vision_mix(count, seed=0, cap=seq, **STREAMS[stream])
+    uncapped = first_fit_decreasing([s.length for s in samples], seq)
+    packs = len(uncapped)
+    budget = VisionBudget(
+        max_vision_tokens=int(1.5 * sum(s.vision_tokens for s in samples) / packs),
+        max_media=math.ceil(1.5 * sum(s.media for s in samples) / packs),
+        balance=True,
+    )
+    kept = [s for s in samples if budget.fits(s.vision_tokens, s.media)]
+    lengths = [s.length for s in kept]
+    ffd = groups_fill(first_fit_decreasing(lengths, seq), lengths, seq)
+    row = {
+        "stream": stream,
+        "seq": seq,
+        "kept": len(kept),
+        "max_vision_tokens": budget.max_vision_tokens,
+        "max_media": budget.max_media,
+        "ffd": ffd,
+        "online_64": online_fill(kept, seq, budget),
+        **plan_figures(kept, seq, budget),
+    }
+    row["plan_minus_ffd"] = row["fill"] - ffd
+    return row
+
+
+def scale(count: int) -> list[dict]:
+    """The pack step's seconds and peak traced memory on ``count`` short-turns samples."""
+    samples = vision_mix(count, seed=0, cap=8192, text_median=150)
+    lengths = [s.length for s in samples]
+    vision = [s.vision_tokens for s in samples]
+    media = [s.media for s in samples]
+    rows = []
+    for name, budget in (
+        ("tokens only", VisionBudget()),
+        ("caps + balance", VisionBudget(max_vision_tokens=5000, max_media=12, balance=True)),
+    ):
+        kept = [i for i in range(count) if budget.fits(vision[i], media[i])]
+        spec = PlanSpec(RowLayout(8192), budget, data_parallel_size=8)
+        tracemalloc.start()
+        start = time.perf_counter()
+        groups = pack_rows(
+            [lengths[i] for i in kept], [vision[i] for i in kept], [media[i] for i in kept], spec
+        )
+        pack_vision = [sum(vision[kept[i]] for i in g) for g in groups]
+        lay_out_steps(pack_vision, pack_vision, spec)
+        seconds = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        rows.append(
+            {"scheme": name, "samples": len(kept), "seconds": seconds, "peak_mb": peak / 2**20}
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=32000)
+    parser.add_argument("--streams", default=",".join(STREAMS))
+    parser.add_argument("--seq-lengths", default="8192,16384")
+    parser.add_argument(
+        "--scale", type=int, default=200_000, help="samples of the cost run (0: none)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/plan_pack.json"))
+    args = parser.parse_args()
+    rows = [
+        compare(stream, int(seq), args.samples)
+        for stream in args.streams.split(",")
+        for seq in args.seq_lengths.split(",")
+    ]
+    print(
+        format_table(
+            [
+                "stream",
+                "seq",
+                "ffd",
+                "online 64",
+                "plan",
+                "plan - ffd",
+                "DP 8 (floor)",
+                "DP 64 (floor)",
+                "s",
+            ],
+            [
+                [
+                    r["stream"],
+                    r["seq"],
+                    f"{r['ffd']:.4f}",
+                    f"{r['online_64']:.4f}",
+                    f"{r['fill']:.4f}",
+                    f"{r['plan_minus_ffd']:+.4f}",
+                    f"{r['straggler_8']:.3f} ({r['floor_8']:.3f})",
+                    f"{r['straggler_64']:.3f} ({r['floor_64']:.3f})",
+                    f"{r['seconds_8']:.1f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    costs = scale(args.scale) if args.scale else []
+    if costs:
+        print()
+        print(
+            format_table(
+                ["pack step", "samples", "seconds", "µs/sample", "peak MB"],
+                [
+                    [
+                        c["scheme"],
+                        c["samples"],
+                        f"{c['seconds']:.1f}",
+                        f"{1e6 * c['seconds'] / c['samples']:.1f}",
+                        f"{c['peak_mb']:.0f}",
+                    ]
+                    for c in costs
+                ],
+            )
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"configurations": rows, "scale": costs}, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
