@@ -13,11 +13,11 @@ cap are left out of every scheme. Per configuration:
 Figures: fill (every pack counted), the plan's fill minus ffd's (goal >= -0.001), the plan's
 straggler ratio at 8 and 64 ranks with its floor (energon_pack.straggler_floor over the plan's
 steps; goal <= floor + 0.02) and the seconds of the pack step (pack_rows + lay_out_steps, one
-core). Then the pack step's time and peak memory (tracemalloc) on --scale synthetic samples
-without and with the caps and balance.
+core). Then the pack step's time and, in a second run, its peak memory (tracemalloc) on
+--scale synthetic samples without and with the caps and balance.
 
 Usage: python benchmarks/plan_pack.py [--samples N] [--streams a,b] [--seq-lengths a,b]
-       [--scale N] [--out benchmarks/results/plan_pack.json]
+       [--scale N] [--scale-only] [--out benchmarks/results/plan_pack.json]
 """
 
 from __future__ import annotations
@@ -109,8 +109,15 @@ def compare(stream: str, seq: int, count: int) -> dict:
     return row
 
 
+def pack_step(columns: tuple[list[int], list[int], list[int]], spec: PlanSpec) -> None:
+    groups = pack_rows(*columns, spec)
+    pack_vision = [sum(columns[1][i] for i in g) for g in groups]
+    lay_out_steps(pack_vision, pack_vision, spec)
+
+
 def scale(count: int) -> list[dict]:
-    """The pack step's seconds and peak traced memory on ``count`` short-turns samples."""
+    """The pack step's seconds, then (a second run, under tracemalloc, which slows Python
+    down) its peak traced memory, on ``count`` short-turns samples."""
     samples = vision_mix(count, seed=0, cap=8192, text_median=150)
     lengths = [s.length for s in samples]
     vision = [s.vision_tokens for s in samples]
@@ -122,14 +129,13 @@ def scale(count: int) -> list[dict]:
     ):
         kept = [i for i in range(count) if budget.fits(vision[i], media[i])]
         spec = PlanSpec(RowLayout(8192), budget, data_parallel_size=8)
-        tracemalloc.start()
+        columns = ([lengths[i] for i in kept], [vision[i] for i in kept], [media[i] for i in kept])
+
         start = time.perf_counter()
-        groups = pack_rows(
-            [lengths[i] for i in kept], [vision[i] for i in kept], [media[i] for i in kept], spec
-        )
-        pack_vision = [sum(vision[kept[i]] for i in g) for g in groups]
-        lay_out_steps(pack_vision, pack_vision, spec)
+        pack_step(columns, spec)
         seconds = time.perf_counter() - start
+        tracemalloc.start()
+        pack_step(columns, spec)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         rows.append(
@@ -144,44 +150,47 @@ def main() -> None:
     parser.add_argument("--streams", default=",".join(STREAMS))
     parser.add_argument("--seq-lengths", default="8192,16384")
     parser.add_argument(
-        "--scale", type=int, default=200_000, help="samples of the cost run (0: none)"
+        "--scale", type=int, default=400_000, help="samples of the cost run (0: none)"
     )
+    parser.add_argument("--scale-only", action="store_true", help="only the cost run")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/plan_pack.json"))
     args = parser.parse_args()
     rows = [
         compare(stream, int(seq), args.samples)
         for stream in args.streams.split(",")
         for seq in args.seq_lengths.split(",")
+        if not args.scale_only
     ]
-    print(
-        format_table(
-            [
-                "stream",
-                "seq",
-                "ffd",
-                "online 64",
-                "plan",
-                "plan - ffd",
-                "DP 8 (floor)",
-                "DP 64 (floor)",
-                "s",
-            ],
-            [
+    if rows:
+        print(
+            format_table(
                 [
-                    r["stream"],
-                    r["seq"],
-                    f"{r['ffd']:.4f}",
-                    f"{r['online_64']:.4f}",
-                    f"{r['fill']:.4f}",
-                    f"{r['plan_minus_ffd']:+.4f}",
-                    f"{r['straggler_8']:.3f} ({r['floor_8']:.3f})",
-                    f"{r['straggler_64']:.3f} ({r['floor_64']:.3f})",
-                    f"{r['seconds_8']:.1f}",
-                ]
-                for r in rows
-            ],
+                    "stream",
+                    "seq",
+                    "ffd",
+                    "online 64",
+                    "plan",
+                    "plan - ffd",
+                    "DP 8 (floor)",
+                    "DP 64 (floor)",
+                    "s",
+                ],
+                [
+                    [
+                        r["stream"],
+                        r["seq"],
+                        f"{r['ffd']:.4f}",
+                        f"{r['online_64']:.4f}",
+                        f"{r['fill']:.4f}",
+                        f"{r['plan_minus_ffd']:+.4f}",
+                        f"{r['straggler_8']:.3f} ({r['floor_8']:.3f})",
+                        f"{r['straggler_64']:.3f} ({r['floor_64']:.3f})",
+                        f"{r['seconds_8']:.1f}",
+                    ]
+                    for r in rows
+                ],
+            )
         )
-    )
     costs = scale(args.scale) if args.scale else []
     if costs:
         print()

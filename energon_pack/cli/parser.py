@@ -213,11 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
         "plan",
         help="plan every pack of a dataset before training, on Ray Data (exact counts, the "
         "vision caps, balanced steps)",
-        description="Measures every row of SOURCE (a JSONL file of rows, or a JSON file "
-        "holding one array: chat rows with media paths, prompt/answer pairs, pre-tokenised "
-        "ids) with the encoder the loaders use (media probed from their headers), on Ray "
-        "Data: a local Ray with every core, or --ray-address. Then packs all rows at once "
-        "and lays the packs out as steps over the data-parallel ranks. Writes "
+        description="Measures every row of SOURCE (a JSONL file of rows, a JSON file holding "
+        "one array, or a .parquet file: chat rows with media paths, prompt/answer pairs, "
+        "pre-tokenised ids) with the encoder the loaders use (media probed from their "
+        "headers), on Ray Data: a local Ray with every core, or --ray-address. Then packs "
+        "all rows at once and lays the packs out as steps over the data-parallel ranks. Writes "
         "OUT_DIR/plan.parquet (one row per pack) and OUT_DIR/plan.json, and prints one "
         "summary line. An up-to-date OUT_DIR is reused; one built from another source or with "
         "other settings is refused unless --force. Exit status 2 on bad input or settings, 3 "

@@ -49,8 +49,8 @@ def plan_dataset(
 ) -> Plan:
     """Plan every pack of ``source`` (a JSONL file of rows, a JSON file holding one array of
     them, or a ``.parquet`` file whose columns are the rows' fields: chat rows with their
-    media, prompt/answer pairs, pre-tokenised ids) and write
-    the plan to ``out_dir`` (:mod:`energon_pack.plan.store`).
+    media, prompt/answer pairs, pre-tokenised ids) and write the plan to ``out_dir``
+    (:mod:`energon_pack.plan.store`).
 
     Each row is measured by ``encoder`` (the encoder the loaders use, e.g.
     ``make_encoder(tokenizer)`` or ``make_encoder(family=processor)``; media paths are read

@@ -1,6 +1,7 @@
 """Running the measure stage on Ray Data: the partitions become a Ray dataset, each is measured
-by :func:`~energon_pack.plan.measure.measure_partition` in a Ray task (Ray schedules, retries
-and shows the progress), and the columns come back to the driver.
+by :func:`~energon_pack.plan.measure.measure_partition` in a pool of Ray actors, one per CPU,
+each holding the encoder (Ray schedules, retries and shows the progress), and the columns come
+back to the driver.
 
 Without an address a local Ray is started with every core and stopped when done; with
 ``address`` (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``) the running cluster is joined
@@ -77,21 +78,21 @@ def measure_on_ray(
             "encoder that make_encoder() builds, with a tokenizer that pickles"
         ) from None
     with ray_session(address):
+        import ray
         import ray.data
 
-        def measure(batch: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
-            try:
-                parts = [
-                    measure_partition(str(p), encoder, spec, media_root) for p in batch["part"]
-                ]
-            except (ValueError, OSError) as error:  # Ray would keep only its text
-                return _failure(error)
-            return _concatenated(parts)
-
+        cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
+        workers = max(1, min(len(partitions), int(cpus)))
         dataset = ray.data.from_items(
             [{"part": part} for part in partitions], override_num_blocks=len(partitions)
         )
-        measured = dataset.map_batches(measure, batch_size=1, batch_format="numpy")
+        measured = dataset.map_batches(
+            PartitionMeasurer,
+            fn_constructor_kwargs={"encoder": encoder, "spec": spec, "media_root": media_root},
+            concurrency=workers,
+            batch_size=1,
+            batch_format="numpy",
+        )
         batches = list(measured.iter_batches(batch_size=None, batch_format="numpy"))
     columns = _concatenated(batches)
     failed = np.flatnonzero(columns["skip"] == _FAILED)
@@ -99,6 +100,24 @@ def measure_on_ray(
         raise pickle.loads(base64.b64decode(columns["reason"][failed[0]]))
     order = np.argsort(columns["index"], kind="stable")
     return {name: values[order] for name, values in columns.items()}
+
+
+class PartitionMeasurer:
+    """The measure stage as a Ray Data actor: the encoder is unpickled once per actor (one
+    per CPU), not once per partition (a real tokenizer takes most of a second)."""
+
+    def __init__(self, encoder: SampleEncoder, spec: PlanSpec, media_root: Path | None) -> None:
+        self.encoder, self.spec, self.media_root = encoder, spec, media_root
+
+    def __call__(self, batch: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
+        try:
+            parts = [
+                measure_partition(str(part), self.encoder, self.spec, self.media_root)
+                for part in batch["part"]
+            ]
+        except (ValueError, OSError) as error:  # Ray would keep only its text
+            return _failure(error)
+        return _concatenated(parts)
 
 
 def _failure(error: ValueError | OSError) -> dict[str, npt.NDArray[Any]]:

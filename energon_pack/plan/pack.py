@@ -130,6 +130,8 @@ _PARTNERS = 8
 """Heavy packs a light pack trades with in one pass, heaviest first."""
 _SCANNED = 64
 """Heavy packs a light pack looks at in one pass for a trade (heaviest first)."""
+_FAILURES = 16
+"""Heavy packs without a trade after which a light pack waits for the next pass."""
 
 
 def even_out_vision(
@@ -150,9 +152,9 @@ def even_out_vision(
         heavy_side = order[: len(order) // 2]
         moved = False
         for light in reversed(order[len(order) // 2 :]):
-            partners = 0
+            partners = failed = 0
             for heavy in heavy_side[:_SCANNED]:
-                if loads[light][1] >= mean or partners == _PARTNERS:
+                if loads[light][1] >= mean or partners == _PARTNERS or failed == _FAILURES:
                     break
                 if loads[heavy][1] <= mean:
                     continue
@@ -160,6 +162,7 @@ def even_out_vision(
                 while loads[light][1] < mean and _trade(groups, loads, heavy, light, sizes, caps):
                     traded = True
                 partners += traded
+                failed += not traded
                 moved |= traded
             # heavy packs brought down to the mean leave the front of the list
             front = [p for p in heavy_side[:_SCANNED] if loads[p][1] > mean]

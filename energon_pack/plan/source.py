@@ -29,10 +29,13 @@ large enough that scheduling costs little next to the tokenising."""
 
 
 def open_source(path: str | Path, media_root: str | Path | None = None) -> Source:
-    """The source at ``path``: a ``.parquet`` file, else a JSON/JSONL file."""
-    if Path(path).suffix == ".parquet":
-        return ParquetSource.open(path, media_root)
-    return JsonSource.open(path, media_root)
+    """The source at ``path``: a ``.parquet`` file, else a JSON/JSONL file. Both paths are made
+    absolute: the workers that read the partitions run in other folders (and machines)."""
+    path = Path(path).resolve()
+    root = None if media_root is None else Path(media_root).resolve()
+    if path.suffix == ".parquet":
+        return ParquetSource.open(path, root)
+    return JsonSource.open(path, root)
 
 
 def line_index(path: Path) -> npt.NDArray[np.int64]:

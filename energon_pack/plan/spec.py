@@ -40,7 +40,11 @@ class PlanSpec:
     overlong: PlanOverlong = "skip"
 
     def __post_init__(self) -> None:
-        check_config("layout", self.layout, RowLayout)
+        if not isinstance(self.layout, RowLayout):
+            raise ValueError(
+                f"layout must be a RowLayout, got {self.layout!r}; pass e.g. "
+                "PlanSpec(RowLayout(8192, pad_to_multiple_of=8))"
+            )
         check_config("vision", self.vision, VisionBudget)
         check_int("data_parallel_size", self.data_parallel_size)
         check_int("global_batch_size", self.global_batch_size, none_ok=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -135,3 +136,15 @@ def test_balanced_steps_reach_the_floor_where_the_unbalanced_do_not() -> None:
         results[balance] = lay_out_steps(pack_vision, largest, spec)
     assert results[True].straggler <= results[True].floor + 0.02
     assert results[False].straggler > results[False].floor + 0.2
+
+
+def test_spec_errors_name_the_setting_and_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"layout must be a RowLayout.*PlanSpec\(RowLayout"):
+        PlanSpec(8192)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"global_batch_size=6 is not a multiple of"):
+        PlanSpec(RowLayout(64), data_parallel_size=4, global_batch_size=6)
+    with pytest.raises(ValueError, match=r"overlong must be 'error' or 'skip'"):
+        PlanSpec(RowLayout(64), overlong="truncate")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"data_parallel_size"):
+        PlanSpec(RowLayout(64), data_parallel_size=0)
+    assert PlanSpec(RowLayout(64), data_parallel_size=4).steps_of == 4
