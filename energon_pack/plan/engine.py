@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import pickle
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ def ray_session(address: str | None) -> Iterator[None]:
         import ray
     except ImportError:
         raise ValueError(f"planning runs on Ray Data, which is not installed; {RAY_FIX}") from None
+    if address is not None:
+        _check_reachable(address)
     if ray.is_initialized():
         yield
         return
@@ -59,6 +62,28 @@ def ray_session(address: str | None) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+CONNECT_SECONDS = 10.0
+"""How long a cluster address may take to accept a connection before it is called unreachable
+(Ray itself retries a wrong address for minutes)."""
+
+
+def _check_reachable(address: str) -> None:
+    """A ValueError naming ``--ray-address`` when nothing accepts a connection at its host and
+    port (``auto`` is left to Ray, which looks for a cluster started on this machine)."""
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if address == "auto" or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as error:
+        raise ValueError(
+            f"--ray-address {address!r}: nothing answers at {host}:{port} ({error}); start the "
+            "cluster (ray start --head) and pass its address, or leave the address out to run "
+            "locally"
+        ) from None
 
 
 def measure_on_ray(

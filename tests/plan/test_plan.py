@@ -5,6 +5,7 @@ reused when up to date and refused, naming what differs, when not."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from plan_rows import ChatRows
 from energon_pack import RowLayout, VisionBudget, make_encoder
 from energon_pack.cli import main
 from energon_pack.plan import Plan, PlanSpec, plan_dataset
+from energon_pack.plan.engine import ray_session
 from energon_pack.plan.measure import measure_partition
 from energon_pack.plan.source import JsonSource
 
@@ -165,3 +167,12 @@ def test_a_template_encoder_travels_to_the_ray_tasks(tmp_path: Path) -> None:
     }
     assert planned == dict(enumerate(measured["length"].tolist()))
     assert plan.record["encoder"]["encoding"] == "template"
+
+
+def test_an_address_where_no_cluster_answers_is_refused_by_name() -> None:
+    with socket.socket() as bound:  # a port that is surely closed once this socket goes
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+    refused = rf"--ray-address '127\.0\.0\.1:{port}': nothing answers"
+    with pytest.raises(ValueError, match=refused), ray_session(f"127.0.0.1:{port}"):
+        pass
