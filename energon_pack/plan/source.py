@@ -11,6 +11,7 @@ partitions.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,18 +39,22 @@ def open_source(path: str | Path, media_root: str | Path | None = None) -> Sourc
     return JsonSource.open(path, root)
 
 
-def line_index(path: Path) -> npt.NDArray[np.int64]:
-    """``[2, N]`` int64: the start and end byte offset of each non-blank line of ``path``."""
+def line_index(path: Path) -> tuple[npt.NDArray[np.int64], str]:
+    """``[2, N]`` int64: the start and end byte offset of each non-blank line of ``path``, and
+    the file's SHA-256 (taken in the same read)."""
     starts: list[int] = []
     ends: list[int] = []
     offset = 0
+    digest = hashlib.sha256()
     with name_os_errors(path), path.open("rb") as lines:
         for raw in lines:
+            digest.update(raw)
             if raw.strip():
                 starts.append(offset)
                 ends.append(offset + len(raw))
             offset += len(raw)
-    return np.asarray([starts, ends], dtype=np.int64).reshape(2, len(starts))
+    index = np.asarray([starts, ends], dtype=np.int64).reshape(2, len(starts))
+    return index, digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -57,13 +62,14 @@ class JsonSource:
     """A JSONL or JSON-array file of rows, and the folder its media paths are read under.
 
     Build it with :meth:`open`; ``index`` holds the JSONL line offsets (None for an array,
-    whose ``records`` are held instead).
+    whose ``records`` are held instead), ``sha256`` the file's digest.
     """
 
     path: Path
     media_root: Path | None
     index: npt.NDArray[np.int64] | None
     records: list[Any] | None
+    sha256: str
 
     @classmethod
     def open(cls, path: str | Path, media_root: str | Path | None = None) -> JsonSource:
@@ -79,8 +85,9 @@ class JsonSource:
             array = data.read(4096).lstrip().startswith(b"[")
         if array:
             records = [record for _, _, record in read_records(path)]
-            return cls(path, root, None, records)
-        return cls(path, root, line_index(path), None)
+            return cls(path, root, None, records, sha256(path))
+        index, digest = line_index(path)
+        return cls(path, root, index, None, digest)
 
     def __len__(self) -> int:
         if self.records is not None:
@@ -90,7 +97,7 @@ class JsonSource:
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies the rows (:func:`file_fingerprint`)."""
-        return file_fingerprint(self.path, self.media_root)
+        return file_fingerprint(self.path, self.media_root, self.sha256)
 
     def partitions(self, rows: int = ROWS_PER_PARTITION) -> list[str]:
         """The source cut into runs of ``rows`` records, each a JSON text that
@@ -138,7 +145,7 @@ class ParquetSource:
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies the rows (:func:`file_fingerprint`)."""
-        return file_fingerprint(self.path, self.media_root)
+        return file_fingerprint(self.path, self.media_root, sha256(self.path))
 
     def partitions(self, rows: int = ROWS_PER_PARTITION) -> list[str]:
         """One partition per row group (``rows`` is not used: a row group is read whole)."""
@@ -153,13 +160,13 @@ class ParquetSource:
 Source = JsonSource | ParquetSource
 
 
-def file_fingerprint(path: Path, media_root: Path | None) -> dict[str, Any]:
-    """What identifies a source file's rows: its resolved path, size and SHA-256, and the
-    media root."""
+def file_fingerprint(path: Path, media_root: Path | None, digest: str) -> dict[str, Any]:
+    """What identifies a source file's rows: its resolved path, size and SHA-256 (``digest``),
+    and the media root."""
     return {
         "path": str(path.resolve()),
         "bytes": path.stat().st_size,
-        "sha256": sha256(path),
+        "sha256": digest,
         "media_root": None if media_root is None else str(media_root.resolve()),
     }
 
