@@ -243,9 +243,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from energon_pack.encoding.families import ProcessorFamily
     from energon_pack.encoding.family import model_family
     from energon_pack.encoding.template import make_encoder
+    from energon_pack.formats.dataset_trust import check_dataset_code
     from energon_pack.packing.row_layout import RowLayout
     from energon_pack.packing.vision_budget import VisionBudget
     from energon_pack.plan import PlanSpec, plan_dataset
+    from energon_pack.plan.energon_source import is_energon_dataset
     from energon_pack.tune import tokenizer_of
     from energon_pack.tune.tokenizers import refuse_template_for_processor
 
@@ -268,6 +270,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         encoder = make_encoder(family=family)
     else:
         encoder = make_encoder(tokenizer_of(args.tokenizer, args.chat_template), family=family)
+    if is_energon_dataset(args.source) and not args.trust_dataset_code:
+        check_dataset_code(args.source)
     media_root = args.media_root if args.media_root is not None else args.source.parent
     plan = plan_dataset(
         args.source,
@@ -275,8 +279,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         spec,
         encoder,
         media_root=media_root,
+        split=args.split,
         ray_address=args.ray_address,
         force=args.force,
+        progress=True,
     )
     action = "reused the up-to-date plan in" if plan.reused else "wrote"
     print(plan.summary())

@@ -213,17 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
         "plan",
         help="plan every pack of a dataset before training, on Ray Data (exact counts, the "
         "vision caps, balanced steps)",
-        description="Measures every row of SOURCE (a JSONL file of rows, a JSON file holding "
-        "one array, or a .parquet file: chat rows with media paths, prompt/answer pairs, "
-        "pre-tokenised ids) with the encoder the loaders use (media probed from their "
-        "headers), on Ray Data: a local Ray with every core, or --ray-address. Then packs "
+        description="Measures every sample of SOURCE (an Energon dataset, read as the loaders "
+        "read it; or rows: a JSONL file, a JSON file holding one array, a .parquet file or a "
+        "folder datasets' save_to_disk wrote, holding chat rows with media, prompt/answer "
+        "pairs or pre-tokenised ids) with the encoder the loaders use (media probed from "
+        "their headers), on Ray Data: a local Ray with every core, or --ray-address, with a "
+        "progress bar on stderr. Then packs "
         "all rows at once and lays the packs out as steps over the data-parallel ranks. Writes "
         "OUT_DIR/plan.parquet (one row per pack) and OUT_DIR/plan.json, and prints one "
         "summary line. An up-to-date OUT_DIR is reused; one built from another source or with "
         "other settings is refused unless --force. Exit status 2 on bad input or settings, 3 "
         "when a file cannot be read or written.",
     )
-    plan.add_argument("source", type=Path, metavar="SOURCE", help="the rows to plan")
+    plan.add_argument("source", type=Path, metavar="SOURCE", help="the dataset or rows to plan")
     plan.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="the plan directory")
     plan.add_argument(
         "--seq-length", type=positive_int, required=True, help="tokens per packed row"
@@ -243,6 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help="media paths in the rows are read inside this folder (default: SOURCE's folder)",
+    )
+    plan.add_argument(
+        "--split",
+        default="train",
+        metavar="PART",
+        help="the split part of an Energon dataset, or the split of a saved DatasetDict",
+    )
+    plan.add_argument(
+        "--trust-dataset-code",
+        action="store_true",
+        help="open an Energon dataset whose .nv-meta description names code outside Energon's "
+        "and energon_pack's sample types; refused without it",
     )
     plan.add_argument(
         "--max-vision-tokens", type=positive_int, metavar="V", help="most vision tokens per pack"

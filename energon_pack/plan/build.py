@@ -16,6 +16,7 @@ from energon_pack.encoding.chatml import SampleEncoder
 from energon_pack.encoding.describe import encoding_record
 from energon_pack.encoding.fingerprint import tokenizer_identity
 from energon_pack.offline.manifest import tokenizer_content
+from energon_pack.plan.energon_source import EnergonSource
 from energon_pack.plan.engine import measure_on_ray
 from energon_pack.plan.measure import SKIP_KINDS
 from energon_pack.plan.pack import lay_out_steps, pack_rows
@@ -44,13 +45,17 @@ def plan_dataset(
     encoder: SampleEncoder,
     *,
     media_root: str | Path | None = None,
+    split: str = "train",
     ray_address: str | None = None,
     force: bool = False,
+    progress: bool = False,
 ) -> Plan:
-    """Plan every pack of ``source`` (a JSONL file of rows, a JSON file holding one array of
-    them, or a ``.parquet`` file whose columns are the rows' fields: chat rows with their
-    media, prompt/answer pairs, pre-tokenised ids) and write the plan to ``out_dir``
-    (:mod:`energon_pack.plan.store`).
+    """Plan every pack of ``source`` and write the plan to ``out_dir``
+    (:mod:`energon_pack.plan.store`). The source is a Megatron-Energon dataset (its ``split``
+    part, read by Energon as the loaders read it), or rows (chat rows with their media,
+    prompt/answer pairs, pre-tokenised ids) in a JSONL file, a JSON file holding one array of
+    them, a ``.parquet`` file whose columns are the rows' fields, or a folder ``datasets``
+    saved (``save_to_disk``; its ``split`` when it holds a ``DatasetDict``).
 
     Each row is measured by ``encoder`` (the encoder the loaders use, e.g.
     ``make_encoder(tokenizer)`` or ``make_encoder(family=processor)``; media paths are read
@@ -58,7 +63,8 @@ def plan_dataset(
     or the cluster at ``ray_address``. The rows are then packed at once by first fit
     decreasing within ``spec.layout`` and ``spec.vision``'s caps and laid out as steps of
     ``spec.global_batch_size`` packs over ``spec.data_parallel_size`` ranks (balanced for the
-    vision encoder with ``spec.vision.balance``).
+    vision encoder with ``spec.vision.balance``). ``progress`` shows a progress bar on stderr
+    while the rows are measured.
 
     A row that is no sample, has media that cannot be probed, fits no row or is alone over a
     vision cap is left out, counted by kind and listed with its reason in ``plan.json``
@@ -67,7 +73,7 @@ def plan_dataset(
     with a ValueError naming what differs, unless ``force``.
     """
     out_dir = Path(out_dir)
-    rows = open_source(source, media_root)
+    rows = open_source(source, media_root, split)
     asked: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "source": rows.fingerprint(),
@@ -91,13 +97,22 @@ def plan_dataset(
         )
     if len(rows) == 0:
         raise ValueError(f"source {rows.path} holds no rows; check the file")
-    columns = measure_on_ray(rows.partitions(), encoder, spec, rows.media_root, ray_address)
+    columns = measure_on_ray(
+        rows.partitions(),
+        encoder,
+        spec,
+        rows.media_root,
+        ray_address,
+        progress=len(rows) if progress else None,
+    )
+    if isinstance(rows, EnergonSource):
+        columns = rows.complete(columns)
     if spec.overlong == "error":
         _refuse_overlong(columns)
     kept = np.flatnonzero(columns["skip"] == "")
     if kept.size == 0:
         raise ValueError(
-            f"source {rows.path}: every one of its {len(rows)} rows was left out "
+            f"source {rows.path}: every one of its {len(columns['index'])} rows was left out "
             f"({_skip_counts(columns)}); see why in the log, or fix the rows or the settings"
         )
     length, vision, media = (columns[name][kept] for name in ("length", "vision_tokens", "media"))
@@ -113,7 +128,7 @@ def plan_dataset(
         write_rows(out_dir / ROWS_FILE, rows.index)
     padded = sum(spec.layout.aligned(int(n)) for n in length)
     skipped = [
-        {"key": str(columns["index"][i]), "kind": str(columns["skip"][i]), "reason": reason}
+        {"key": str(columns["key"][i]), "kind": str(columns["skip"][i]), "reason": reason}
         for i, reason in enumerate(columns["reason"])
         if reason
     ]
@@ -130,7 +145,7 @@ def plan_dataset(
         **asked,
         "energon_pack_version": importlib.metadata.version("energon_pack"),
         "counts": {
-            "rows": len(rows),
+            "rows": len(columns["index"]),
             "samples": int(kept.size),
             "packs": len(groups),
             "steps": math.ceil(len(groups) / per_step),

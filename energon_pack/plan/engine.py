@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from tqdm import tqdm
 
 from energon_pack.encoding.chatml import SampleEncoder
-from energon_pack.plan.measure import COLUMNS, measure_partition
+from energon_pack.plan.measure import COLUMNS, NUMBERS, measure_partition
 from energon_pack.plan.spec import PlanSpec
 
 _FAILED = "failed"
@@ -92,9 +93,11 @@ def measure_on_ray(
     spec: PlanSpec,
     media_root: Path | None,
     address: str | None = None,
+    progress: int | None = None,
 ) -> dict[str, npt.NDArray[Any]]:
     """The :data:`~energon_pack.plan.measure.COLUMNS` of every row of ``partitions``, in row
-    order, measured by Ray tasks."""
+    order, measured by Ray tasks. With ``progress`` (the source's row count) a progress bar on
+    stderr counts the rows measured (in place of Ray Data's own)."""
     try:
         pickle.dumps(encoder)
     except Exception as error:  # whatever the encoder holds that does not pickle
@@ -108,23 +111,47 @@ def measure_on_ray(
 
         cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
         workers = max(1, min(len(partitions), int(cpus)))
-        dataset = ray.data.from_items(
-            [{"part": part} for part in partitions], override_num_blocks=len(partitions)
-        )
-        measured = dataset.map_batches(
-            PartitionMeasurer,
-            fn_constructor_kwargs={"encoder": encoder, "spec": spec, "media_root": media_root},
-            concurrency=workers,
-            batch_size=1,
-            batch_format="numpy",
-        )
-        batches = list(measured.iter_batches(batch_size=None, batch_format="numpy"))
+        with _progress_shown_here(progress is not None):
+            dataset = ray.data.from_items(
+                [{"part": part} for part in partitions], override_num_blocks=len(partitions)
+            )
+            measured = dataset.map_batches(
+                PartitionMeasurer,
+                fn_constructor_kwargs={"encoder": encoder, "spec": spec, "media_root": media_root},
+                compute=ray.data.ActorPoolStrategy(size=workers),
+                batch_size=1,
+                batch_format="numpy",
+            )
+            batches = []
+            shown = progress is not None
+            with tqdm(total=progress, unit="row", desc="measuring", disable=not shown) as bar:
+                for batch in measured.iter_batches(batch_size=None, batch_format="numpy"):
+                    batches.append(batch)
+                    bar.update(len(batch["index"]))
     columns = _concatenated(batches)
     failed = np.flatnonzero(columns["skip"] == _FAILED)
     if failed.size:
         raise pickle.loads(base64.b64decode(columns["reason"][failed[0]]))
     order = np.argsort(columns["index"], kind="stable")
     return {name: values[order] for name, values in columns.items()}
+
+
+@contextlib.contextmanager
+def _progress_shown_here(shown: bool) -> Iterator[None]:
+    """With ``shown``, Ray Data's own progress bars and progress log lines are off for the
+    block (this module's bar counts the rows instead)."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    logger = logging.getLogger("ray.data")
+    bars, level = context.enable_progress_bars, logger.level
+    if shown:
+        context.enable_progress_bars = False
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        context.enable_progress_bars, logger.level = bars, level
 
 
 class PartitionMeasurer:
@@ -147,18 +174,18 @@ class PartitionMeasurer:
 
 def _failure(error: ValueError | OSError) -> dict[str, npt.NDArray[Any]]:
     """One row that carries ``error`` whole (pickled) to the driver, which raises it."""
-    row: dict[str, Any] = dict.fromkeys(COLUMNS[:4], -1)
-    row.update(skip=_FAILED, reason=base64.b64encode(pickle.dumps(error)).decode("ascii"))
+    row: dict[str, Any] = dict.fromkeys(COLUMNS[:NUMBERS], -1)
+    row.update(key="", skip=_FAILED, reason=base64.b64encode(pickle.dumps(error)).decode("ascii"))
     return {
-        name: np.asarray([row[name]], dtype=object if name in ("skip", "reason") else np.int64)
-        for name in COLUMNS
+        name: np.asarray([row[name]], dtype=np.int64 if position < NUMBERS else object)
+        for position, name in enumerate(COLUMNS)
     }
 
 
 def _concatenated(batches: list[dict[str, npt.NDArray[Any]]]) -> dict[str, npt.NDArray[Any]]:
     if not batches:
         return {
-            name: np.zeros(0, dtype=np.int64 if position < 4 else object)
+            name: np.zeros(0, dtype=np.int64 if position < NUMBERS else object)
             for position, name in enumerate(COLUMNS)
         }
     return {name: np.concatenate([batch[name] for batch in batches]) for name in COLUMNS}

@@ -8,6 +8,7 @@ any worker on any machine can run it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from energon_pack.encoding.chatml import SampleEncoder
 from energon_pack.formats.chat_rows import read_media_paths
 from energon_pack.media.errors import MediaError
 from energon_pack.offline.inputs import conversation_sample, pretokenised, tokenizer_vocab_size
+from energon_pack.packing.packed import EncodedSample
+from energon_pack.plan.energon_source import read_energon_partition
 from energon_pack.plan.source import read_partition
 from energon_pack.plan.spec import PlanSpec
 
@@ -26,20 +29,32 @@ SKIP_KINDS = ("bad_row", "media_error", "overlong", "over_vision_cap")
 """Why a row is left out of a plan: it is no sample the loaders read (or is empty), its media
 cannot be probed, it fits no row, or it alone is over a vision cap."""
 
-COLUMNS = ("index", "length", "vision_tokens", "media", "skip", "reason")
-"""The columns :func:`measure_partition` returns: the row index, its tokens, vision tokens and
-media (0 for a skipped row), and for a skipped row its kind (one of :data:`SKIP_KINDS`, else
-``""``) and the message naming the row, the limit and the fix."""
+COLUMNS = ("index", "length", "vision_tokens", "media", "key", "skip", "reason")
+"""The columns :func:`measure_partition` returns: the row's number, its tokens, vision tokens
+and media (0 for a skipped row), its key (as the source names it: the row index of a file,
+Energon's ``__key__``), and for a skipped row its kind (one of :data:`SKIP_KINDS`, else ``""``)
+and the message naming the row, the limit and the fix."""
+
+NUMBERS = 4
+"""The leading :data:`COLUMNS` that are int64 (the others are strings)."""
+
+Outcome = tuple[int, int, int] | tuple[str, str]
+"""A measured row: ``(tokens, vision tokens, media)``, or ``(skip kind, reason)``."""
 
 
 def measure_partition(
     partition: str, encoder: SampleEncoder, spec: PlanSpec, media_root: Path | None
 ) -> dict[str, npt.NDArray[Any]]:
-    """The :data:`COLUMNS` of each row of ``partition`` (a
-    :meth:`~energon_pack.plan.source.JsonSource.partitions` entry). A row that cannot be
-    packed is returned with its kind and reason, never raised (the driver applies
-    ``spec.overlong``)."""
-    return measure_records(read_partition(partition), encoder, spec, media_root)
+    """The :data:`COLUMNS` of each row of ``partition`` (a source's ``partitions()`` entry).
+    A row that cannot be packed is returned with its kind and reason, never raised (the driver
+    applies ``spec.overlong``)."""
+    part = json.loads(partition)
+    if "energon" in part:
+        return _columns(
+            _row(number, key, _encoded_counts(key, outcome), spec)
+            for number, key, outcome in read_energon_partition(part, encoder, spec)
+        )
+    return measure_records(read_partition(part), encoder, spec, media_root)
 
 
 def measure_records(
@@ -49,42 +64,60 @@ def measure_records(
     media_root: Path | None,
 ) -> dict[str, npt.NDArray[Any]]:
     """:func:`measure_partition` over ``(row index, record)`` pairs (a record may be the
-    ValueError of a line that is no JSON)."""
-    rows: list[tuple[int, int, int, int, str, str]] = []
+    ValueError of a line that is no JSON); each row's key is its index."""
     vocab = tokenizer_vocab_size(encoder.tokenizer)
+    rows = []
     for index, record in records:
-        try:
-            length, vision, media = _counts(str(index), record, encoder, media_root, vocab)
-        except MediaError as error:
-            rows.append((index, 0, 0, 0, "media_error", str(error)))
-            continue
-        except ValueError as error:
-            rows.append((index, 0, 0, 0, "bad_row", str(error)))
-            continue
-        kind, reason = _refusal(str(index), length, vision, media, spec)
-        rows.append((index, length, vision, media, kind, reason))
-    columns = list(zip(*rows, strict=True)) if rows else [()] * len(COLUMNS)
+        key = str(index)
+        rows.append(_row(index, key, _record_counts(key, record, encoder, media_root, vocab), spec))
+    return _columns(rows)
+
+
+def _columns(rows: Iterable[tuple[int, int, int, int, str, str, str]]) -> dict[str, Any]:
+    listed = list(rows)
+    columns = list(zip(*listed, strict=True)) if listed else [()] * len(COLUMNS)
     return {
-        name: np.asarray(values, dtype=np.int64 if position < 4 else object)
+        name: np.asarray(values, dtype=np.int64 if position < NUMBERS else object)
         for position, (name, values) in enumerate(zip(COLUMNS, columns, strict=True))
     }
 
 
-def _counts(
+def _row(
+    number: int, key: str, outcome: Outcome, spec: PlanSpec
+) -> tuple[int, int, int, int, str, str, str]:
+    if isinstance(outcome[0], str):
+        kind, reason = outcome
+        return number, 0, 0, 0, key, str(kind), str(reason)
+    length, vision, media = (int(value) for value in outcome)
+    kind, reason = _refusal(key, length, vision, media, spec)
+    return number, length, vision, media, key, kind, reason
+
+
+def _record_counts(
     key: str, record: Any, encoder: SampleEncoder, media_root: Path | None, vocab: int | None
-) -> tuple[int, int, int]:
+) -> Outcome:
     """Tokens, vision tokens and media of one record, as the loaders encode it."""
-    if isinstance(record, ValueError):
-        raise record
-    if not isinstance(record, Mapping):
-        raise ValueError(f"row {key}: expected a JSON object, got {type(record).__name__}")
-    if "input_ids" in record:
-        ids, _ = pretokenised(key, dict(record), vocab)
-        return len(ids), 0, 0
-    sample = conversation_sample(key, read_media_paths(record, key, media_root))
-    encoded = encoder.encode_sample(key, sample)
+    try:
+        if isinstance(record, ValueError):
+            raise record
+        if not isinstance(record, Mapping):
+            raise ValueError(f"row {key}: expected a JSON object, got {type(record).__name__}")
+        if "input_ids" in record:
+            ids, _ = pretokenised(key, dict(record), vocab)
+            return len(ids), 0, 0
+        sample = conversation_sample(key, read_media_paths(record, key, media_root))
+        return _encoded_counts(key, encoder.encode_sample(key, sample))
+    except MediaError as error:
+        return "media_error", str(error)
+    except ValueError as error:
+        return "bad_row", str(error)
+
+
+def _encoded_counts(key: str, encoded: EncodedSample | tuple[str, str]) -> Outcome:
+    if isinstance(encoded, tuple):
+        return encoded
     if encoded.length == 0:
-        raise ValueError(f"row {key} is empty (0 tokens); drop it from the source")
+        return "bad_row", f"row {key} is empty (0 tokens); drop it from the source"
     return encoded.length, encoded.vision_tokens, len(encoded.media)
 
 

@@ -1,6 +1,7 @@
 """The rows a plan measures: a JSONL file (one record per non-blank line), a JSON file holding
-one array of records, or a Parquet file (one record per row, its columns as the record's
-fields), each row named by its 0-based index. :func:`open_source` opens either.
+one array of records, a Parquet file (one record per row, its columns as the record's fields)
+or a folder ``datasets`` saved, each row named by its 0-based index; or a Megatron-Energon
+dataset (:mod:`~energon_pack.plan.energon_source`). :func:`open_source` opens any of them.
 
 A JSONL file is indexed once (:func:`line_index`: where each record starts and ends) and cut
 into byte ranges that workers read on their own, so the driver never holds the rows; a Parquet
@@ -23,17 +24,32 @@ import numpy.typing as npt
 
 from energon_pack.offline.inputs import read_records
 from energon_pack.offline.manifest import name_os_errors, sha256
+from energon_pack.plan.energon_source import ENERGON_MARKER, EnergonSource, is_energon_dataset
 
 ROWS_PER_PARTITION = 2048
 """Records one measuring task reads: small enough to spread a short file over every worker,
 large enough that scheduling costs little next to the tokenising."""
 
 
-def open_source(path: str | Path, media_root: str | Path | None = None) -> Source:
-    """The source at ``path``: a ``.parquet`` file, else a JSON/JSONL file. Both paths are made
-    absolute: the workers that read the partitions run in other folders (and machines)."""
+def open_source(
+    path: str | Path, media_root: str | Path | None = None, split: str = "train"
+) -> Source:
+    """The source at ``path``: an Energon dataset (a folder with ``.nv-meta``; its ``split``
+    part), a folder ``datasets`` saved (its ``split`` when it holds a ``DatasetDict``), a
+    ``.parquet`` file, else a JSON/JSONL file. Paths are made absolute: the workers that read
+    the partitions run in other folders (and machines)."""
     path = Path(path).resolve()
     root = None if media_root is None else Path(media_root).resolve()
+    if path.is_dir():
+        if is_energon_dataset(path):
+            return EnergonSource.open(path, split)
+        if (path / _SAVED_STATE).is_file() or (path / _SAVED_SPLITS).is_file():
+            return SavedDatasetSource.open(path, root, split)
+        raise ValueError(
+            f"source {path} is a folder but neither an Energon dataset (no {ENERGON_MARKER}) "
+            f"nor a folder that datasets' save_to_disk wrote (no {_SAVED_STATE} or "
+            f"{_SAVED_SPLITS}); pass one of those, or a JSONL, JSON or Parquet file"
+        )
     if path.suffix == ".parquet":
         return ParquetSource.open(path, root)
     return JsonSource.open(path, root)
@@ -157,7 +173,93 @@ class ParquetSource:
         ]
 
 
-Source = JsonSource | ParquetSource
+_SAVED_STATE = "state.json"
+_SAVED_SPLITS = "dataset_dict.json"
+
+
+@dataclass(frozen=True)
+class SavedDatasetSource:
+    """A ``datasets.Dataset`` saved with ``save_to_disk`` (Arrow files; for a ``DatasetDict``,
+    one split's folder), read with ``datasets.load_from_disk`` as raw Arrow rows (an ``Image``
+    column stays ``{"bytes", "path"}``, decoded by the loaders only); ``files`` holds its data
+    files. Build it with :meth:`open`."""
+
+    path: Path
+    media_root: Path | None
+    rows: int
+    files: tuple[str, ...]
+
+    @classmethod
+    def open(
+        cls, path: str | Path, media_root: str | Path | None = None, split: str = "train"
+    ) -> SavedDatasetSource:
+        """Open the folder (a ValueError names it, or the split it lacks)."""
+        path = Path(path)
+        if (path / _SAVED_SPLITS).is_file():
+            splits = _json_file(path / _SAVED_SPLITS).get("splits", [])
+            if split not in splits:
+                raise ValueError(
+                    f"source {path} holds the splits {splits}, not {split!r}; pass --split "
+                    "with one of them"
+                )
+            path = path / split
+        state = _json_file(path / _SAVED_STATE)
+        files = tuple(str(entry["filename"]) for entry in state.get("_data_files", []))
+        dataset = _load_saved(path)
+        root = None if media_root is None else Path(media_root)
+        return cls(path, root, len(dataset), files)
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies the rows: the folder, each data file's name, size and SHA-256, and
+        the media root."""
+        return {
+            "path": str(self.path.resolve()),
+            "files": [
+                [name, (self.path / name).stat().st_size, sha256(self.path / name)]
+                for name in self.files
+            ],
+            "media_root": None if self.media_root is None else str(self.media_root.resolve()),
+        }
+
+    def partitions(self, rows: int = ROWS_PER_PARTITION) -> list[str]:
+        """The rows cut into runs of ``rows``."""
+        return [
+            json.dumps(
+                {"saved": str(self.path), "first": first, "stop": min(first + rows, self.rows)}
+            )
+            for first in range(0, self.rows, rows)
+        ]
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    try:
+        with name_os_errors(path):
+            value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); save the dataset again") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} is not a datasets description; save the dataset again")
+    return value
+
+
+def _load_saved(path: Path) -> Any:
+    """``datasets.load_from_disk(path)`` as raw Arrow rows (a ValueError when it fails)."""
+    try:
+        import datasets  # type: ignore[import-untyped]
+    except ImportError:
+        raise ValueError(
+            f"source {path} is a saved datasets folder; install datasets to read it"
+        ) from None
+    try:
+        return datasets.load_from_disk(str(path)).with_format("arrow")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"source {path}: datasets cannot load it ({error})") from None
+
+
+Source = JsonSource | ParquetSource | SavedDatasetSource | EnergonSource
 
 
 def file_fingerprint(path: Path, media_root: Path | None, digest: str) -> dict[str, Any]:
@@ -171,11 +273,14 @@ def file_fingerprint(path: Path, media_root: Path | None, digest: str) -> dict[s
     }
 
 
-def read_partition(partition: str) -> Iterator[tuple[int, Any]]:
-    """``(row index, record)`` of each record of a source's partition; a JSONL line that is not
-    valid JSON gives its ValueError as the record."""
-    part = json.loads(partition)
+def read_partition(part: dict[str, Any]) -> Iterator[tuple[int, Any]]:
+    """``(row index, record)`` of each record of a source's partition (a ``partitions()``
+    entry, parsed); a JSONL line that is not valid JSON gives its ValueError as the record."""
     first = part["first"]
+    if "saved" in part:
+        table = _load_saved(Path(part["saved"]))[first : part["stop"]]
+        yield from enumerate(table.to_pylist(), first)
+        return
     if "row_group" in part:
         import pyarrow.parquet as pq
 

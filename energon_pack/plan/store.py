@@ -3,11 +3,14 @@ from and with, and its counts), read back as a :class:`Plan`.
 
 ``plan.parquet`` columns, one row per pack in step order: ``pack`` (its number), ``step``,
 ``rank``, ``micro`` (its place among the rank's packs of the step), and per member, in row
-order: ``keys`` (the row index as a string), ``lengths`` (tokens, unpadded),
+order: ``keys`` (as the source names them: the row index as a string, Energon's
+``__key__``), ``lengths`` (tokens, unpadded),
 ``vision_tokens`` and ``media``.
 
 ``plan.json`` (written last, so only a complete plan has one): ``format_version``,
-``energon_pack_version``, ``source`` (the file, its size and SHA-256, the media root),
+``energon_pack_version``, ``source`` (the file, its size and SHA-256, the media root; the
+data files of a saved ``datasets`` folder; an Energon dataset's split part, shards and index
+digest),
 ``spec`` (:meth:`PlanSpec.to_json`), ``encoder`` (the tokenizer's identity, the encoding and
 the encoder's settings), ``counts`` (``rows``, ``samples`` planned, ``packs``, ``steps``,
 ``last_step_packs``, ``tokens``, ``fill``, ``straggler``, ``straggler_floor``, ``skipped``
@@ -138,7 +141,7 @@ def write_packs(
     import pyarrow.parquet as pq
 
     order = sorted(range(len(groups)), key=lambda p: (step[p], rank[p], micro[p]))
-    index, length = columns["index"], columns["length"]
+    keys, length = columns["key"], columns["length"]
     vision, media = columns["vision_tokens"], columns["media"]
     table = pa.table(
         {
@@ -146,7 +149,7 @@ def write_packs(
             "step": pa.array([int(step[p]) for p in order], pa.int64()),
             "rank": pa.array([int(rank[p]) for p in order], pa.int32()),
             "micro": pa.array([int(micro[p]) for p in order], pa.int32()),
-            "keys": pa.array([[str(index[i]) for i in groups[p]] for p in order]),
+            "keys": pa.array([[str(keys[i]) for i in groups[p]] for p in order]),
             "lengths": pa.array([[int(length[i]) for i in groups[p]] for p in order]),
             "vision_tokens": pa.array([[int(vision[i]) for i in groups[p]] for p in order]),
             "media": pa.array([[int(media[i]) for i in groups[p]] for p in order]),

@@ -14,7 +14,6 @@ import json
 import logging
 import operator
 import os
-import tarfile
 import time
 import warnings
 from collections import Counter
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from energon_shards import write_dataset
 from guard_decoders import filled_frames, fresh_array, labelled_frames, slow_frames
 from helpers import (
     SMALL_MEDIA,
@@ -432,30 +432,6 @@ def bad_samples() -> dict[str, tuple[str, dict[str, bytes]]]:
     bad["pil_dds"] = ("unreadable", {"json": image_turn, "0.png": dds_as_png()})
     bad["truncated_jpeg"] = ("corrupt", {"json": image_turn, "0.jpg": jpeg[: len(jpeg) // 2]})
     return bad
-
-
-def write_dataset(root: Path, samples: list[tuple[str, dict[str, bytes]]]) -> Path:
-    """A one-shard Energon ``CrudeWebdataset`` of ``samples`` (in that order)."""
-    from megatron.energon.flavors.webdataset import BaseWebdatasetFactory
-
-    root.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(root / "shard-000000.tar", "w") as tar:
-        for key, members in samples:
-            for name, data in members.items():
-                info = tarfile.TarInfo(f"{key}.{name}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    BaseWebdatasetFactory.prepare_dataset(
-        root,
-        ["shard-000000.tar"],
-        split_parts_ratio=[("train", 1.0), ("val", 0.0), ("test", 0.0)],
-        shuffle_seed=None,
-        workers=1,
-    )
-    (root / ".nv-meta" / "dataset.yaml").write_text(
-        "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
-    )
-    return root
 
 
 def interleaved(

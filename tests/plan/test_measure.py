@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from chat_templates import QWEN2_VL
 from helpers import SMALL_MEDIA
-from plan_rows import ChatRows
+from plan_rows import ChatRows, sharegpt_rows
 from real_qwen import real_qwen_tokenizer
 
 from energon_pack import RowLayout, VisionBudget, VLMPackingCollator, make_encoder
@@ -112,26 +112,10 @@ def test_a_parquet_source_measures_as_its_jsonl_rows(chat_rows: ChatRows, tmp_pa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    kept, rows = sharegpt_rows(chat_rows)
     lines = chat_rows.path.read_text().splitlines()
-    # one schema, as a Parquet file has: the ShareGPT rows (a column is the union of the
-    # rows' fields, so rows of other forms would gain null fields the loaders refuse too)
-    kept = [
-        i
-        for i, line in enumerate(lines)
-        if all("from" in turn for turn in json.loads(line).get("conversations", [{}]))
-    ]
-    rows = [json.loads(lines[i]) for i in kept]
     jsonl = tmp_path / "rows.jsonl"
     jsonl.write_text("".join(lines[i] + "\n" for i in kept))
-    for number, row in enumerate(rows):  # as a `datasets` Image column: bytes or a path
-        row["images"] = [
-            {"bytes": (chat_rows.media_root / name).read_bytes(), "path": None}
-            if number % 2
-            else {"bytes": None, "path": name}
-            for name in row.get("images", [])
-        ]
-        row.setdefault("videos", [])
-        row.setdefault("system", None)
     turn = pa.struct([("from", pa.string()), ("value", pa.string())])
     image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     schema = pa.schema(

@@ -7,6 +7,7 @@ import json
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
@@ -41,3 +42,30 @@ def write_chat_rows(root: Path) -> ChatRows:
     path = root / "rows.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return ChatRows(path, media)
+
+
+def sharegpt_rows(rows: ChatRows) -> tuple[list[int], list[dict[str, Any]]]:
+    """The ShareGPT rows of ``rows`` (their indices, and the rows) in one schema, as a Parquet
+    file or a saved ``datasets`` folder holds them: images as a ``datasets`` ``Image`` column
+    stores them (bytes for odd rows, a path under the media root for even ones), ``videos``
+    and ``system`` present in every row. (A column is the union of the rows' fields, so rows
+    of other forms would gain null fields the loaders refuse.)"""
+    lines = rows.path.read_text().splitlines()
+    kept = [
+        i
+        for i, line in enumerate(lines)
+        if all("from" in turn for turn in json.loads(line).get("conversations", [{}]))
+    ]
+    out = []
+    for number, i in enumerate(kept):
+        row = json.loads(lines[i])
+        row["images"] = [
+            {"bytes": (rows.media_root / name).read_bytes(), "path": None}
+            if number % 2
+            else {"bytes": None, "path": name}
+            for name in row.get("images", [])
+        ]
+        row.setdefault("videos", [])
+        row.setdefault("system", None)
+        out.append(row)
+    return kept, out

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 import torch
+from energon_shards import write_dataset
 from helpers import batches, train_dataset
-from test_bad_data import write_dataset
 from test_trainers import COMMON, chat_rows, collator, model_for
 from transformers import Trainer, TrainingArguments
 
