@@ -14,10 +14,13 @@ Figures: fill (every pack counted), the plan's fill minus ffd's (goal >= -0.001)
 straggler ratio at 8 and 64 ranks with its floor (energon_pack.straggler_floor over the plan's
 steps; goal <= floor + 0.02) and the seconds of the pack step (pack_rows + lay_out_steps, one
 core). Then the pack step's time and, in a second run, its peak memory (tracemalloc) on
---scale synthetic samples without and with the caps and balance.
+--scale synthetic samples without and with the caps and balance. Last, on --partition-check
+samples under the caps, the fill of pack_rows' partitions (PARTITION_ROWS each) against one
+global first fit over all of them (goal: within 0.001), with the seconds of each.
 
 Usage: python benchmarks/plan_pack.py [--samples N] [--streams a,b] [--seq-lengths a,b]
-       [--scale N] [--scale-only] [--out benchmarks/results/plan_pack.json]
+       [--scale N] [--scale-only] [--partition-check N]
+       [--out benchmarks/results/plan_pack.json]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from energon_pack import OnlineBinPacker, PackingWarning, RowLayout, VisionBudge
 from energon_pack.cli.tables import format_table
 from energon_pack.packing.bins import first_fit_decreasing, groups_fill
 from energon_pack.packing.synthetic import VisionSample, vision_mix
+from energon_pack.plan import pack as plan_pack
 from energon_pack.plan.pack import lay_out_steps, pack_rows
 from energon_pack.plan.spec import PlanSpec
 
@@ -144,6 +148,27 @@ def scale(count: int) -> list[dict]:
     return rows
 
 
+def partition_check(count: int) -> dict:
+    """Fill and seconds of the capped pack step (no balance) in partitions and globally."""
+    samples = vision_mix(count, seed=0, cap=8192, text_median=150)
+    budget = VisionBudget(max_vision_tokens=5000, max_media=12)
+    kept = [s for s in samples if budget.fits(s.vision_tokens, s.media)]
+    columns = ([s.length for s in kept], [s.vision_tokens for s in kept], [s.media for s in kept])
+    spec = PlanSpec(RowLayout(8192), budget)
+    out: dict = {"samples": len(kept), "partition_rows": plan_pack.PARTITION_ROWS}
+    partition_rows = plan_pack.PARTITION_ROWS
+    for name, rows in (("partitions", partition_rows), ("global", len(kept) + 1)):
+        plan_pack.PARTITION_ROWS = rows
+        try:
+            start = time.perf_counter()
+            groups = pack_rows(*columns, spec)
+            out[f"seconds_{name}"] = time.perf_counter() - start
+        finally:
+            plan_pack.PARTITION_ROWS = partition_rows
+        out[f"fill_{name}"] = groups_fill(groups, columns[0], 8192)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=32000)
@@ -153,6 +178,12 @@ def main() -> None:
         "--scale", type=int, default=400_000, help="samples of the cost run (0: none)"
     )
     parser.add_argument("--scale-only", action="store_true", help="only the cost run")
+    parser.add_argument(
+        "--partition-check",
+        type=int,
+        default=1_000_000,
+        help="samples of the partitions-against-global fill check (0: none)",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/plan_pack.json"))
     args = parser.parse_args()
     rows = [
@@ -209,8 +240,26 @@ def main() -> None:
                 ],
             )
         )
+    check = partition_check(args.partition_check) if args.partition_check else {}
+    if check:
+        print()
+        print(
+            format_table(
+                ["caps, no balance", "samples", "fill", "seconds"],
+                [
+                    [
+                        f"{name} of {check['partition_rows']:,}" if name == "partitions" else name,
+                        check["samples"],
+                        f"{check[f'fill_{name}']:.5f}",
+                        f"{check[f'seconds_{name}']:.1f}",
+                    ]
+                    for name in ("partitions", "global")
+                ],
+            )
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"configurations": rows, "scale": costs}, indent=2) + "\n")
+    result = {"configurations": rows, "scale": costs, "partition_check": check}
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")
 
 

@@ -1,10 +1,10 @@
 """Packing a whole dataset's measured rows, and laying the packs out as training steps.
 
 :func:`pack_rows` is first fit decreasing over the padded lengths. Under vision caps each row
-goes to the first pack that has room for its tokens, vision tokens and media alike (a segment
-tree keeps each budget's most free room per range of packs, so a search skips every range
-where one budget is short), in two orders of the rows, keeping the fewer packs. With balance,
-:func:`even_out_vision` then trades rows between heavy and light packs.
+goes to the first pack that has room for its tokens, vision tokens and media alike, in two
+orders of the rows, keeping the fewer packs (:func:`~energon_pack.plan.first_fit.first_fit_runs`
+places runs of equal text-only rows at once). With balance, :func:`even_out_vision` then trades
+rows between heavy and light packs.
 
 :func:`lay_out_steps` gives each pack its step and rank: ``global_batch_size`` packs per step,
 ``global_batch_size / data_parallel_size`` per rank. With balance on, the packs of a step are
@@ -22,39 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from energon_pack.packing.bins import MaxTree, first_fit_decreasing
 from energon_pack.packing.subset_sums import nearest_sum, prefixes, subset_with_sum
 from energon_pack.packing.vision_budget import straggler_floor, straggler_ratio
+from energon_pack.plan.first_fit import first_fit_runs
 from energon_pack.plan.spec import PlanSpec
 
 _NO_CAP = 1 << 62
-
-
-class _FreeTree:
-    """Per budget (tokens, vision tokens, media), a segment tree of the most free room in
-    each range of pack slots."""
-
-    def __init__(self, size: int) -> None:
-        self._trees = [MaxTree(size, -1) for _ in range(3)]
-
-    def set(self, slot: int, free: Sequence[int]) -> None:
-        for tree, value in zip(self._trees, free, strict=True):
-            tree.set(slot, value)
-
-    def first_fitting(self, tokens: int, vision: int, media: int) -> int:
-        """The leftmost slot with at least this much free in every budget, or -1."""
-        free_tokens, free_vision, free_media = (tree.nodes for tree in self._trees)
-        leaves = self._trees[0].leaves
-        stack = [1]
-        while stack:
-            node = stack.pop()
-            if free_tokens[node] < tokens or free_vision[node] < vision or free_media[node] < media:
-                continue
-            if node >= leaves:
-                return node - leaves
-            stack.append(2 * node + 1)
-            stack.append(2 * node)
-        return -1
 
 
 def pack_rows(
@@ -64,62 +37,53 @@ def pack_rows(
     the padded lengths, every group within ``spec.layout``'s capacity and ``spec.vision``'s
     caps, with vision tokens evened out between packs under ``spec.vision.balance``
     (:func:`even_out_vision`). Every row must fit a pack alone (the measure step left out
-    those that do not)."""
+    those that do not).
+
+    Under caps, ``2 * PARTITION_ROWS`` rows or more are cut into partitions of at least
+    ``PARTITION_ROWS`` (row ``i`` in partition ``i % partitions``, so each holds the
+    same mix) packed one by one: the capped search's cost per row grows with the packs it
+    searches, a partition's only loss is its last packs' room."""
     layout, budget = spec.layout, spec.vision
     caps = (
         layout.capacity,
         budget.max_vision_tokens if budget.max_vision_tokens is not None else _NO_CAP,
         budget.max_media if budget.max_media is not None else _NO_CAP,
     )
-    padded = [layout.aligned(length) for length in lengths]
+    padded = np.asarray([layout.aligned(length) for length in lengths], dtype=np.int64)
     if budget.max_vision_tokens is None and budget.max_media is None:
-        groups = first_fit_decreasing(lengths, layout.capacity, align=layout.pad_to_multiple_of)
-    else:
-        groups = _first_fit_within_caps(padded, vision, media, caps)
-    if budget.balance:
-        groups = even_out_vision(groups, (padded, vision, media), caps)
-    return [sorted(group) for group in groups]
+        none = np.zeros(len(padded), dtype=np.int64)
+        groups = first_fit_runs(lengths, padded, none, none, caps)
+        if budget.balance:
+            groups = even_out_vision(groups, (padded.tolist(), list(vision), list(media)), caps)
+        return [sorted(group) for group in groups]
+    columns = (padded, np.asarray(vision, dtype=np.int64), np.asarray(media, dtype=np.int64))
+    partitions = max(1, len(padded) // PARTITION_ROWS)
+    out: list[list[int]] = []
+    for part in range(partitions):
+        rows = np.arange(part, len(padded), partitions)
+        sizes = [column[rows] for column in columns]
+        groups = _first_fit_within_caps(sizes, caps)
+        if budget.balance:
+            groups = even_out_vision(groups, [size.tolist() for size in sizes], caps)
+        out.extend(sorted(rows[group].tolist()) for group in groups)
+    return out
+
+
+PARTITION_ROWS = 100_000
+"""Fewest rows :func:`pack_rows` packs together under caps (see there)."""
 
 
 def _first_fit_within_caps(
-    padded: Sequence[int], vision: Sequence[int], media: Sequence[int], caps: Sequence[int]
+    sizes: Sequence[npt.NDArray[np.int64]], caps: Sequence[int]
 ) -> list[list[int]]:
-    """First fit decreasing on vectors, each row into the first pack with room in every budget,
-    in two orders: the rows by padded length, and by the sum of their shares of the three
-    budgets (largest first both); the one that needs fewer packs (the first on a tie)."""
-    by_length = [float(n) for n in padded]
-    by_share = [
-        padded[i] / caps[0] + vision[i] / caps[1] + media[i] / caps[2] for i in range(len(padded))
-    ]
-    tries = [_first_fit(size, padded, vision, media, caps) for size in (by_length, by_share)]
+    """First fit decreasing on vectors (``sizes``: padded lengths, vision tokens, media), each
+    row into the first pack with room in every budget, in two orders: the rows by padded
+    length, and by the sum of their shares of the three budgets (largest first both); the one
+    that needs fewer packs (the first on a tie)."""
+    padded, vision, media = sizes
+    shares = padded / caps[0] + vision / caps[1] + media / caps[2]
+    tries = [first_fit_runs(key, padded, vision, media, caps) for key in (padded, shares)]
     return min(tries, key=len)
-
-
-def _first_fit(
-    size: Sequence[float],
-    padded: Sequence[int],
-    vision: Sequence[int],
-    media: Sequence[int],
-    caps: Sequence[int],
-) -> list[list[int]]:
-    """The rows by ``size``, largest first, each into the first pack with room for it."""
-    order = sorted(range(len(padded)), key=lambda i: (-size[i], i))
-    tree = _FreeTree(len(padded))
-    groups: list[list[int]] = []
-    free: list[list[int]] = []
-    for index in order:
-        need = (padded[index], vision[index], media[index])
-        slot = tree.first_fitting(*need)
-        if slot < 0:
-            slot = len(groups)
-            groups.append([])
-            free.append(list(caps))
-        groups[slot].append(index)
-        room = free[slot]
-        for budget_index, value in enumerate(need):
-            room[budget_index] -= value
-        tree.set(slot, room)
-    return groups
 
 
 EVEN_PASSES = 8
@@ -146,6 +110,8 @@ def even_out_vision(
     ``caps`` and the packs keep their count, so the fill is unchanged."""
     groups = [list(group) for group in groups]
     loads = [[sum(size[i] for i in group) for size in sizes] for group in groups]
+    carriers = [[i for i in group if sizes[1][i] > 0] for group in groups]
+    lightest = [min((sizes[1][i] for i in rows), default=_NO_CAP) for rows in carriers]
     mean = sum(load[1] for load in loads) / max(len(loads), 1)
     for _ in range(EVEN_PASSES):
         order = sorted(range(len(groups)), key=lambda p: (-loads[p][1], p))
@@ -153,55 +119,86 @@ def even_out_vision(
         moved = False
         for light in reversed(order[len(order) // 2 :]):
             partners = failed = 0
+            text: _TextRows | None = None
+            light_traded = False
             for heavy in heavy_side[:_SCANNED]:
                 if loads[light][1] >= mean or partners == _PARTNERS or failed == _FAILURES:
                     break
                 if loads[heavy][1] <= mean:
                     continue
                 traded = False
-                while loads[light][1] < mean and _trade(groups, loads, heavy, light, sizes, caps):
-                    traded = True
+                while loads[light][1] < mean:
+                    if lightest[heavy] >= loads[heavy][1] - loads[light][1]:
+                        break  # each of heavy's rows would overshoot: no trade narrows the gap
+                    if text is None:
+                        text = _TextRows(groups[light], sizes, caps[0])
+                    if not _trade(groups, loads, carriers, (heavy, light), sizes, caps, text):
+                        break
+                    traded, text = True, None
+                    for pack in (light, heavy):
+                        lightest[pack] = min((sizes[1][i] for i in carriers[pack]), default=_NO_CAP)
                 partners += traded
                 failed += not traded
-                moved |= traded
-            # heavy packs brought down to the mean leave the front of the list
-            front = [p for p in heavy_side[:_SCANNED] if loads[p][1] > mean]
-            heavy_side[:_SCANNED] = front
+                light_traded |= traded
+            if light_traded:  # heavy packs brought down to the mean leave the front
+                front = [p for p in heavy_side[:_SCANNED] if loads[p][1] > mean]
+                heavy_side[:_SCANNED] = front
+                moved = True
         if not moved:
             break
     return groups
 
 
+class _TextRows:
+    """A light pack's text-only rows, their padded lengths and the subset sums of those (up to
+    the capacity, taken when first asked for), kept while the pack does not change."""
+
+    def __init__(self, group: Sequence[int], sizes: Sequence[Sequence[int]], capacity: int):
+        padded, vision, media = sizes
+        self.rows = [i for i in group if vision[i] == 0 and media[i] == 0]
+        self.sizes = [padded[i] for i in self.rows]
+        self._capacity = capacity
+        self._prefix: list[int] | None = None
+
+    @property
+    def prefix(self) -> list[int]:
+        if self._prefix is None:
+            self._prefix = prefixes(self.sizes, 1, (1 << (self._capacity + 1)) - 1)
+        return self._prefix
+
+
 def _trade(
     groups: list[list[int]],
     loads: list[list[int]],
-    heavy: int,
-    light: int,
+    carriers: list[list[int]],
+    pair: tuple[int, int],
     sizes: Sequence[Sequence[int]],
     caps: Sequence[int],
+    text: _TextRows,
 ) -> bool:
-    """Move one row with vision tokens from ``heavy`` to ``light`` and text-only rows of
-    ``light`` back, if that narrows their vision gap within the caps; whether it did."""
+    """Move one row with vision tokens from the ``pair``'s heavy pack to its light one and
+    ``text`` rows (light's) back, if that narrows their vision gap within the caps; whether it
+    did. ``carriers`` holds each pack's rows with vision tokens."""
+    heavy, light = pair
     padded, vision, media = sizes
     gap = loads[heavy][1] - loads[light][1]
     candidates = sorted(
-        (i for i in groups[heavy] if vision[i] > 0 and abs(gap - 2 * vision[i]) < gap),
+        (i for i in carriers[heavy] if abs(gap - 2 * vision[i]) < gap),
         key=lambda i: (abs(gap - 2 * vision[i]), i),
     )[:_TRIED]
-    text = [i for i in groups[light] if vision[i] == 0 and media[i] == 0]
-    text_sizes = [padded[i] for i in text]
     for row in candidates:
         if loads[light][1] + vision[row] > caps[1] or loads[light][2] + media[row] > caps[2]:
             continue
         low = padded[row] - (caps[0] - loads[light][0])  # what must leave light
         high = padded[row] + (caps[0] - loads[heavy][0])  # what heavy can take back
-        prefix = prefixes(text_sizes, 1, (1 << (high + 1)) - 1)
-        back = nearest_sum(prefix[-1], padded[row], max(low, 0), high)
+        back = nearest_sum(text.prefix[-1], padded[row], max(low, 0), high)
         if back is None:
             continue
-        returned = [text[k] for k in subset_with_sum(prefix, text_sizes, back)]
+        returned = [text.rows[k] for k in subset_with_sum(text.prefix, text.sizes, back)]
         groups[heavy].remove(row)
         groups[light].append(row)
+        carriers[heavy].remove(row)
+        carriers[light].append(row)
         for other in returned:
             groups[light].remove(other)
             groups[heavy].append(other)

@@ -140,19 +140,25 @@ def write_packs(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    order = sorted(range(len(groups)), key=lambda p: (step[p], rank[p], micro[p]))
-    keys, length = columns["key"], columns["length"]
-    vision, media = columns["vision_tokens"], columns["media"]
+    order = np.lexsort((np.asarray(micro), np.asarray(rank), np.asarray(step)))
+    members = [groups[p] for p in order.tolist()]
+    flat = np.fromiter((i for group in members for i in group), dtype=np.int64)
+    offsets = np.zeros(len(members) + 1, dtype=np.int32)
+    np.cumsum([len(group) for group in members], out=offsets[1:])
+
+    def per_member(values: Any, kind: Any) -> Any:
+        return pa.ListArray.from_arrays(offsets, pa.array(values[flat], kind))
+
     table = pa.table(
         {
             "pack": pa.array(order, pa.int64()),
-            "step": pa.array([int(step[p]) for p in order], pa.int64()),
-            "rank": pa.array([int(rank[p]) for p in order], pa.int32()),
-            "micro": pa.array([int(micro[p]) for p in order], pa.int32()),
-            "keys": pa.array([[str(keys[i]) for i in groups[p]] for p in order]),
-            "lengths": pa.array([[int(length[i]) for i in groups[p]] for p in order]),
-            "vision_tokens": pa.array([[int(vision[i]) for i in groups[p]] for p in order]),
-            "media": pa.array([[int(media[i]) for i in groups[p]] for p in order]),
+            "step": pa.array(np.asarray(step)[order], pa.int64()),
+            "rank": pa.array(np.asarray(rank)[order], pa.int32()),
+            "micro": pa.array(np.asarray(micro)[order], pa.int32()),
+            "keys": per_member(columns["key"].astype(str), pa.string()),
+            "lengths": per_member(columns["length"], pa.int64()),
+            "vision_tokens": per_member(columns["vision_tokens"], pa.int64()),
+            "media": per_member(columns["media"], pa.int64()),
         }
     )
     with name_os_errors(path):

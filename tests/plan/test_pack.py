@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 
 from energon_pack import RowLayout, VisionBudget
 from energon_pack.packing.bins import first_fit_decreasing, groups_fill
+from energon_pack.packing.subset_sums import nearest_sum, prefixes, subset_with_sum
 from energon_pack.packing.synthetic import vision_mix
+from energon_pack.plan import pack as plan_pack
+from energon_pack.plan.first_fit import first_fit_runs
 from energon_pack.plan.pack import even_out_vision, lay_out_steps, pack_rows
 from energon_pack.plan.spec import PlanSpec
 
@@ -63,6 +66,166 @@ def test_caps_that_never_bind_give_first_fit_decreasings_packs(
     assert len(pack_rows(lengths, vision, media, loose)) == len(ffd)
     plain = pack_rows(lengths, vision, media, PlanSpec(RowLayout(304, align)))
     assert plain == [sorted(group) for group in ffd]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    drawn=rows,
+    align=st.sampled_from([1, 8]),
+    cap=st.integers(1, 400),
+    most=st.integers(3, 6),
+    by_share=st.booleans(),
+)
+def test_first_fit_by_runs_places_every_row_as_first_fit_does_row_by_row(
+    drawn: list[tuple[int, int, int]], align: int, cap: int, most: int, by_share: bool
+) -> None:
+    lengths, vision, media = _columns(drawn)
+    padded = [-(-n // align) * align for n in lengths]
+    capacity = max(max(padded), 304)
+    caps = (capacity, max(cap, max(vision)), max(most, max(media)))
+    key = [
+        p / caps[0] + v / caps[1] + m / caps[2]
+        for p, v, m in zip(padded, vision, media, strict=True)
+    ]
+    key = key if by_share else lengths
+    # the reference: one row at a time, into the first pack with room in every budget
+    order = sorted(range(len(drawn)), key=lambda i: (-key[i], vision[i] == media[i] == 0, i))
+    expected: list[list[int]] = []
+    free: list[list[int]] = []
+    for i in order:
+        need = (padded[i], vision[i], media[i])
+        slot = next(
+            (
+                s
+                for s, room in enumerate(free)
+                if all(r >= n for r, n in zip(room, need, strict=True))
+            ),
+            None,
+        )
+        if slot is None:
+            slot = len(expected)
+            expected.append([])
+            free.append(list(caps))
+        expected[slot].append(i)
+        free[slot] = [r - n for r, n in zip(free[slot], need, strict=True)]
+    assert first_fit_runs(key, padded, vision, media, caps) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 500), min_size=1, max_size=300), align=st.sampled_from([1, 8])
+)
+def test_first_fit_by_runs_is_first_fit_decreasing_on_lengths_alone(
+    lengths: list[int], align: int
+) -> None:
+    padded = [-(-n // align) * align for n in lengths]
+    none = [0] * len(lengths)
+    grouped = first_fit_runs(lengths, padded, none, none, (512, 1 << 62, 1 << 62))
+    assert grouped == first_fit_decreasing(lengths, 512, align=align)
+
+
+def _even_out_reference(
+    groups: list[list[int]], sizes: tuple[list[int], list[int], list[int]], caps: tuple
+) -> list[list[int]]:
+    """``even_out_vision`` as its docstring states it, every trade tried afresh."""
+    padded, vision, media = sizes
+    groups = [list(g) for g in groups]
+    loads = [[sum(size[i] for i in g) for size in sizes] for g in groups]
+    mean = sum(load[1] for load in loads) / len(loads)
+
+    def trade(heavy: int, light: int) -> bool:
+        gap = loads[heavy][1] - loads[light][1]
+        rows = [i for i in groups[heavy] if vision[i] > 0 and abs(gap - 2 * vision[i]) < gap]
+        rows = sorted(rows, key=lambda i: (abs(gap - 2 * vision[i]), i))[: plan_pack._TRIED]
+        text = [i for i in groups[light] if vision[i] == 0 and media[i] == 0]
+        text_sizes = [padded[i] for i in text]
+        for row in rows:
+            if loads[light][1] + vision[row] > caps[1] or loads[light][2] + media[row] > caps[2]:
+                continue
+            low = padded[row] - (caps[0] - loads[light][0])
+            high = padded[row] + (caps[0] - loads[heavy][0])
+            prefix = prefixes(text_sizes, 1, (1 << (high + 1)) - 1)
+            back = nearest_sum(prefix[-1], padded[row], max(low, 0), high)
+            if back is None:
+                continue
+            returned = [text[k] for k in subset_with_sum(prefix, text_sizes, back)]
+            groups[heavy].remove(row)
+            groups[light].append(row)
+            for other in returned:
+                groups[light].remove(other)
+                groups[heavy].append(other)
+            for budget, value in enumerate((padded[row] - back, vision[row], media[row])):
+                loads[heavy][budget] -= value
+                loads[light][budget] += value
+            return True
+        return False
+
+    for _ in range(plan_pack.EVEN_PASSES):
+        order = sorted(range(len(groups)), key=lambda p: (-loads[p][1], p))
+        heavy_side = order[: len(order) // 2]
+        moved = False
+        for light in reversed(order[len(order) // 2 :]):
+            partners = failed = 0
+            for heavy in heavy_side[: plan_pack._SCANNED]:
+                if (
+                    loads[light][1] >= mean
+                    or partners == plan_pack._PARTNERS
+                    or failed == plan_pack._FAILURES
+                ):
+                    break
+                if loads[heavy][1] <= mean:
+                    continue
+                traded = False
+                while loads[light][1] < mean and trade(heavy, light):
+                    traded = True
+                partners += traded
+                failed += not traded
+                moved |= traded
+            front = [p for p in heavy_side[: plan_pack._SCANNED] if loads[p][1] > mean]
+            heavy_side[: plan_pack._SCANNED] = front
+        if not moved:
+            break
+    return groups
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10**6), count=st.integers(50, 1500))
+def test_evening_out_trades_as_its_rules_say(seed: int, count: int) -> None:
+    samples = vision_mix(count, seed=seed, cap=4096, text_median=150)
+    sizes = (
+        [s.length for s in samples],
+        [s.vision_tokens for s in samples],
+        [s.media for s in samples],
+    )
+    caps = (4096, max(3000, max(sizes[1])), max(8, max(sizes[2])))
+    groups = first_fit_runs(*[sizes[0], *sizes], caps)
+    assert even_out_vision(groups, sizes, caps) == _even_out_reference(groups, sizes, caps)
+
+
+def test_many_rows_are_packed_in_partitions_of_the_same_mix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    samples = vision_mix(5000, seed=5, cap=4096, text_median=150)
+    lengths, vision, media = _columns([(s.length, s.vision_tokens, s.media) for s in samples])
+    budget = VisionBudget(max_vision_tokens=3000, max_media=8, balance=True)
+    kept = [i for i in range(len(lengths)) if budget.fits(vision[i], media[i])]
+    columns = [[column[i] for i in kept] for column in (lengths, vision, media)]
+    spec = PlanSpec(RowLayout(4096, 8), budget)
+    monkeypatch.setattr(plan_pack, "PARTITION_ROWS", 1000)
+    groups = pack_rows(*columns, spec)
+    count = len(kept)
+    assert sorted(i for group in groups for i in group) == list(range(count))
+    # each partition (row i in partition i % 4) is packed as its rows alone would be
+    monkeypatch.setattr(plan_pack, "PARTITION_ROWS", 10**9)
+    expected = []
+    for part in range(count // 1000):
+        rows = list(range(part, count, count // 1000))
+        alone = pack_rows(*[[column[i] for i in rows] for column in columns], spec)
+        expected += [sorted(rows[j] for j in group) for group in alone]
+    assert groups == expected
+    for group in groups:
+        assert sum(spec.layout.aligned(columns[0][i]) for i in group) <= 4096
+        assert budget.fits(sum(columns[1][i] for i in group), sum(columns[2][i] for i in group))
 
 
 def test_evening_out_narrows_the_vision_spread_and_keeps_every_pack() -> None:
