@@ -5,10 +5,12 @@ Rows: the shipped demo dataset as chat rows (fixtures/vlm_demo: text, images and
 files under a media root), repeated --copies times, encoded with the real Qwen tokenizer and
 the Qwen2-VL chat template (tests/support/real_qwen.py). Each round plans the rows once with a
 local Ray of 1 CPU and once with 2 (interleaved, a fresh Ray each time, its start-up not
-timed: the measure stage only, read from the plan's timing); the median of the rounds' rates
-and of their ratio is reported. Then ``ray start --head --num-cpus 1`` and a second ``ray start
---address`` make a two-node cluster; ``energon-pack plan --ray-address`` on it must write the
-same plan.parquet and the same counts as the local run.
+timed: the measure stage only); the median of the rounds' rates and of their ratio is
+reported, over the whole stage and steady (from the first partition's arrival to the last's:
+the actors' start-up, a few seconds of imports and unpickling the encoder, left out). Then
+``ray start --head --num-cpus 1`` and a second ``ray start --address`` make a two-node cluster;
+``energon-pack plan --ray-address`` on it must write the same plan.parquet and the same counts
+as the local run.
 
 Usage: python benchmarks/plan_measure.py [--copies N] [--rounds N] [--no-cluster]
        [--out benchmarks/results/plan_measure.json]
@@ -51,17 +53,28 @@ def repeated(rows: Path, copies: int) -> Path:
     return out
 
 
-def rate(source: JsonSource, encoder: object, cpus: int) -> float:
-    """Rows per second of the measure stage on a fresh local Ray of ``cpus`` CPUs."""
+def rate(source: JsonSource, encoder: object, cpus: int) -> tuple[float, float]:
+    """Rows per second of the measure stage on a fresh local Ray of ``cpus`` CPUs: over the
+    whole stage, and steady (the rows after the first partition over the time from its
+    arrival to the last one's: the actors' start-up left out)."""
     import ray
 
     ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+    arrivals: list[tuple[float, int]] = []
     try:
         start = time.perf_counter()
-        measure_on_ray(source.partitions(rows=256), encoder, SPEC, source.media_root)  # type: ignore[arg-type]
-        return len(source) / (time.perf_counter() - start)
+        measure_on_ray(
+            source.partitions(rows=256),
+            encoder,  # type: ignore[arg-type]
+            SPEC,
+            source.media_root,
+            on_rows=lambda rows: arrivals.append((time.perf_counter(), rows)),
+        )
+        whole = len(source) / (time.perf_counter() - start)
     finally:
         ray.shutdown()
+    later = sum(rows for _, rows in arrivals[1:])
+    return whole, later / (arrivals[-1][0] - arrivals[0][0])
 
 
 def cluster_matches(rows: Path, media: Path, work: Path, encoder: object) -> dict:
@@ -70,10 +83,11 @@ def cluster_matches(rows: Path, media: Path, work: Path, encoder: object) -> dic
 
     local = plan_dataset(rows, work / "local", SPEC, encoder, media_root=media)  # type: ignore[arg-type]
     port = "6390"
-    subprocess.run(["ray", "start", "--head", "--port", port, "--num-cpus", "1"], check=True)
+    ray_cli = str(Path(sys.executable).parent / "ray")  # the venv's, activated or not
+    subprocess.run([ray_cli, "start", "--head", "--port", port, "--num-cpus", "1"], check=True)
     try:
         subprocess.run(
-            ["ray", "start", "--address", f"127.0.0.1:{port}", "--num-cpus", "1"], check=True
+            [ray_cli, "start", "--address", f"127.0.0.1:{port}", "--num-cpus", "1"], check=True
         )
         remote = plan_dataset(
             rows,
@@ -84,7 +98,7 @@ def cluster_matches(rows: Path, media: Path, work: Path, encoder: object) -> dic
             ray_address=f"127.0.0.1:{port}",
         )
     finally:
-        subprocess.run(["ray", "stop", "--force"], check=False)
+        subprocess.run([ray_cli, "stop", "--force"], check=False)
     same_table = pq.read_table(work / "local" / "plan.parquet").equals(
         pq.read_table(work / "cluster" / "plan.parquet")
     )
@@ -109,8 +123,20 @@ def main() -> None:
         source = JsonSource.open(repeated(chat.path, args.copies), chat.media_root)
         rounds = []
         for _ in range(args.rounds):
-            one, two = rate(source, encoder, 1), rate(source, encoder, 2)
-            rounds.append({"one_cpu": one, "two_cpus": two, "ratio": two / one})
+            (one, one_steady), (two, two_steady) = (
+                rate(source, encoder, 1),
+                rate(source, encoder, 2),
+            )
+            rounds.append(
+                {
+                    "one_cpu": one,
+                    "two_cpus": two,
+                    "ratio": two / one,
+                    "one_cpu_steady": one_steady,
+                    "two_cpus_steady": two_steady,
+                    "steady_ratio": two_steady / one_steady,
+                }
+            )
         cluster = (
             {} if args.no_cluster else cluster_matches(chat.path, chat.media_root, work, encoder)
         )
@@ -120,17 +146,19 @@ def main() -> None:
         "median_rows_per_s_1": statistics.median(r["one_cpu"] for r in rounds),
         "median_rows_per_s_2": statistics.median(r["two_cpus"] for r in rounds),
         "median_ratio": statistics.median(r["ratio"] for r in rounds),
+        "median_steady_ratio": statistics.median(r["steady_ratio"] for r in rounds),
         "cluster": cluster,
     }
     print(
         format_table(
-            ["rows", "rows/s, 1 CPU", "rows/s, 2 CPUs", "ratio (median)"],
+            ["rows", "rows/s, 1 CPU", "rows/s, 2 CPUs", "ratio (median)", "steady ratio"],
             [
                 [
                     result["rows"],
                     f"{result['median_rows_per_s_1']:.0f}",
                     f"{result['median_rows_per_s_2']:.0f}",
                     f"{result['median_ratio']:.2f}x",
+                    f"{result['median_steady_ratio']:.2f}x",
                 ]
             ],
         )

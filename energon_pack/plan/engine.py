@@ -17,7 +17,7 @@ import logging
 import os
 import pickle
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +94,12 @@ def measure_on_ray(
     media_root: Path | None,
     address: str | None = None,
     progress: int | None = None,
+    on_rows: Callable[[int], object] = lambda rows: None,
 ) -> dict[str, npt.NDArray[Any]]:
     """The :data:`~energon_pack.plan.measure.COLUMNS` of every row of ``partitions``, in row
     order, measured by Ray tasks. With ``progress`` (the source's row count) a progress bar on
-    stderr counts the rows measured (in place of Ray Data's own)."""
+    stderr counts the rows measured (in place of Ray Data's own); ``on_rows`` is called with the
+    row count of each partition as it comes back."""
     try:
         pickle.dumps(encoder)
     except Exception as error:  # whatever the encoder holds that does not pickle
@@ -128,6 +130,7 @@ def measure_on_ray(
                 for batch in measured.iter_batches(batch_size=None, batch_format="numpy"):
                     batches.append(batch)
                     bar.update(len(batch["index"]))
+                    on_rows(len(batch["index"]))
     columns = _concatenated(batches)
     failed = np.flatnonzero(columns["skip"] == _FAILED)
     if failed.size:

@@ -15,7 +15,7 @@ from plan_rows import ChatRows
 from energon_pack import RowLayout, VisionBudget, make_encoder
 from energon_pack.cli import main
 from energon_pack.plan import Plan, PlanSpec, plan_dataset
-from energon_pack.plan.engine import ray_session
+from energon_pack.plan.engine import measure_on_ray, ray_session
 from energon_pack.plan.measure import measure_partition
 from energon_pack.plan.source import JsonSource
 
@@ -167,6 +167,16 @@ def test_a_template_encoder_travels_to_the_ray_tasks(tmp_path: Path) -> None:
     }
     assert planned == dict(enumerate(measured["length"].tolist()))
     assert plan.record["encoder"]["encoding"] == "template"
+
+
+def test_measuring_reports_each_partitions_rows_as_it_comes_back(chat_rows: ChatRows) -> None:
+    source = JsonSource.open(chat_rows.path, chat_rows.media_root)
+    parts = source.partitions(rows=64)
+    arrived: list[int] = []
+    encoder = make_encoder(None, media=SMALL_MEDIA)
+    columns = measure_on_ray(parts, encoder, SPEC, source.media_root, on_rows=arrived.append)
+    assert sorted(arrived) == sorted([64] * 4 + [300 - 4 * 64])
+    assert columns["index"].tolist() == list(range(300))
 
 
 def test_an_address_where_no_cluster_answers_is_refused_by_name() -> None:
