@@ -154,7 +154,8 @@ def _progress_shown_here(shown: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        context.enable_progress_bars, logger.level = bars, level
+        context.enable_progress_bars = bars
+        logger.setLevel(level)
 
 
 class PartitionMeasurer:
