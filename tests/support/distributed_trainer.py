@@ -42,3 +42,5 @@ def _rank() -> int:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    if dist.is_initialized():  # stop gloo's threads before the interpreter exits (else an abort)
+        dist.destroy_process_group()
