@@ -98,11 +98,18 @@ def first_fit_runs(
     """Groups of row indices: the rows by ``key``, largest first (on a tie, rows with vision
     tokens or media first, then by index), each into the first pack with room for its
     ``padded`` tokens, ``vision`` tokens and ``media`` within ``caps`` (tokens, vision tokens,
-    media per pack). Each row must fit a pack alone."""
+    media per pack). A row that fits no pack alone is a ValueError naming it."""
     padded_rows = np.asarray(padded, dtype=np.int64)
     vision_rows = np.asarray(vision, dtype=np.int64)
     media_rows = np.asarray(media, dtype=np.int64)
     count = len(padded_rows)
+    over = (padded_rows > caps[0]) | (vision_rows > caps[1]) | (media_rows > caps[2])
+    if over.any():
+        row = int(np.flatnonzero(over)[0])
+        raise ValueError(
+            f"row {row} ({padded_rows[row]} tokens, {vision_rows[row]} vision tokens, "
+            f"{media_rows[row]} media) fits no pack of {tuple(caps)}; leave it out first"
+        )
     plain = (vision_rows == 0) & (media_rows == 0)
     order = np.lexsort((np.arange(count), plain, -np.asarray(key)))
     sizes = padded_rows[order]

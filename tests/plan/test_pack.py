@@ -202,6 +202,13 @@ def test_evening_out_trades_as_its_rules_say(seed: int, count: int) -> None:
     assert even_out_vision(groups, sizes, caps) == _even_out_reference(groups, sizes, caps)
 
 
+def test_a_row_that_fits_no_pack_is_named_not_packed() -> None:
+    with pytest.raises(ValueError, match=r"row 1 \(600 tokens, 0 vision tokens, 0 media\)"):
+        first_fit_runs([10, 600], [10, 600], [0, 0], [0, 0], (512, 100, 4))
+    with pytest.raises(ValueError, match=r"row 0 \(10 tokens, 101 vision tokens"):
+        first_fit_runs([10], [10], [101], [1], (512, 100, 4))
+
+
 def test_many_rows_are_packed_in_partitions_of_the_same_mix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
