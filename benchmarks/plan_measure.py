@@ -38,8 +38,8 @@ from real_qwen import real_qwen_tokenizer  # noqa: E402
 from energon_pack import PlanSpec, RowLayout, VisionBudget, make_encoder  # noqa: E402
 from energon_pack.cli.tables import format_table  # noqa: E402
 from energon_pack.plan import plan_dataset  # noqa: E402
-from energon_pack.plan.engine import measure_on_ray  # noqa: E402
-from energon_pack.plan.source import JsonSource  # noqa: E402
+from energon_pack.plan.measure import measure_on_ray  # noqa: E402
+from energon_pack.sources.rows import JsonSource  # noqa: E402
 
 SPEC = PlanSpec(
     RowLayout(8192, 8), VisionBudget(max_vision_tokens=6000, balance=True), data_parallel_size=8

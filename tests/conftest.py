@@ -5,6 +5,7 @@ and the stage folders on ``sys.path``)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,17 @@ def vlm_demo_path() -> Path:
 def broken_path() -> Path:
     """The prepared ``fixtures/broken`` dataset; outcomes in ``expected.json``."""
     return FIXTURES / "broken"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray of 2 CPUs, started once for the session (``plan_dataset`` and
+    ``pack_offline(engine="ray")`` use a Ray already started)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    yield
+    ray.shutdown()
 
 
 @pytest.fixture(autouse=True)

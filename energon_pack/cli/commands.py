@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -25,11 +26,11 @@ from tqdm import tqdm
 from energon_pack.cli.args import CONFIG_FLAGS, vision_budget
 from energon_pack.cli.exits import EXIT_VIOLATIONS
 from energon_pack.cli.tables import format_table
-from energon_pack.offline.manifest import name_os_errors
 from energon_pack.offline.spec import PackingSpec
 from energon_pack.packing.bins import best_fit_decreasing, groups_fill
 from energon_pack.packing.synthetic import DISTRIBUTIONS, lengths_for
 from energon_pack.packing.topology import TrainingSetup
+from energon_pack.sources.files import name_os_errors
 
 if TYPE_CHECKING:  # the commands import torch, transformers and Energon where they run
     from energon_pack.offline.spec import PackMetadata
@@ -216,8 +217,18 @@ def cmd_offline(args: argparse.Namespace) -> int:
 
     spec = _offline_spec(args)
     tokenizer = tokenizer_of(args.tokenizer, args.chat_template)
+    _check_energon_code(args.input, args.trust_dataset_code)
     result = pack_offline(
-        args.input, args.out_dir, spec, tokenizer, force=args.force, format=args.format
+        args.input,
+        args.out_dir,
+        spec,
+        tokenizer,
+        force=args.force,
+        format=args.format,
+        split=args.split,
+        engine="ray" if args.ray or args.ray_address else "local",
+        ray_address=args.ray_address,
+        progress=sys.stderr.isatty(),  # a bar on a terminal, never in a log
     )
     print(format_table(["metadata", "value"], _metadata_rows(result.metadata)))
     print(
@@ -243,11 +254,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from energon_pack.encoding.families import ProcessorFamily
     from energon_pack.encoding.family import model_family
     from energon_pack.encoding.template import make_encoder
-    from energon_pack.formats.dataset_trust import check_dataset_code
     from energon_pack.packing.row_layout import RowLayout
     from energon_pack.packing.vision_budget import VisionBudget
     from energon_pack.plan import PlanSpec, plan_dataset
-    from energon_pack.plan.energon_source import is_energon_dataset
     from energon_pack.tune import tokenizer_of
     from energon_pack.tune.tokenizers import refuse_template_for_processor
 
@@ -270,8 +279,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         encoder = make_encoder(family=family)
     else:
         encoder = make_encoder(tokenizer_of(args.tokenizer, args.chat_template), family=family)
-    if is_energon_dataset(args.source) and not args.trust_dataset_code:
-        check_dataset_code(args.source)
+    _check_energon_code(args.source, args.trust_dataset_code)
     media_root = args.media_root if args.media_root is not None else args.source.parent
     plan = plan_dataset(
         args.source,
@@ -282,12 +290,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
         split=args.split,
         ray_address=args.ray_address,
         force=args.force,
-        progress=True,
+        progress=sys.stderr.isatty(),  # a bar on a terminal, never in a log
     )
     action = "reused the up-to-date plan in" if plan.reused else "wrote"
     print(plan.summary())
     print(f"{action} {plan.out_dir}")
     return 0
+
+
+def _check_energon_code(source: Path, trusted: bool) -> None:
+    """Refuse an Energon dataset whose description names code outside the known sample types
+    (``check_dataset_code``), unless ``trusted`` (``--trust-dataset-code``)."""
+    from energon_pack.formats.dataset_trust import check_dataset_code
+    from energon_pack.sources.energon import is_energon_dataset
+
+    if is_energon_dataset(source) and not trusted:
+        check_dataset_code(source)
 
 
 @contextlib.contextmanager

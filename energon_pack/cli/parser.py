@@ -139,17 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     offline = commands.add_parser(
         "offline",
-        help="tokenise and pack a JSONL file of text SFT samples into a packed dataset directory",
-        description="Input: a JSONL file (one sample per line) or a JSON file holding one array "
-        "of samples: {'input', 'output'} pairs, chat rows {'messages'} or {'conversations'} "
+        help="tokenise and pack text SFT samples (JSONL, JSON, Parquet, a saved datasets folder "
+        "or an Energon dataset) into a packed dataset directory",
+        description="SOURCE: a JSONL file (one sample per line), a JSON file holding one array "
+        "of samples, a .parquet file whose columns are the samples' fields, a folder "
+        "datasets' save_to_disk wrote, or an Energon dataset (read as the loaders read it); "
+        "samples are {'input', 'output'} pairs, chat rows {'messages'} or {'conversations'} "
         "(as the collator reads them, text only) or pre-tokenised {'input_ids', 'loss_mask'}; "
         "tokenised with --tokenizer (default: the built-in byte tokenizer) through its chat "
         "template or --chat-template, else ChatML (the encoding is printed and in the "
-        "manifest). --format bridge writes Megatron-Bridge's packed parquet. An up-to-date "
+        "manifest), in this process or with --ray on Ray Data, with a progress bar on a terminal. "
+        "--format bridge writes Megatron-Bridge's packed parquet. An up-to-date "
         "OUT_DIR is reused; a stale one is refused unless --force. Exit status 2 on bad input "
         "or settings, 3 when a file cannot be read or written.",
     )
-    offline.add_argument("input", type=Path, metavar="INPUT.jsonl", help="the samples to pack")
+    offline.add_argument("input", type=Path, metavar="SOURCE", help="the samples to pack")
     offline.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="the packed directory")
     offline.add_argument(
         "--size", type=positive_int, required=True, help="packed_sequence_size (tokens)"
@@ -207,6 +211,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="also train the newline after each trained <|im_end|> (Megatron-Bridge's chat "
         "convention; default: the chat templates' assistant masks, which end at <|im_end|>)",
     )
+    offline.add_argument(
+        "--split",
+        default="train",
+        metavar="PART",
+        help="the split part of an Energon dataset, or the split of a saved DatasetDict",
+    )
+    offline.add_argument(
+        "--trust-dataset-code",
+        action="store_true",
+        help="open an Energon dataset whose .nv-meta description names code outside Energon's "
+        "and energon_pack's sample types; refused without it",
+    )
+    offline.add_argument(
+        "--ray",
+        action="store_true",
+        help="tokenise on Ray Data (a local Ray with every core, or --ray-address); the same "
+        "packs as without it",
+    )
+    offline.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="a running Ray cluster to tokenise on (e.g. auto, ray://host:10001; implies --ray)",
+    )
     offline.add_argument("--force", action="store_true", help="rebuild a stale OUT_DIR")
 
     plan = commands.add_parser(
@@ -218,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         "folder datasets' save_to_disk wrote, holding chat rows with media, prompt/answer "
         "pairs or pre-tokenised ids) with the encoder the loaders use (media probed from "
         "their headers), on Ray Data: a local Ray with every core, or --ray-address, with a "
-        "progress bar on stderr. Then packs "
+        "progress bar on a terminal. Then packs "
         "all rows at once and lays the packs out as steps over the data-parallel ranks. Writes "
         "OUT_DIR/plan.parquet (one row per pack) and OUT_DIR/plan.json, and prints one "
         "summary line. An up-to-date OUT_DIR is reused; one built from another source or with "

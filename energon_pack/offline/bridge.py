@@ -10,11 +10,11 @@ import numpy as np
 import numpy.typing as npt
 
 from energon_pack.encoding.chatml import Tokenizer
-from energon_pack.offline.manifest import name_os_errors
 from energon_pack.packing.row_layout import (
     RowLayout,
     default_pad_token_id,
 )
+from energon_pack.sources.files import name_os_errors
 
 _PARQUET_ROW_GROUP = 500
 """Packs per parquet row group (Bridge's own writer's default)."""

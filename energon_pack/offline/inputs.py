@@ -1,14 +1,11 @@
-"""The input of an offline pack: a JSONL file (one sample per line) or a file holding one JSON
-array of samples, each read as a sample and tokenised: prompt/answer pairs, pre-tokenised ids,
-or any conversation layout :func:`~energon_pack.formats.parse_any` reads (what the collator
-reads: ``messages`` or ``conversations`` rows, WebDataset ``json`` members), text only.
+"""The samples of an offline pack, each read and tokenised (:func:`sample_tokens`):
+prompt/answer pairs, pre-tokenised ids, or any conversation layout
+:func:`~energon_pack.formats.parse_any` reads (what the collator reads: ``messages`` or
+``conversations`` rows, WebDataset ``json`` members), text only.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +13,6 @@ import numpy.typing as npt
 
 from energon_pack.encoding.chatml import SampleEncoder, Tokenizer
 from energon_pack.formats import parse_any
-from energon_pack.offline.manifest import name_os_errors
 from energon_pack.offline.spec import is_int
 
 _INT32_MAX = 2**31 - 1
@@ -26,67 +22,26 @@ SAMPLE_FORMS = (
     "reads it), {'json'} (a WebDataset sample's conversation) or {'input_ids', 'loss_mask'}"
 )
 """The sample objects an offline input holds, as errors name them."""
-_FILE_FORMS = (
-    "a JSONL file holds one sample object per line; a JSON file holds one array of sample objects"
-)
 _CONVERSATION_FIELDS = ("messages", "conversations", "json", "conversation.json")
 _MEDIA_FIELDS = ("images", "videos", "image", "video", "jpgs", "mp4s")
 
 
 # ---------------------------------------------------------------------------------- reading
-def read_samples(
-    path: Path,
+def sample_tokens(
+    key: str,
+    record: dict[str, Any],
     encoder: SampleEncoder,
     vocab_size: int | None,
     newline: tuple[int, list[int]] | None = None,
-) -> Iterator[tuple[int, str, npt.NDArray[np.int64], npt.NDArray[np.uint8]]]:
-    """``(number, key, input_ids, loss_mask)`` of each sample of the file: its line number
-    and ``<file>:<line>`` in a JSONL file; its position from 1 and ``<file>[<index>]`` in a
-    JSON array."""
-    for number, key, record in read_records(path):
-        if not isinstance(record, dict):
-            raise ValueError(
-                f"sample {key}: expected a JSON object (a sample: {SAMPLE_FORMS}), got "
-                f"{type(record).__name__}; {_FILE_FORMS}"
-            )
-        ids, mask = _tokens(key, record, encoder, vocab_size)
-        if newline is not None and "input_ids" not in record:
-            mask = _train_newline_after(ids, mask, *newline)
-        yield number, key, ids, mask
-
-
-def read_records(path: Path) -> Iterator[tuple[int, str, Any]]:
-    """``(number, key, record)`` of each JSON value of the file: a JSON array's items when the
-    file starts with ``[`` (read whole), else one per non-blank line (streamed)."""
-    with name_os_errors(path), path.open("rb") as lines:
-        head = lines.read(4096).lstrip()
-        lines.seek(0)
-        if head.startswith(b"["):
-            yield from _array_items(path, lines.read())
-            return
-        for number, raw in enumerate(lines, 1):
-            if not raw.strip():
-                continue
-            key = f"{path.name}:{number}"
-            try:
-                record = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
-                raise ValueError(f"sample {key}: invalid JSON ({error}); {_FILE_FORMS}") from None
-            yield number, key, record
-
-
-def _array_items(path: Path, data: bytes) -> Iterator[tuple[int, str, Any]]:
-    """The items of the JSON array ``data`` (the whole file ``path``)."""
-    try:
-        items = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
-        raise ValueError(
-            f"{path}: starts with '[' but is not one valid JSON array ({error}); {_FILE_FORMS}"
-        ) from None
-    if not isinstance(items, list):
-        raise ValueError(f"{path}: expected one JSON array of samples; {_FILE_FORMS}")
-    for index, item in enumerate(items):
-        yield index + 1, f"{path.name}[{index}]", item
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    """The ``input_ids`` and ``loss_mask`` of one sample (``key`` names it in errors): a
+    pre-tokenised record checked against ``vocab_size``, else the conversation tokenised by
+    ``encoder``, with the newline after each trained ``<|im_end|>`` trained too when
+    ``newline`` is given (:func:`im_end_newline`)."""
+    ids, mask = _tokens(key, record, encoder, vocab_size)
+    if newline is not None and "input_ids" not in record:
+        mask = train_newline_after(ids, mask, *newline)
+    return ids, mask
 
 
 def _tokens(
@@ -137,7 +92,7 @@ def im_end_newline(tokenizer: Tokenizer) -> tuple[int, list[int]]:
     return tokenizer.convert_tokens_to_ids("<|im_end|>"), list(tokenizer.encode("\n"))
 
 
-def _train_newline_after(
+def train_newline_after(
     ids: npt.NDArray[np.int64], mask: npt.NDArray[np.uint8], im_end: int, newline: list[int]
 ) -> npt.NDArray[np.uint8]:
     """``mask`` with the ``newline`` tokens that follow each trained ``im_end`` trained too."""

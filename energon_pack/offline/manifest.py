@@ -10,14 +10,13 @@ metadata file's size and CRC-32).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import os
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from energon_pack.offline.spec import (
     is_int,
     metadata_file,
 )
+from energon_pack.sources.files import name_os_errors
 
 FORMAT_VERSION = 2
 """Manifest layout written; format 1 (no ``arrays`` entry) is still read, unchecked."""
@@ -49,14 +49,6 @@ _READ_BYTES = 1 << 20
 _FILE_FACTS = ("bytes", "crc32", "sample_crc32")
 _METADATA_FACTS = ("bytes", "crc32", "fields")
 _TOKENIZER_FLAGS = ("add_bos_token", "add_eos_token")
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with name_os_errors(path), path.open("rb") as data:
-        while block := data.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_manifest(out_dir: Path) -> dict[str, Any] | None:
@@ -171,18 +163,6 @@ def crc32(path: Path, *, sample: bool) -> int:
                 value = zlib.crc32(block, value)
                 length -= len(block)
     return value
-
-
-@contextlib.contextmanager
-def name_os_errors(path: str | Path) -> Iterator[None]:
-    """Give an OSError raised inside that names no file (a failed write: ENOSPC, EFBIG, ...)
-    the name ``path``."""
-    try:
-        yield
-    except OSError as error:
-        if error.filename is not None or error.errno is None:
-            raise
-        raise OSError(error.errno, error.strerror, str(path)) from error
 
 
 def read_metadata(out_dir: Path, manifest: Mapping[str, Any]) -> PackMetadata:

@@ -6,10 +6,10 @@ and the vision caps) and lays the packs out as optimizer steps over the data-par
 balanced for the vision encoder on request; :class:`Plan` reads the result back. The exact
 number of packs and steps of an epoch is known before the first one is trained.
 
-One module per concern: ``spec`` (:class:`PlanSpec`), ``source`` (rows and their partitions),
-``energon_source`` (an Energon dataset read by Energon), ``measure`` (a row's counts),
-``engine`` (Ray Data), ``first_fit`` (first fit decreasing by runs), ``pack`` (packs and
-steps), ``store`` (the plan directory), ``build`` (:func:`plan_dataset`).
+One module per concern: ``spec`` (:class:`PlanSpec`), ``measure`` (a row's counts, on Ray
+Data), ``first_fit`` (first fit decreasing by runs), ``pack`` (packs and steps), ``store``
+(the plan directory), ``build`` (:func:`plan_dataset`). The sources and the engine that reads
+them live in :mod:`energon_pack.sources`.
 """
 
 from typing import TYPE_CHECKING

@@ -16,11 +16,8 @@ from energon_pack.encoding.chatml import SampleEncoder
 from energon_pack.encoding.describe import encoding_record
 from energon_pack.encoding.fingerprint import tokenizer_identity
 from energon_pack.offline.manifest import tokenizer_content
-from energon_pack.plan.energon_source import EnergonSource
-from energon_pack.plan.engine import measure_on_ray
-from energon_pack.plan.measure import SKIP_KINDS
+from energon_pack.plan.measure import SKIP_KINDS, measure_on_ray
 from energon_pack.plan.pack import lay_out_steps, pack_rows
-from energon_pack.plan.source import JsonSource, open_source
 from energon_pack.plan.spec import PlanSpec
 from energon_pack.plan.store import (
     FORMAT_VERSION,
@@ -34,6 +31,8 @@ from energon_pack.plan.store import (
     write_record,
     write_rows,
 )
+from energon_pack.sources.energon import EnergonSource
+from energon_pack.sources.rows import JsonSource, open_source
 
 logger = logging.getLogger("energon_pack.plan")
 

@@ -9,7 +9,7 @@ any worker on any machine can run it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,10 @@ from energon_pack.formats.chat_rows import read_media_paths
 from energon_pack.media.errors import MediaError
 from energon_pack.offline.inputs import conversation_sample, pretokenised, tokenizer_vocab_size
 from energon_pack.packing.packed import EncodedSample
-from energon_pack.plan.energon_source import read_energon_partition
-from energon_pack.plan.source import read_partition
 from energon_pack.plan.spec import PlanSpec
+from energon_pack.sources.energon import read_energon_partition
+from energon_pack.sources.engine import partitions_on_ray
+from energon_pack.sources.rows import SourceRow, read_partition
 
 SKIP_KINDS = ("bad_row", "media_error", "overlong", "over_vision_cap")
 """Why a row is left out of a plan: it is no sample the loaders read (or is empty), its media
@@ -42,6 +43,41 @@ Outcome = tuple[int, int, int] | tuple[str, str]
 """A measured row: ``(tokens, vision tokens, media)``, or ``(skip kind, reason)``."""
 
 
+def measure_on_ray(
+    partitions: list[str],
+    encoder: SampleEncoder,
+    spec: PlanSpec,
+    media_root: Path | None,
+    address: str | None = None,
+    progress: int | None = None,
+    on_rows: Callable[[int], object] = lambda rows: None,
+) -> dict[str, npt.NDArray[Any]]:
+    """The :data:`COLUMNS` of every row of ``partitions``, in row order, measured on Ray Data
+    (:func:`~energon_pack.sources.engine.partitions_on_ray`: a local Ray, or the cluster at
+    ``address``; ``progress``, the row count, shows a bar). ``on_rows`` is called with the row
+    count of each partition as it comes back."""
+    worked = {}
+    measurer = PartitionMeasurer(encoder, spec, media_root)
+    for number, columns in partitions_on_ray(partitions, measurer, address, progress, "measuring"):
+        worked[number] = columns
+        on_rows(len(columns["index"]))
+    if not worked:
+        return _columns([])
+    columns = {name: np.concatenate([worked[k][name] for k in sorted(worked)]) for name in COLUMNS}
+    order = np.argsort(columns["index"], kind="stable")
+    return {name: values[order] for name, values in columns.items()}
+
+
+class PartitionMeasurer:
+    """:func:`measure_partition` with its settings, as it travels to Ray's workers."""
+
+    def __init__(self, encoder: SampleEncoder, spec: PlanSpec, media_root: Path | None) -> None:
+        self.encoder, self.spec, self.media_root = encoder, spec, media_root
+
+    def __call__(self, partition: str) -> dict[str, npt.NDArray[Any]]:
+        return measure_partition(partition, self.encoder, self.spec, self.media_root)
+
+
 def measure_partition(
     partition: str, encoder: SampleEncoder, spec: PlanSpec, media_root: Path | None
 ) -> dict[str, npt.NDArray[Any]]:
@@ -52,22 +88,22 @@ def measure_partition(
     if "energon" in part:
         return _columns(
             _row(number, key, _encoded_counts(key, outcome), spec)
-            for number, key, outcome in read_energon_partition(part, encoder, spec)
+            for number, key, outcome in read_energon_partition(part, encoder, spec.layout)
         )
     return measure_records(read_partition(part), encoder, spec, media_root)
 
 
 def measure_records(
-    records: Iterable[tuple[int, Any]],
+    records: Iterable[SourceRow],
     encoder: SampleEncoder,
     spec: PlanSpec,
     media_root: Path | None,
 ) -> dict[str, npt.NDArray[Any]]:
-    """:func:`measure_partition` over ``(row index, record)`` pairs (a record may be the
-    ValueError of a line that is no JSON); each row's key is its index."""
+    """:func:`measure_partition` over a source's rows (a record may be the ValueError of a
+    line that is no JSON); each row's key is its index."""
     vocab = tokenizer_vocab_size(encoder.tokenizer)
     rows = []
-    for index, record in records:
+    for index, _, record in records:
         key = str(index)
         rows.append(_row(index, key, _record_counts(key, record, encoder, media_root, vocab), spec))
     return _columns(rows)
@@ -99,7 +135,7 @@ def _record_counts(
     """Tokens, vision tokens and media of one record, as the loaders encode it."""
     try:
         if isinstance(record, ValueError):
-            raise record
+            raise ValueError(f"row {key}: {record}")
         if not isinstance(record, Mapping):
             raise ValueError(f"row {key}: expected a JSON object, got {type(record).__name__}")
         if "input_ids" in record:

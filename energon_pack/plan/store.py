@@ -15,8 +15,8 @@ digest),
 the encoder's settings), ``counts`` (``rows``, ``samples`` planned, ``packs``, ``steps``,
 ``last_step_packs``, ``tokens``, ``fill``, ``straggler``, ``straggler_floor``, ``skipped``
 by kind) and ``skipped`` (every row left out: ``key``, ``kind``, ``reason``). A line index
-of a JSONL source, ``rows.npy`` (``[2, rows]`` start and end byte offsets), lets a reader
-fetch any row without reading the file.
+of a JSONL source, ``rows.npy`` (``[3, rows]``: start and end byte offset, 1-based line
+number), lets a reader fetch any row without reading the file.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from energon_pack.encoding.fingerprint import settings_fingerprint
-from energon_pack.offline.manifest import name_os_errors, write_json
+from energon_pack.offline.manifest import write_json
+from energon_pack.sources.files import name_os_errors
 
 PLAN_FILE = "plan.json"
 PACKS_FILE = "plan.parquet"

@@ -22,8 +22,8 @@ import torch
 
 from energon_pack.encoding.chatml import SampleEncoder
 from energon_pack.media import MediaError
-from energon_pack.offline.inputs import read_records
 from energon_pack.packing.packed import EncodedSample
+from energon_pack.sources.files import read_records
 
 
 @dataclass(frozen=True)

@@ -251,7 +251,7 @@ def test_offline_out_dir_under_a_file(
 def test_offline_input_is_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, line = cli(["offline", str(tmp_path), str(tmp_path / "out"), "--size", "256"], capsys)
     assert code == EXIT_USAGE
-    assert f"input {tmp_path} is not a file" in line
+    assert f"source {tmp_path} is a folder but neither an Energon dataset" in line
 
 
 def test_offline_on_a_full_disk(

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import io
 import json
 import pickle
-import tarfile
 from pathlib import Path
 
 import pytest
 import torch
+from energon_shards import write_dataset
 from helpers import batches, image_bytes, native_pack, train_dataset
 from megatron.energon import SimilarityInterleavedSample
-from megatron.energon.flavors.webdataset import BaseWebdatasetFactory
 
 from energon_pack.energon import PackingTaskEncoder
 from energon_pack.formats.energon_types import MediaKeepingDecoder, typed_sample_row
@@ -33,25 +31,6 @@ field_map:
   image: png
   caption: txt
 """
-
-
-def _dataset(root: Path, members: dict[str, dict[str, bytes]], yaml: str) -> Path:
-    root.mkdir()
-    with tarfile.open(root / "data-0.tar", "w") as tar:
-        for key in sorted(members):
-            for ext, data in members[key].items():
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    BaseWebdatasetFactory.prepare_dataset(
-        root,
-        ["data-0.tar"],
-        split_parts_ratio=[("train", 1.0), ("val", 0.0), ("test", 0.0)],
-        shuffle_seed=None,
-        workers=1,
-    )
-    (root / ".nv-meta" / "dataset.yaml").write_text(yaml)
-    return root
 
 
 def _native(key: str, question: str, answer: str, image: bytes, ext: str) -> dict[str, bytes]:
@@ -80,7 +59,9 @@ def test_vqa_dataset_packs_as_question_and_weighted_answer(tmp_path: Path) -> No
         meta = {"question": f"Is it {i}?", "answers": answers, "weights": [0.25, 0.75]}
         members[f"q{i}"] = {"jpg": image, "json": json.dumps(meta).encode()}
         native[f"q{i}"] = _native(f"q{i}", f"<image>\nIs it {i}?", f"yes {i}", image, "jpg")
-    _assert_packs_equal_native(_dataset(tmp_path / "vqa", members, VQA_YAML), native)
+    _assert_packs_equal_native(
+        write_dataset(tmp_path / "vqa", sorted(members.items()), VQA_YAML), native
+    )
 
 
 def test_captioning_dataset_packs_as_image_and_caption(tmp_path: Path) -> None:
@@ -89,7 +70,9 @@ def test_captioning_dataset_packs_as_image_and_caption(tmp_path: Path) -> None:
         image = image_bytes(40, 72 + 4 * i, "PNG", seed=i)
         members[f"c{i}"] = {"png": image, "txt": f"A caption {i}.".encode()}
         native[f"c{i}"] = _native(f"c{i}", "<image>", f"A caption {i}.", image, "png")
-    _assert_packs_equal_native(_dataset(tmp_path / "cap", members, CAPTION_YAML), native)
+    _assert_packs_equal_native(
+        write_dataset(tmp_path / "cap", sorted(members.items()), CAPTION_YAML), native
+    )
 
 
 def test_interleaved_samples_are_refused_by_name() -> None:

@@ -30,6 +30,7 @@ STAGES = (
     "train",
     "collate",
     "energon",
+    "sources",
     "offline",
     "plan",
     "tune",

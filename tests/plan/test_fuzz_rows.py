@@ -12,8 +12,8 @@ import numpy as np
 
 from energon_pack import RowLayout, make_encoder
 from energon_pack.plan.measure import SKIP_KINDS, measure_partition
-from energon_pack.plan.source import JsonSource
 from energon_pack.plan.spec import PlanSpec
+from energon_pack.sources.rows import JsonSource
 
 MUTATIONS = 1000
 

@@ -18,8 +18,8 @@ from energon_pack import RowLayout, VisionBudget, VLMPackingCollator, make_encod
 from energon_pack.encoding.chatml import SampleEncoder
 from energon_pack.formats.chat_rows import ChatDataset
 from energon_pack.plan.measure import measure_partition
-from energon_pack.plan.source import JsonSource, open_source
 from energon_pack.plan.spec import PlanSpec
+from energon_pack.sources.rows import JsonSource, open_source
 
 SPEC = PlanSpec(RowLayout(32768))
 

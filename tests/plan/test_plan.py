@@ -15,9 +15,9 @@ from plan_rows import ChatRows
 from energon_pack import RowLayout, VisionBudget, make_encoder
 from energon_pack.cli import main
 from energon_pack.plan import Plan, PlanSpec, plan_dataset
-from energon_pack.plan.engine import measure_on_ray, ray_session
-from energon_pack.plan.measure import measure_partition
-from energon_pack.plan.source import JsonSource
+from energon_pack.plan.measure import measure_on_ray, measure_partition
+from energon_pack.sources.engine import ray_session
+from energon_pack.sources.rows import JsonSource
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

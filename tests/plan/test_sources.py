@@ -6,6 +6,7 @@ rows, and a sample that cannot be read is listed by its key."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +19,9 @@ from energon_pack import RowLayout, make_encoder
 from energon_pack.cli import main
 from energon_pack.encoding.chatml import SampleEncoder
 from energon_pack.plan import Plan, PlanSpec, plan_dataset
-from energon_pack.plan.energon_source import EnergonSource
 from energon_pack.plan.measure import measure_partition
-from energon_pack.plan.source import SavedDatasetSource, Source, open_source
+from energon_pack.sources.energon import EnergonSource
+from energon_pack.sources.rows import SavedDatasetSource, Source, open_source
 
 DEMO = FIXTURES / "vlm_demo"
 SPEC = PlanSpec(RowLayout(32768))
@@ -158,8 +159,9 @@ def test_a_folder_that_is_no_dataset_and_a_split_that_is_not_there_are_named(
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_energon_pack_plan_reads_an_energon_dataset_with_a_progress_bar(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the bar is for terminals
     assert main(["plan", str(DEMO), str(tmp_path / "plan"), "--seq-length", "4096"]) == 0
     out, err = capsys.readouterr()
     assert "300/300" in err

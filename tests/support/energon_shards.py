@@ -6,9 +6,15 @@ import io
 import tarfile
 from pathlib import Path
 
+CRUDE = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
+"""The ``dataset.yaml`` of a ``CrudeWebdataset``."""
 
-def write_dataset(root: Path, samples: list[tuple[str, dict[str, bytes]]]) -> Path:
-    """A one-shard Energon ``CrudeWebdataset`` of ``samples`` (in that order)."""
+
+def write_dataset(
+    root: Path, samples: list[tuple[str, dict[str, bytes]]], description: str = CRUDE
+) -> Path:
+    """A one-shard prepared Energon dataset of ``samples`` (in that order), described by
+    ``description`` (the ``dataset.yaml`` text; default a ``CrudeWebdataset``)."""
     from megatron.energon.flavors.webdataset import BaseWebdatasetFactory
 
     root.mkdir(parents=True, exist_ok=True)
@@ -25,7 +31,5 @@ def write_dataset(root: Path, samples: list[tuple[str, dict[str, bytes]]]) -> Pa
         shuffle_seed=None,
         workers=1,
     )
-    (root / ".nv-meta" / "dataset.yaml").write_text(
-        "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
-    )
+    (root / ".nv-meta" / "dataset.yaml").write_text(description)
     return root

@@ -1,12 +1,12 @@
 """The rows a plan measures: a JSONL file (one record per non-blank line), a JSON file holding
 one array of records, a Parquet file (one record per row, its columns as the record's fields)
 or a folder ``datasets`` saved, each row named by its 0-based index; or a Megatron-Energon
-dataset (:mod:`~energon_pack.plan.energon_source`). :func:`open_source` opens any of them.
+dataset (:mod:`~energon_pack.sources.energon`). :func:`open_source` opens any of them.
 
 A JSONL file is indexed once (:func:`line_index`: where each record starts and ends) and cut
 into byte ranges that workers read on their own, so the driver never holds the rows; a Parquet
 file is cut by row groups, which workers read on their own too; a JSON array is read whole (as
-:func:`~energon_pack.offline.inputs.read_records` reads it) and its records travel with their
+:func:`~energon_pack.sources.files.read_records` reads it) and its records travel with their
 partitions.
 """
 
@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from energon_pack.offline.inputs import read_records
-from energon_pack.offline.manifest import name_os_errors, sha256
-from energon_pack.plan.energon_source import ENERGON_MARKER, EnergonSource, is_energon_dataset
+from energon_pack.sources.energon import ENERGON_MARKER, EnergonSource, is_energon_dataset
+from energon_pack.sources.files import name_os_errors, read_records, sha256
 
 ROWS_PER_PARTITION = 2048
 """Records one measuring task reads: small enough to spread a short file over every worker,
@@ -56,20 +55,22 @@ def open_source(
 
 
 def line_index(path: Path) -> tuple[npt.NDArray[np.int64], str]:
-    """``[2, N]`` int64: the start and end byte offset of each non-blank line of ``path``, and
-    the file's SHA-256 (taken in the same read)."""
+    """``[3, N]`` int64: the start and end byte offset and the 1-based line number of each
+    non-blank line of ``path``, and the file's SHA-256 (taken in the same read)."""
     starts: list[int] = []
     ends: list[int] = []
+    numbers: list[int] = []
     offset = 0
     digest = hashlib.sha256()
     with name_os_errors(path), path.open("rb") as lines:
-        for raw in lines:
+        for number, raw in enumerate(lines, 1):
             digest.update(raw)
             if raw.strip():
                 starts.append(offset)
                 ends.append(offset + len(raw))
+                numbers.append(number)
             offset += len(raw)
-    index = np.asarray([starts, ends], dtype=np.int64).reshape(2, len(starts))
+    index = np.asarray([starts, ends, numbers], dtype=np.int64).reshape(3, len(starts))
     return index, digest.hexdigest()
 
 
@@ -77,8 +78,9 @@ def line_index(path: Path) -> tuple[npt.NDArray[np.int64], str]:
 class JsonSource:
     """A JSONL or JSON-array file of rows, and the folder its media paths are read under.
 
-    Build it with :meth:`open`; ``index`` holds the JSONL line offsets (None for an array,
-    whose ``records`` are held instead), ``sha256`` the file's digest.
+    Build it with :meth:`open`; ``index`` holds the JSONL line offsets and numbers
+    (:func:`line_index`; None for an array, whose ``records`` are held instead), ``sha256`` the
+    file's digest.
     """
 
     path: Path
@@ -127,6 +129,7 @@ class JsonSource:
             else:
                 assert self.index is not None
                 part["bytes"] = [int(self.index[0, first]), int(self.index[1, last - 1])]
+                part["line"] = int(self.index[2, first])
             out.append(json.dumps(part))
         return out
 
@@ -273,13 +276,18 @@ def file_fingerprint(path: Path, media_root: Path | None, digest: str) -> dict[s
     }
 
 
-def read_partition(part: dict[str, Any]) -> Iterator[tuple[int, Any]]:
-    """``(row index, record)`` of each record of a source's partition (a ``partitions()``
-    entry, parsed); a JSONL line that is not valid JSON gives its ValueError as the record."""
+SourceRow = tuple[int, int, Any]
+"""A row of a source: its 0-based index, its number as a person finds it (the 1-based line of
+a JSONL file, else the index + 1) and its record."""
+
+
+def read_partition(part: dict[str, Any]) -> Iterator[SourceRow]:
+    """Each :data:`SourceRow` of a source's partition (a ``partitions()`` entry, parsed); a
+    JSONL line that is not valid JSON gives a ValueError saying so as the record."""
     first = part["first"]
     if "saved" in part:
         table = _load_saved(Path(part["saved"]))[first : part["stop"]]
-        yield from enumerate(table.to_pylist(), first)
+        yield from _numbered(table.to_pylist(), first)
         return
     if "row_group" in part:
         import pyarrow.parquet as pq
@@ -287,19 +295,27 @@ def read_partition(part: dict[str, Any]) -> Iterator[tuple[int, Any]]:
         path = Path(part["path"])
         with name_os_errors(path):
             table = pq.ParquetFile(path).read_row_group(part["row_group"])
-        yield from enumerate(table.to_pylist(), first)
+        yield from _numbered(table.to_pylist(), first)
         return
     if "records" in part:
-        yield from enumerate(part["records"], first)
+        yield from _numbered(part["records"], first)
         return
     start, stop = part["bytes"]
     path = Path(part["path"])
     with name_os_errors(path), path.open("rb") as data:
         data.seek(start)
         chunk = data.read(stop - start)
-    lines = (line for line in chunk.split(b"\n") if line.strip())
-    for index, raw in enumerate(lines, first):
+    index = first
+    for line, raw in enumerate(chunk.split(b"\n"), part["line"]):
+        if not raw.strip():
+            continue
         try:
-            yield index, json.loads(raw)
+            yield index, line, json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
-            yield index, ValueError(f"row {index}: invalid JSON ({error})")
+            yield index, line, ValueError(f"invalid JSON ({error})")
+        index += 1
+
+
+def _numbered(records: list[Any], first: int) -> Iterator[SourceRow]:
+    for index, record in enumerate(records, first):
+        yield index, index + 1, record

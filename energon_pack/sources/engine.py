@@ -1,7 +1,7 @@
-"""Running the measure stage on Ray Data: the partitions become a Ray dataset, each is measured
-by :func:`~energon_pack.plan.measure.measure_partition` in a pool of Ray actors, one per CPU,
-each holding the encoder (Ray schedules, retries and shows the progress), and the columns come
-back to the driver.
+"""Running a stage over a source's partitions: on Ray Data (the partitions become a Ray dataset,
+each is worked in a pool of Ray actors, one per CPU, each holding the stage's work with its
+encoder; Ray schedules and retries), or in this process. Each partition's columns come back to
+the driver as they are done.
 
 Without an address a local Ray is started with every core and stopped when done; with
 ``address`` (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``) the running cluster is joined
@@ -11,26 +11,18 @@ as it is.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import os
 import pickle
 import socket
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from tqdm import tqdm
 
-from energon_pack.encoding.chatml import SampleEncoder
-from energon_pack.plan.measure import COLUMNS, NUMBERS, measure_partition
-from energon_pack.plan.spec import PlanSpec
-
-_FAILED = "failed"
-"""The ``skip`` of the row that carries a task's error."""
 RAY_FIX = "install the extra: pip install 'energon_pack[ray]'"
 
 
@@ -87,22 +79,42 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
-def measure_on_ray(
+PartitionWork = Callable[[str], dict[str, npt.NDArray[Any]]]
+"""A stage's work on one partition of a source (a ``partitions()`` entry): its columns, one
+value per row. It must pickle (it travels to Ray's workers once per actor) and may raise only
+ValueError or OSError for bad input (raised again on the driver, whole)."""
+
+
+def partitions_here(
     partitions: list[str],
-    encoder: SampleEncoder,
-    spec: PlanSpec,
-    media_root: Path | None,
+    work: PartitionWork,
+    progress: int | None = None,
+    stage: str = "reading",
+) -> Iterator[tuple[int, dict[str, npt.NDArray[Any]]]]:
+    """``(partition number, columns)`` of each partition, worked in this process in order;
+    with ``progress`` (the source's row count), a progress bar named ``stage`` on stderr
+    counts the rows."""
+    with tqdm(total=progress, unit="row", desc=stage, disable=progress is None) as bar:
+        for number, part in enumerate(partitions):
+            columns = work(part)
+            bar.update(_rows(columns))
+            yield number, columns
+
+
+def partitions_on_ray(
+    partitions: list[str],
+    work: PartitionWork,
     address: str | None = None,
     progress: int | None = None,
-    on_rows: Callable[[int], object] = lambda rows: None,
-) -> dict[str, npt.NDArray[Any]]:
-    """The :data:`~energon_pack.plan.measure.COLUMNS` of every row of ``partitions``, in row
-    order, measured by Ray tasks. With ``progress`` (the source's row count) a progress bar on
-    stderr counts the rows measured (in place of Ray Data's own); ``on_rows`` is called with the
-    row count of each partition as it comes back."""
+    stage: str = "reading",
+) -> Iterator[tuple[int, dict[str, npt.NDArray[Any]]]]:
+    """``(partition number, columns)`` of each partition as Ray Data's actors finish them (in
+    any order): one actor per CPU of the cluster, each holding ``work``. With ``progress``
+    (the source's row count) a progress bar named ``stage`` on stderr counts the rows (in
+    place of Ray Data's own). The first partition whose work raised raises its error here."""
     try:
-        pickle.dumps(encoder)
-    except Exception as error:  # whatever the encoder holds that does not pickle
+        pickle.dumps(work)
+    except Exception as error:  # whatever the work holds that does not pickle
         raise ValueError(
             f"the encoder cannot travel to Ray's workers: pickling it fails ({error}); pass an "
             "encoder that make_encoder() builds, with a tokenizer that pickles"
@@ -115,28 +127,29 @@ def measure_on_ray(
         workers = max(1, min(len(partitions), int(cpus)))
         with _progress_shown_here(progress is not None):
             dataset = ray.data.from_items(
-                [{"part": part} for part in partitions], override_num_blocks=len(partitions)
+                [{"number": k, "part": part} for k, part in enumerate(partitions)],
+                override_num_blocks=len(partitions),
             )
-            measured = dataset.map_batches(
-                PartitionMeasurer,
-                fn_constructor_kwargs={"encoder": encoder, "spec": spec, "media_root": media_root},
+            worked = dataset.map_batches(
+                PartitionActor,
+                fn_constructor_kwargs={"work": work},
                 compute=ray.data.ActorPoolStrategy(size=workers),
                 batch_size=1,
                 batch_format="numpy",
             )
-            batches = []
             shown = progress is not None
-            with tqdm(total=progress, unit="row", desc="measuring", disable=not shown) as bar:
-                for batch in measured.iter_batches(batch_size=None, batch_format="numpy"):
-                    batches.append(batch)
-                    bar.update(len(batch["index"]))
-                    on_rows(len(batch["index"]))
-    columns = _concatenated(batches)
-    failed = np.flatnonzero(columns["skip"] == _FAILED)
-    if failed.size:
-        raise pickle.loads(base64.b64decode(columns["reason"][failed[0]]))
-    order = np.argsort(columns["index"], kind="stable")
-    return {name: values[order] for name, values in columns.items()}
+            with tqdm(total=progress, unit="row", desc=stage, disable=not shown) as bar:
+                for batch in worked.iter_batches(batch_size=None, batch_format="numpy"):
+                    for number, payload in zip(batch["number"], batch["payload"], strict=True):
+                        outcome = pickle.loads(payload)
+                        if isinstance(outcome, Exception):
+                            raise outcome
+                        bar.update(_rows(outcome))
+                        yield int(number), outcome
+
+
+def _rows(columns: dict[str, npt.NDArray[Any]]) -> int:
+    return len(next(iter(columns.values()), ()))
 
 
 @contextlib.contextmanager
@@ -158,38 +171,21 @@ def _progress_shown_here(shown: bool) -> Iterator[None]:
         logger.setLevel(level)
 
 
-class PartitionMeasurer:
-    """The measure stage as a Ray Data actor: the encoder is unpickled once per actor (one
-    per CPU), not once per partition (a real tokenizer takes most of a second)."""
+class PartitionActor:
+    """A stage as a Ray Data actor: its work (the encoder it holds) is unpickled once per
+    actor, not once per partition (a real tokenizer takes most of a second). Each partition
+    comes back as one row: its number and its columns, or the error its work raised, pickled
+    (Ray would keep only an error's text)."""
 
-    def __init__(self, encoder: SampleEncoder, spec: PlanSpec, media_root: Path | None) -> None:
-        self.encoder, self.spec, self.media_root = encoder, spec, media_root
+    def __init__(self, work: PartitionWork) -> None:
+        self.work = work
 
     def __call__(self, batch: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
-        try:
-            parts = [
-                measure_partition(str(part), self.encoder, self.spec, self.media_root)
-                for part in batch["part"]
-            ]
-        except (ValueError, OSError) as error:  # Ray would keep only its text
-            return _failure(error)
-        return _concatenated(parts)
-
-
-def _failure(error: ValueError | OSError) -> dict[str, npt.NDArray[Any]]:
-    """One row that carries ``error`` whole (pickled) to the driver, which raises it."""
-    row: dict[str, Any] = dict.fromkeys(COLUMNS[:NUMBERS], -1)
-    row.update(key="", skip=_FAILED, reason=base64.b64encode(pickle.dumps(error)).decode("ascii"))
-    return {
-        name: np.asarray([row[name]], dtype=np.int64 if position < NUMBERS else object)
-        for position, name in enumerate(COLUMNS)
-    }
-
-
-def _concatenated(batches: list[dict[str, npt.NDArray[Any]]]) -> dict[str, npt.NDArray[Any]]:
-    if not batches:
-        return {
-            name: np.zeros(0, dtype=np.int64 if position < NUMBERS else object)
-            for position, name in enumerate(COLUMNS)
-        }
-    return {name: np.concatenate([batch[name] for batch in batches]) for name in COLUMNS}
+        payloads = []
+        for part in batch["part"]:
+            try:
+                outcome: object = self.work(str(part))
+            except (ValueError, OSError) as error:
+                outcome = error
+            payloads.append(pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL))
+        return {"number": batch["number"], "payload": np.asarray(payloads, dtype=object)}

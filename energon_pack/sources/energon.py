@@ -23,9 +23,9 @@ import numpy as np
 import numpy.typing as npt
 
 from energon_pack.encoding.chatml import SampleEncoder
-from energon_pack.offline.manifest import sha256
 from energon_pack.packing.packed import EncodedSample
-from energon_pack.plan.spec import PlanSpec
+from energon_pack.packing.row_layout import RowLayout
+from energon_pack.sources.files import sha256
 
 ENERGON_MARKER = ".nv-meta"
 """The folder that makes a directory an Energon dataset."""
@@ -157,7 +157,7 @@ def is_energon_dataset(path: Path) -> bool:
 
 
 def read_energon_partition(
-    partition: dict[str, Any], encoder: SampleEncoder, spec: PlanSpec
+    partition: dict[str, Any], encoder: SampleEncoder, layout: RowLayout
 ) -> Iterator[tuple[int, str, EncodedSample | tuple[str, str]]]:
     """``(row number, key, outcome)`` of each sample of an Energon partition, as
     :class:`~energon_pack.PackingTaskEncoder` prepares it for its buffer: the outcome is an
@@ -165,7 +165,7 @@ def read_energon_partition(
     rejects (``"media_error"``: its media; ``"bad_row"``: no sample it reads)."""
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
-    measuring = _measuring_task_encoder(encoder, spec)
+    measuring = _measuring_task_encoder(encoder, layout)
     config = WorkerConfig(rank=partition["rank"], world_size=partition["ranks"], num_workers=0)
     dataset = get_val_dataset(
         partition["energon"],
@@ -182,7 +182,7 @@ def read_energon_partition(
         yield number, key, outcome if isinstance(outcome, EncodedSample) else tuple(outcome)
 
 
-def _measuring_task_encoder(encoder: SampleEncoder, spec: PlanSpec) -> Any:
+def _measuring_task_encoder(encoder: SampleEncoder, layout: RowLayout) -> Any:
     """An Energon task encoder that reads samples as PackingTaskEncoder does (its cookers and
     decoder) and gives ``(key, outcome)`` for each (see :func:`read_energon_partition`)."""
     from megatron.energon import DefaultTaskEncoder
@@ -190,7 +190,7 @@ def _measuring_task_encoder(encoder: SampleEncoder, spec: PlanSpec) -> Any:
     from energon_pack.energon.carry_over import RejectedSample
     from energon_pack.energon.task_encoder import PackingTaskEncoder
 
-    packing = PackingTaskEncoder(encoder=encoder, layout=spec.layout)
+    packing = PackingTaskEncoder(encoder=encoder, layout=layout)
 
     class MeasuringTaskEncoder(DefaultTaskEncoder):  # type: ignore[misc]
         cookers = PackingTaskEncoder.cookers
