@@ -76,7 +76,7 @@ if TYPE_CHECKING:  # the public names, for type checkers (read lazily below)
         straggler_ratio,
         unpack,
     )
-    from energon_pack.plan import Plan, PlanSpec, plan_dataset
+    from energon_pack.plan import Plan, PlannedDataset, PlanSampler, PlanSpec, plan_dataset
     from energon_pack.train import (
         BridgeVisualInputs,
         HFTarget,
@@ -106,7 +106,13 @@ _HOMES: dict[str, str] = {
         ),
         "energon_pack.energon": ("PackedBatch", "PackingStats", "PackingTaskEncoder"),
         "energon_pack.formats": ("ChatDataset", "parse_any"),
-        "energon_pack.plan": ("Plan", "PlanSpec", "plan_dataset"),
+        "energon_pack.plan": (
+            "Plan",
+            "PlanSpec",
+            "PlannedDataset",
+            "PlanSampler",
+            "plan_dataset",
+        ),
         "energon_pack.formats.native": ("parse_sample",),
         "energon_pack.formats.raw": ("RawSample",),
         "energon_pack.media": (
@@ -277,8 +283,8 @@ _group("Training adapters")
 __all__ += ["OfflinePackResult", "PackMetadata", "PackedDataset"]
 _group("Offline")
 
-# Every pack of a dataset planned before training.
-__all__ += ["Plan"]
+# Every pack of a dataset planned before training, and training from it.
+__all__ += ["Plan", "PlanSampler", "PlannedDataset"]
 _group("Plans")
 
 # Packing proven on the user's own model and attention implementations.

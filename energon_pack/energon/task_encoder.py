@@ -93,7 +93,6 @@ Output = Literal["batch", "bridge"]
 (:meth:`PackedBatch.to_bridge_batch`)."""
 
 # How media are decoded, not what they decode to: free to change between save and restore.
-_DECODE_RUNTIME_FIELDS = frozenset({"decode_isolation", "decode_timeout_s"})
 # Media settings added after states were first saved, with the behaviour before them: recorded
 # only when they differ from it, so that a state saved before them still restores.
 _ADDED_LATER: dict[str, object] = {
@@ -400,10 +399,9 @@ class PackingTaskEncoder(DefaultTaskEncoder):
             "overlong": self.overlong,
             "decode": self.decode,
             "media": {
-                f.name: getattr(self.media, f.name)
-                for f in dataclasses.fields(self.media)
-                if f.name not in _DECODE_RUNTIME_FIELDS
-                and _ADDED_LATER.get(f.name, _RECORD) != getattr(self.media, f.name)
+                name: value
+                for name, value in self.media.settings().items()
+                if _ADDED_LATER.get(name, _RECORD) != value
             },
             **({} if self._preset is None else {"family": family_identity(self._preset)}),
             "tokenizer": tokenizer_identity(self.encoder.tokenizer),

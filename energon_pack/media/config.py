@@ -24,6 +24,7 @@ __all__ = [
     "OPENAI_CLIP_STD",
     "PIXEL_DTYPES",
     "RESCALE_FACTOR",
+    "RUNTIME_FIELDS",
     "VIDEO_EXTENSIONS",
     "VIDEO_RULES",
     "ImageProbe",
@@ -211,6 +212,11 @@ class MediaConfig:
         """Values per patch row: ``3 * temporal_patch_size * patch_size**2``."""
         return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
 
+    def settings(self) -> dict[str, object]:
+        """Every field that decides what a sample's media become (tokens, grids, pixels), by
+        name: all but :data:`RUNTIME_FIELDS`."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RUNTIME_FIELDS}
+
     @property
     def torch_pixel_dtype(self) -> torch.dtype:
         """``pixel_dtype`` as a torch dtype."""
@@ -222,6 +228,9 @@ class MediaConfig:
 
 DEFAULT_CONFIG = MediaConfig()
 """The settings of calls given no ``config``."""
+RUNTIME_FIELDS = frozenset({"decode_isolation", "decode_timeout_s"})
+"""The :class:`MediaConfig` fields that decide how media are decoded (in which process, for
+how long), not what they become."""
 
 
 @dataclass(frozen=True)

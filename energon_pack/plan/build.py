@@ -4,6 +4,7 @@ once, lays the packs out as training steps and writes the plan directory."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import logging
 import math
 from collections import Counter
@@ -162,14 +163,15 @@ def plan_dataset(
 
 
 def encoder_identity(encoder: SampleEncoder) -> dict[str, Any]:
-    """What decides the measured lengths: the tokenizer (identity and content), the encoding
-    and the encoder's settings (media included)."""
+    """What decides the measured lengths: the tokenizer (identity and content), the encoding,
+    the encoder's settings and its media settings (:meth:`MediaConfig.settings`)."""
     tokenizer = encoder.tokenizer
     return {
         "tokenizer": tokenizer_identity(tokenizer),
         "tokenizer_content": tokenizer_content(tokenizer),
         **encoding_record(encoder),
         "settings": encoder.settings(),
+        "media": json.loads(json.dumps(encoder.media.settings())),  # as plan.json holds it
     }
 
 

@@ -249,7 +249,7 @@ def lay_out_steps(
     loads: list[list[float]] = []
     largest: list[list[float]] = []
     for number, members in enumerate(steps):
-        dealt = _deal(members, pack_vision, ranks, balance=spec.vision.balance)
+        dealt = deal_packs(members, pack_vision, ranks, balance=spec.vision.balance)
         load = [0.0] * ranks
         big = [0.0] * ranks
         for rank, packs in enumerate(dealt):
@@ -265,7 +265,7 @@ def lay_out_steps(
     return StepLayout(step_of, rank_of, micro_of, ratio, floor)
 
 
-def _deal(
+def deal_packs(
     members: Sequence[int], pack_vision: Sequence[int], ranks: int, *, balance: bool
 ) -> list[list[int]]:
     """The packs of one step per rank: in turn, or with ``balance`` heaviest first to the

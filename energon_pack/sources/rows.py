@@ -208,7 +208,7 @@ class SavedDatasetSource:
             path = path / split
         state = _json_file(path / _SAVED_STATE)
         files = tuple(str(entry["filename"]) for entry in state.get("_data_files", []))
-        dataset = _load_saved(path)
+        dataset = load_saved(path)
         root = None if media_root is None else Path(media_root)
         return cls(path, root, len(dataset), files)
 
@@ -248,7 +248,7 @@ def _json_file(path: Path) -> dict[str, Any]:
     return value
 
 
-def _load_saved(path: Path) -> Any:
+def load_saved(path: Path) -> Any:
     """``datasets.load_from_disk(path)`` as raw Arrow rows (a ValueError when it fails)."""
     try:
         import datasets  # type: ignore[import-untyped]
@@ -286,7 +286,7 @@ def read_partition(part: dict[str, Any]) -> Iterator[SourceRow]:
     JSONL line that is not valid JSON gives a ValueError saying so as the record."""
     first = part["first"]
     if "saved" in part:
-        table = _load_saved(Path(part["saved"]))[first : part["stop"]]
+        table = load_saved(Path(part["saved"]))[first : part["stop"]]
         yield from _numbered(table.to_pylist(), first)
         return
     if "row_group" in part:

@@ -1,0 +1,289 @@
+"""Training from a plan: :class:`PlannedDataset`, a map-style dataset whose item ``i`` is pack
+``i`` of a plan, built by :class:`~energon_pack.VLMPackingCollator` from its members.
+
+Members are read by random access: a JSONL row through the plan's line index (``rows.npy``), a
+JSON array's item, a Parquet row (its row group), a saved ``datasets`` row. Media are read and
+decoded only for the pack asked for. The dataset's order is the plan's steps, each step's packs
+by micro-batch and then rank, so that a sampler that deals consecutive indices over the ranks
+(Megatron's) gives each rank the packs the plan assigned to it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from energon_pack.collate.batch import CollatedBatch
+from energon_pack.collate.collator import Output, VLMPackingCollator
+from energon_pack.encoding.chatml import SampleEncoder
+from energon_pack.encoding.family import Family
+from energon_pack.encoding.fingerprint import settings_fingerprint
+from energon_pack.formats.chat_rows import read_media_paths
+from energon_pack.offline.inputs import conversation_sample, pretokenised, tokenizer_vocab_size
+from energon_pack.packing.mrope import MRopeConfig, PositionIds
+from energon_pack.packing.packed import EncodedSample
+from energon_pack.packing.row_layout import RowLayout
+from energon_pack.plan.build import encoder_identity
+from energon_pack.plan.store import ROWS_FILE, Plan
+from energon_pack.sources.files import name_os_errors
+from energon_pack.sources.rows import (
+    JsonSource,
+    ParquetSource,
+    SavedDatasetSource,
+    Source,
+    load_saved,
+    open_source,
+)
+
+logger = logging.getLogger("energon_pack.plan")
+
+_SINGLE = "VLMPackingCollator got a micro-batch of 1 sample"
+"""The collator's warning for a one-sample micro-batch (a pack of one sample is planned)."""
+
+
+@dataclass(frozen=True)
+class PlanOrder:
+    """The packs of a plan in the dataset's order, and what a sampler needs of them.
+
+    ``step``, ``rank`` and ``vision`` hold, per dataset index, the plan's step and rank of the
+    pack and its vision tokens; indices run step by step, each step's packs by micro-batch then
+    rank. ``data_parallel_size``, ``global_batch_size``, ``balance`` and ``seed`` are the
+    plan's settings.
+    """
+
+    step: npt.NDArray[np.int64]
+    rank: npt.NDArray[np.int64]
+    vision: npt.NDArray[np.int64]
+    data_parallel_size: int
+    global_batch_size: int
+    balance: bool
+    seed: int
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def steps(self) -> list[list[int]]:
+        """The dataset indices of each of the plan's steps, in order."""
+        bounds = np.flatnonzero(np.diff(self.step)) + 1
+        return [part.tolist() for part in np.split(np.arange(len(self.step)), bounds)]
+
+    def steps_per_epoch(self, global_batch_size: int | None = None) -> int:
+        """Optimizer steps of one epoch at ``global_batch_size`` packs per step (default: the
+        plan's); the last may hold fewer."""
+        per_step = global_batch_size or self.global_batch_size
+        return math.ceil(len(self) / per_step)
+
+
+def plan_order(plan: Plan) -> tuple[PlanOrder, list[list[str]]]:
+    """The :class:`PlanOrder` of ``plan`` and the member keys of each pack in that order."""
+    table = plan.table()
+    step = np.asarray(table.column("step").to_numpy(), dtype=np.int64)
+    rank = np.asarray(table.column("rank").to_numpy(), dtype=np.int64)
+    micro = np.asarray(table.column("micro").to_numpy(), dtype=np.int64)
+    order = np.lexsort((rank, micro, step))
+    keys = table.column("keys").to_pylist()
+    vision = np.asarray([sum(v) for v in table.column("vision_tokens").to_pylist()], np.int64)
+    spec = plan.record["spec"]
+    layout = PlanOrder(
+        step=step[order],
+        rank=rank[order],
+        vision=vision[order],
+        data_parallel_size=int(spec["data_parallel_size"]),
+        global_batch_size=int(spec["global_batch_size"]),
+        balance=bool(spec["vision"].get("vision_balance", False)),
+        seed=int(spec["seed"]),
+    )
+    return layout, [keys[p] for p in order.tolist()]
+
+
+class PlannedDataset(torch.utils.data.Dataset[Any]):
+    """The packs of the plan in ``plan_dir`` as a map-style dataset: ``len()`` is the number
+    of packs, item ``i`` the packed row of pack ``i`` (with ``output="batch"`` a
+    :class:`~energon_pack.CollatedBatch` of one row, its ``keys`` the members; with
+    ``output="hf"`` the transformers model inputs), equal to what
+    :class:`~energon_pack.VLMPackingCollator` builds from the same samples in the same order.
+
+    ``encoder`` / ``family`` / ``position_ids`` / ``hf_model`` are the collator's; the
+    encoder must be the one the plan was measured with (tokenizer, template, family, media
+    settings), else a ValueError names what differs. The row layout is the plan's. The source
+    must be the one planned (``check_source``: its fingerprint, the file's SHA-256 included, is
+    compared once here). ``media_root`` defaults to the plan's.
+
+    A member whose media fail is skipped (logged, in the row's ``skipped_keys``) and the row is
+    built from the others; so is a member that cannot be read.
+    """
+
+    def __init__(
+        self,
+        plan_dir: str | Path,
+        encoder: SampleEncoder | None = None,
+        *,
+        family: Family | str | Any = None,
+        position_ids: PositionIds | MRopeConfig = "1d",
+        output: Output = "batch",
+        hf_model: Any = None,
+        media_root: str | Path | None = None,
+        check_source: bool = True,
+    ) -> None:
+        self.plan = Plan.read(plan_dir)
+        record = self.plan.record
+        self.collator = VLMPackingCollator(
+            layout=RowLayout(**record["spec"]["layout"]),
+            encoder=encoder,
+            family=family,
+            position_ids=position_ids,
+            output=output,
+            hf_model=hf_model,
+            on_media_error="skip",
+        )
+        changed = _differences(record["encoder"], encoder_identity(self.collator.encoder))
+        if changed:
+            raise ValueError(
+                f"plan {self.plan.out_dir} was measured with another encoder: "
+                f"{'; '.join(changed)}; pass the tokenizer, template and family it was planned "
+                "with, or plan again with this one"
+            )
+        planned = record["source"]
+        root = media_root if media_root is not None else planned.get("media_root")
+        self.source = _open_planned(planned, root)
+        if check_source:
+            moved = _differences(
+                {k: v for k, v in planned.items() if k != "media_root"},
+                {k: v for k, v in self.source.fingerprint().items() if k != "media_root"},
+            )
+            if moved:
+                raise ValueError(
+                    f"plan {self.plan.out_dir}: its source changed since it was planned "
+                    f"({'; '.join(moved)}); plan it again (energon-pack plan --force)"
+                )
+        self.order, self.keys = plan_order(self.plan)
+        self._reader = _RowReader(self.source, self.plan.out_dir / ROWS_FILE)
+        self._vocab = tokenizer_vocab_size(self.collator.encoder.tokenizer)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, index: int) -> Any:
+        items: list[Any] = []
+        unread: list[str] = []
+        for key in self.keys[index]:
+            try:
+                items.append(self._member(key))
+            except ValueError as error:
+                logger.warning("skipping member %s of pack %d: %s", key, index, error)
+                unread.append(key)
+        if not items:
+            raise ValueError(
+                f"pack {index}: none of its members {self.keys[index]} could be read (see the "
+                "log); check the source"
+            )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_SINGLE)
+            row = self.collator(items)
+        if unread and isinstance(row, CollatedBatch):
+            row = replace(row, skipped_keys=(*row.skipped_keys, *unread))
+        return row
+
+    def steps_per_epoch(self, global_batch_size: int | None = None) -> int:
+        """Optimizer steps of one epoch (:meth:`PlanOrder.steps_per_epoch`)."""
+        return self.order.steps_per_epoch(global_batch_size)
+
+    @staticmethod
+    def collate_fn(items: Sequence[Any]) -> Any:
+        """A DataLoader's ``collate_fn`` for micro-batches of one pack: the pack itself (a
+        longer micro-batch stays a list of packs)."""
+        return items[0] if len(items) == 1 else list(items)
+
+    def _member(self, key: str) -> Any:
+        record = self._reader.record(int(key))
+        if not isinstance(record, Mapping):
+            raise ValueError(f"row {key}: expected a JSON object, got {type(record).__name__}")
+        if "input_ids" in record:
+            ids, mask = pretokenised(key, dict(record), self._vocab)
+            return EncodedSample(key, torch.from_numpy(ids), torch.from_numpy(mask).long())
+        media_root = self.source.media_root
+        return key, conversation_sample(key, read_media_paths(record, key, media_root))
+
+
+def _open_planned(planned: Mapping[str, Any], media_root: str | Path | None) -> Source:
+    """The planned source, opened again (an Energon dataset is refused: not read yet)."""
+    if "energon_split_part" in planned:
+        raise ValueError(
+            f"plan source {planned['path']} is a Megatron-Energon dataset; PlannedDataset reads "
+            "JSON, JSONL, Parquet and saved datasets rows so far (train from an Energon dataset "
+            "with PackingTaskEncoder)"
+        )
+    return open_source(planned["path"], media_root)
+
+
+def _differences(built: Mapping[str, Any], asked: Mapping[str, Any]) -> list[str]:
+    old, new = settings_fingerprint(dict(built)), settings_fingerprint(dict(asked))
+    return [
+        f"{name}={old.get(name)!r} but now {new.get(name)!r}"
+        for name in sorted(set(old) | set(new))
+        if old.get(name) != new.get(name)
+    ]
+
+
+class _RowReader:
+    """Rows of a source by index, opened lazily (so the dataset pickles to workers)."""
+
+    def __init__(self, source: Source, rows_file: Path) -> None:
+        self.source, self.rows_file = source, rows_file
+        self._index: npt.NDArray[np.int64] | None = None
+        self._table: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "rows_file": self.rows_file}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.source, self.rows_file = state["source"], state["rows_file"]
+        self._index, self._table = None, None
+
+    def record(self, index: int) -> Any:
+        """Row ``index`` of the source (a ValueError when it is not valid JSON)."""
+        source = self.source
+        if isinstance(source, JsonSource):
+            if source.records is not None:
+                return source.records[index]
+            return self._line(source.path, index)
+        if isinstance(source, ParquetSource):
+            return self._parquet_row(source, index)
+        if isinstance(source, SavedDatasetSource):
+            if self._table is None:
+                self._table = load_saved(source.path)
+            return self._table[index : index + 1].to_pylist()[0]
+        raise ValueError(f"source {source.path} cannot be read by row")
+
+    def _line(self, path: Path, index: int) -> Any:
+        if self._index is None:
+            with name_os_errors(self.rows_file):
+                self._index = np.load(self.rows_file, mmap_mode="r")
+        start, stop = int(self._index[0, index]), int(self._index[1, index])
+        with name_os_errors(path), path.open("rb") as data:
+            data.seek(start)
+            raw = data.read(stop - start)
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+            raise ValueError(f"row {index}: invalid JSON ({error})") from None
+
+    def _parquet_row(self, source: ParquetSource, index: int) -> Any:
+        import pyarrow.parquet as pq
+
+        starts = np.cumsum([0, *source.row_groups]).tolist()
+        group = bisect.bisect_right(starts, index) - 1
+        with name_os_errors(source.path):
+            table = pq.ParquetFile(source.path).read_row_group(group)
+        return table.slice(index - starts[group], 1).to_pylist()[0]
