@@ -2,7 +2,8 @@
 ``i`` of a plan, built by :class:`~energon_pack.VLMPackingCollator` from its members.
 
 Members are read by random access: a JSONL row through the plan's line index (``rows.npy``), a
-JSON array's item, a Parquet row (its row group), a saved ``datasets`` row. Media are read and
+JSON array's item, a Parquet row (its row group), a saved ``datasets`` row, an Energon sample
+through Energon's sample index (prepared as the online loaders prepare it). Media are read and
 decoded only for the pack asked for. The dataset's order is the plan's steps, each step's packs
 by micro-batch and then rank, so that a sampler that deals consecutive indices over the ranks
 (Megatron's) gives each rank the packs the plan assigned to it.
@@ -36,6 +37,7 @@ from energon_pack.packing.packed import EncodedSample
 from energon_pack.packing.row_layout import RowLayout
 from energon_pack.plan.build import encoder_identity
 from energon_pack.plan.store import ROWS_FILE, Plan
+from energon_pack.sources.energon import EnergonSamples, EnergonSource
 from energon_pack.sources.files import name_os_errors
 from energon_pack.sources.rows import (
     JsonSource,
@@ -120,8 +122,10 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
     must be the one planned (``check_source``: its fingerprint, the file's SHA-256 included, is
     compared once here). ``media_root`` defaults to the plan's.
 
-    A member whose media fail is skipped (logged, in the row's ``skipped_keys``) and the row is
-    built from the others; so is a member that cannot be read.
+    Members are read by random access (JSON, JSONL, Parquet and saved ``datasets`` rows, or an
+    Energon dataset's samples through its sample index). A member whose media fail is skipped
+    (logged, in the row's ``skipped_keys``) and the row is built from the others; so is a
+    member that cannot be read.
     """
 
     def __init__(
@@ -168,7 +172,11 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
                     f"({'; '.join(moved)}); plan it again (energon-pack plan --force)"
                 )
         self.order, self.keys = plan_order(self.plan)
-        self._reader = _RowReader(self.source, self.plan.out_dir / ROWS_FILE)
+        self._reader = (
+            EnergonSamples(self.source.path, self.source.split_part, self.collator.encoder)
+            if isinstance(self.source, EnergonSource)
+            else _RowReader(self.source, self.plan.out_dir / ROWS_FILE)
+        )
         self._vocab = tokenizer_vocab_size(self.collator.encoder.tokenizer)
 
     def __len__(self) -> int:
@@ -206,6 +214,11 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
         return items[0] if len(items) == 1 else list(items)
 
     def _member(self, key: str) -> Any:
+        if isinstance(self._reader, EnergonSamples):
+            prepared = self._reader.prepare(key)
+            if isinstance(prepared, tuple):
+                raise ValueError(prepared[1])
+            return prepared
         record = self._reader.record(int(key))
         if not isinstance(record, Mapping):
             raise ValueError(f"row {key}: expected a JSON object, got {type(record).__name__}")
@@ -217,13 +230,9 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
 
 
 def _open_planned(planned: Mapping[str, Any], media_root: str | Path | None) -> Source:
-    """The planned source, opened again (an Energon dataset is refused: not read yet)."""
+    """The planned source, opened again (an Energon dataset at its split part)."""
     if "energon_split_part" in planned:
-        raise ValueError(
-            f"plan source {planned['path']} is a Megatron-Energon dataset; PlannedDataset reads "
-            "JSON, JSONL, Parquet and saved datasets rows so far (train from an Energon dataset "
-            "with PackingTaskEncoder)"
-        )
+        return EnergonSource.open(planned["path"], planned["energon_split_part"])
     return open_source(planned["path"], media_root)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,7 +188,6 @@ def _measuring_task_encoder(encoder: SampleEncoder, layout: RowLayout) -> Any:
     decoder) and gives ``(key, outcome)`` for each (see :func:`read_energon_partition`)."""
     from megatron.energon import DefaultTaskEncoder
 
-    from energon_pack.energon.carry_over import RejectedSample
     from energon_pack.energon.task_encoder import PackingTaskEncoder
 
     packing = PackingTaskEncoder(encoder=encoder, layout=layout)
@@ -200,13 +200,87 @@ def _measuring_task_encoder(encoder: SampleEncoder, layout: RowLayout) -> Any:
             self.decoder = packing.decoder
 
         def encode_sample(self, sample: Any) -> tuple[str, Any]:
-            key = str(sample.__key__)
-            try:
-                prepared = packing.preencode_sample(sample)
-            except ValueError as error:  # a sample type or row the encoder does not read
-                return key, ("bad_row", str(error))
-            if isinstance(prepared, RejectedSample):
-                return key, ("media_error", prepared.message)
-            return key, prepared.encoded
+            return str(sample.__key__), _prepared(packing, sample)
 
     return MeasuringTaskEncoder()
+
+
+def _prepared(packing: Any, sample: Any) -> EncodedSample | tuple[str, str]:
+    """``sample`` (a cooked or typed Energon sample) as ``packing`` (a PackingTaskEncoder)
+    prepares it for its buffer: an EncodedSample, or ``(kind, reason)`` when it is refused."""
+    from energon_pack.energon.carry_over import RejectedSample
+
+    try:
+        prepared = packing.preencode_sample(sample)
+    except ValueError as error:  # a sample type or row the encoder does not read
+        return "bad_row", str(error)
+    if isinstance(prepared, RejectedSample):
+        return "media_error", str(prepared.message)
+    encoded: EncodedSample = prepared.encoded
+    return encoded
+
+
+class EnergonSamples:
+    """The samples of a prepared Energon dataset's ``split_part`` by ``__key__``: read through
+    Energon's sample index and shard readers, loaded by the dataset's own description (sample
+    type, ``field_map``) and prepared as :class:`~energon_pack.PackingTaskEncoder` prepares
+    them (its decoder and cookers), by ``encoder``. Opened lazily, so it pickles to workers."""
+
+    def __init__(self, path: Path, split_part: str, encoder: SampleEncoder) -> None:
+        self.path, self.split_part, self.encoder = path, split_part, encoder
+        self._opened: tuple[Any, Any, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "split_part": self.split_part, "encoder": self.encoder}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path, self.split_part, self.encoder = (
+            state["path"],
+            state["split_part"],
+            state["encoder"],
+        )
+        self._opened = None
+
+    def prepare(self, key: str) -> EncodedSample | tuple[str, str]:
+        """Sample ``key`` as the loaders prepare it, or ``(kind, reason)`` when refused (a
+        ValueError when the index has no such sample)."""
+        from megatron.energon.flavors.crude import CrudeSample
+
+        packing, factory, reader = self._open()
+        try:
+            raw = reader[key]
+        except (AssertionError, KeyError):
+            raise ValueError(
+                f"Energon dataset {self.path} has no sample {key!r} in its index; plan it again"
+            ) from None
+        sample = factory.load_sample(raw)
+        if isinstance(sample, CrudeSample):
+            subflavors = sample.get("__subflavors__") or {}
+            cooker = next((c for c in packing.cookers if c.is_match(subflavors)), None)
+            if cooker is None:
+                return "bad_row", f"sample {key!r}: no cooker of PackingTaskEncoder takes it"
+            sample = packing.cook_crude_sample(sample, cooker, {})
+        return _prepared(packing, sample)
+
+    def _open(self) -> tuple[Any, Any, Any]:
+        if self._opened is None:
+            from megatron.energon import WorkerConfig
+            from megatron.energon.dataset_config import get_dataset_from_config
+            from megatron.energon.epathlib import EPath
+            from megatron.energon.flavors.webdataset.itar_reader import SqliteITarEntryReader
+
+            from energon_pack.energon.task_encoder import PackingTaskEncoder
+
+            packing = PackingTaskEncoder(encoder=self.encoder, layout=RowLayout(1))
+            factory = get_dataset_from_config(
+                self.path,
+                split_part=self.split_part,
+                training=False,
+                worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+                decoder=packing.decoder,
+            )
+            reader = SqliteITarEntryReader(base_path=EPath(self.path))
+            # closed when this object goes, or at exit while logging still works
+            weakref.finalize(self, reader.close)
+            self._opened = packing, factory, reader
+        return self._opened

@@ -234,3 +234,27 @@ def test_a_processor_familys_packs_are_the_collators_rows(name: str, tmp_path: P
         assert_same_value(got, want, "row")
         seen += keys
     assert sorted(seen, key=int) == [str(i) for i in range(10)]
+
+
+def test_an_energon_plans_packs_are_the_collators_rows_of_its_samples(tmp_path: Path) -> None:
+    """Members are read through Energon's index and prepared as the online loaders prepare
+    them; the reference is the collator given the raw WebDataset samples."""
+    from helpers import read_samples
+    from plan_rows import FIXTURES
+
+    demo = FIXTURES / "vlm_demo"
+    spec = PlanSpec(RowLayout(8192, 8), data_parallel_size=2)
+    plan_dataset(demo, tmp_path / "plan", spec, encoder())
+    dataset = PlannedDataset(tmp_path / "plan", encoder())
+    samples = read_samples(demo)
+    collator = VLMPackingCollator(layout=RowLayout(8192, 8), encoder=encoder())
+    seen: list[str] = []
+    videos = 0
+    for index in range(len(dataset)):
+        keys = dataset.keys[index]
+        got = dataset[index]
+        assert_same_value(got, collator([{"__key__": k, **samples[k]} for k in keys]), "row")
+        seen += keys
+        videos += 0 if got.vision.video_grid_thw is None else len(got.vision.video_grid_thw)
+    assert sorted(seen) == sorted(samples)  # every sample of the demo, once
+    assert videos > 0
