@@ -258,3 +258,31 @@ def test_an_energon_plans_packs_are_the_collators_rows_of_its_samples(tmp_path: 
         videos += 0 if got.vision.video_grid_thw is None else len(got.vision.video_grid_thw)
     assert sorted(seen) == sorted(samples)  # every sample of the demo, once
     assert videos > 0
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_resumed_on_other_ranks_and_workers_every_sample_trains_once(planned: Path) -> None:
+    """4 ranks with 2 workers for a step, 2 ranks in the main process for two steps, then 8
+    ranks with 3 workers to the end: every sample of the plan once, and after each cut the
+    packs of a run that had the new size from the start."""
+    dataset = PlannedDataset(planned, encoder())
+    phases = [(4, 2, 0, 1), (2, 0, 8, 2), (8, 3, 24, None)]  # ranks, workers, consumed, steps
+    trained: list[str] = []
+    for ranks, workers, consumed, steps in phases:
+        for rank in range(ranks):
+            sampler = PlanSampler(dataset, rank, ranks, consumed_samples=consumed)
+            uninterrupted = list(PlanSampler(dataset, rank, ranks))
+            loader = torch.utils.data.DataLoader(
+                dataset,
+                batch_sampler=sampler,
+                collate_fn=PlannedDataset.collate_fn,
+                num_workers=workers,
+            )
+            per_rank = 8 // ranks
+            batches = list(loader)[: None if steps is None else steps * per_rank]
+            done = consumed // ranks  # micro-batches this rank's size had before the cut
+            for k, batch in enumerate(batches):
+                assert batch.keys == (tuple(dataset.keys[uninterrupted[done + k][0]]),)
+                trained += batch.keys[0]
+    planned_keys = [key for keys in dataset.keys for key in keys]
+    assert sorted(trained) == sorted(planned_keys)
