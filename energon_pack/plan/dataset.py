@@ -97,7 +97,7 @@ def plan_order(plan: Plan) -> tuple[PlanOrder, list[list[str]]]:
     keys = table.column("keys").to_pylist()
     vision = np.asarray([sum(v) for v in table.column("vision_tokens").to_pylist()], np.int64)
     spec = plan.record["spec"]
-    layout = PlanOrder(
+    planned = PlanOrder(
         step=step[order],
         rank=rank[order],
         vision=vision[order],
@@ -106,7 +106,7 @@ def plan_order(plan: Plan) -> tuple[PlanOrder, list[list[str]]]:
         balance=bool(spec["vision"].get("vision_balance", False)),
         seed=int(spec["seed"]),
     )
-    return layout, [keys[p] for p in order.tolist()]
+    return planned, [keys[p] for p in order.tolist()]
 
 
 class PlannedDataset(torch.utils.data.Dataset[Any]):

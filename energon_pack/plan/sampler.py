@@ -66,6 +66,7 @@ class PlanSampler:
             )
         self.consumed_samples = consumed_samples
         self._step_sizes = np.bincount(self.order.step).tolist()
+        self._vision = self.order.vision.tolist()
 
     def __len__(self) -> int:
         """Micro-batches this rank has left in the current epoch."""
@@ -102,7 +103,7 @@ class PlanSampler:
         )
         if planned:
             return [[i for i in window if order.rank[i] == rank] for rank in range(self.ranks)]
-        return deal_packs(window, order.vision.tolist(), self.ranks, balance=order.balance)
+        return deal_packs(window, self._vision, self.ranks, balance=order.balance)
 
     def _micro_batches(self, consumed: int) -> Iterator[tuple[list[int], int]]:
         """This rank's micro-batches from ``consumed`` to the end of its epoch, each with the

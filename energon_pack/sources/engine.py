@@ -33,7 +33,9 @@ def ray_session(address: str | None) -> Iterator[None]:
     try:
         import ray
     except ImportError:
-        raise ValueError(f"planning runs on Ray Data, which is not installed; {RAY_FIX}") from None
+        raise ValueError(
+            f"Ray Data is not installed (energon-pack plan and offline --ray run on it); {RAY_FIX}"
+        ) from None
     if address is not None:
         _check_reachable(address)
     if ray.is_initialized():
