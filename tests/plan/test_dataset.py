@@ -286,3 +286,14 @@ def test_resumed_on_other_ranks_and_workers_every_sample_trains_once(planned: Pa
                 trained += batch.keys[0]
     planned_keys = [key for keys in dataset.keys for key in keys]
     assert sorted(trained) == sorted(planned_keys)
+
+
+def test_hf_output_is_the_collators_model_inputs(planned: Path, chat_rows: ChatRows) -> None:
+    dataset = PlannedDataset(planned, encoder(), output="hf")
+    rows = ChatDataset(str(chat_rows.path), chat_rows.media_root)
+    collator = VLMPackingCollator(layout=LAYOUT, encoder=encoder(), output="hf")
+    for index in (0, len(dataset) // 2, len(dataset) - 1):
+        got = dataset[index]
+        assert isinstance(got, dict)
+        assert {"input_ids", "labels", "position_ids"} <= set(got)
+        assert_same_value(got, collator([rows[int(k)] for k in dataset.keys[index]]), "inputs")
