@@ -9,14 +9,16 @@ from typing import Any
 import torch
 
 from energon_pack.encoding.families.materialise import FamilyInputs
-from energon_pack.media import MediaTensors
+from energon_pack.media import MediaConfig, MediaTensors
 from energon_pack.packing.packed import (
     PackedSample,
 )
 from energon_pack.packing.row import (
+    PackedRow,
     hf_varlen_kwargs,
     packed_seq_params_kwargs,
 )
+from energon_pack.train.bridge import bridge_batch
 from energon_pack.train.hf import batch_model_inputs
 
 
@@ -124,6 +126,31 @@ class CollatedBatch:
             shape = out["input_ids"].shape
             out.update({k: v.reshape(shape) for k, v in self.family_inputs.tokens.items()})
         return out
+
+    def to_bridge_batch(self, media: MediaConfig | None = None) -> dict[str, Any]:
+        """The dict Megatron-Bridge's ``vlm_step.get_batch`` reads for a batch of one row
+        (micro-batch 1; see :func:`~energon_pack.bridge_batch`), with ``__keys__`` (the row's
+        sample keys) alongside. uint8 pixels are normalised with ``media`` (the encoder's
+        ``MediaConfig``), or refused without it; several rows or a processor family's inputs
+        are a ValueError (Bridge's VLM step takes Qwen-VL media, one row at a time)."""
+        if self.num_rows != 1 or self.family_inputs is not None:
+            raise ValueError(
+                f"to_bridge_batch takes a batch of one row with Qwen-VL media, got {self.num_rows} "
+                f"row(s){' and processor-family inputs' if self.family_inputs else ''}; give "
+                "Bridge one packed row per micro-batch"
+            )
+        row = PackedRow(
+            input_ids=self.input_ids[0],
+            labels=self.labels[0],
+            loss_mask=self.loss_mask[0],
+            position_ids=self.position_ids[0],
+            cu_seqlens=self.cu_seqlens[0],
+            cu_seqlens_padded=self.cu_seqlens_padded[0],
+            max_seqlen=self.max_seqlen,
+            seq_idx=self.seq_idx[0],
+        )
+        visual: dict[str, torch.Tensor | None] = dict(self.vision.tensors())
+        return bridge_batch(row, visual, config=media, metadata={"__keys__": self.keys[0]})
 
     def to_dict(self) -> dict[str, Any]:
         """Flat mapping: every field except ``vision``, plus the media tensors that are set."""

@@ -19,14 +19,15 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from energon_pack.checks import check_choice
 from energon_pack.collate.batch import CollatedBatch
-from energon_pack.collate.collator import Output, VLMPackingCollator
+from energon_pack.collate.collator import VLMPackingCollator
 from energon_pack.encoding.chatml import SampleEncoder
 from energon_pack.encoding.family import Family
 from energon_pack.encoding.fingerprint import settings_fingerprint
@@ -50,6 +51,9 @@ from energon_pack.sources.rows import (
 
 logger = logging.getLogger("energon_pack.plan")
 
+PlanOutput = Literal["batch", "hf", "bridge"]
+"""What :class:`PlannedDataset` gives per pack: a CollatedBatch, transformers' model inputs, or
+Megatron-Bridge's batch dict."""
 _SINGLE = "VLMPackingCollator got a micro-batch of 1 sample"
 """The collator's warning for a one-sample micro-batch (a pack of one sample is planned)."""
 
@@ -113,7 +117,8 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
     """The packs of the plan in ``plan_dir`` as a map-style dataset: ``len()`` is the number
     of packs, item ``i`` the packed row of pack ``i`` (with ``output="batch"`` a
     :class:`~energon_pack.CollatedBatch` of one row, its ``keys`` the members; with
-    ``output="hf"`` the transformers model inputs), equal to what
+    ``output="hf"`` the transformers model inputs, with ``output="bridge"`` the dict
+    Megatron-Bridge's VLM step reads), equal to what
     :class:`~energon_pack.VLMPackingCollator` builds from the same samples in the same order.
 
     ``encoder`` / ``family`` / ``position_ids`` / ``hf_model`` are the collator's; the
@@ -135,11 +140,13 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
         *,
         family: Family | str | Any = None,
         position_ids: PositionIds | MRopeConfig = "1d",
-        output: Output = "batch",
+        output: PlanOutput = "batch",
         hf_model: Any = None,
         media_root: str | Path | None = None,
         check_source: bool = True,
     ) -> None:
+        check_choice("output", output, ("batch", "hf", "bridge"))
+        self.output = output
         self.plan = Plan.read(plan_dir)
         record = self.plan.record
         self.collator = VLMPackingCollator(
@@ -147,7 +154,7 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
             encoder=encoder,
             family=family,
             position_ids=position_ids,
-            output=output,
+            output="batch" if output == "bridge" else output,
             hf_model=hf_model,
             on_media_error="skip",
         )
@@ -201,6 +208,8 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
             row = self.collator(items)
         if unread and isinstance(row, CollatedBatch):
             row = replace(row, skipped_keys=(*row.skipped_keys, *unread))
+        if self.output == "bridge" and isinstance(row, CollatedBatch):
+            return row.to_bridge_batch(self.collator.encoder.media)
         return row
 
     def steps_per_epoch(self, global_batch_size: int | None = None) -> int:

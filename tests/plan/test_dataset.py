@@ -297,3 +297,29 @@ def test_hf_output_is_the_collators_model_inputs(planned: Path, chat_rows: ChatR
         assert isinstance(got, dict)
         assert {"input_ids", "labels", "position_ids"} <= set(got)
         assert_same_value(got, collator([rows[int(k)] for k in dataset.keys[index]]), "inputs")
+
+
+def test_bridge_output_is_bridges_batch_of_the_row(planned: Path) -> None:
+    rows = PlannedDataset(planned, encoder())
+    bridged = PlannedDataset(planned, encoder(), output="bridge")
+    for index in (0, len(rows) - 1):
+        row, batch = rows[index], bridged[index]
+        assert batch["__keys__"] == row.keys[0]
+        for name in ("input_ids", "labels", "loss_mask", "position_ids"):
+            assert torch.equal(batch[name], getattr(row, name)), name
+        assert torch.equal(batch["cu_seqlens_q"], row.cu_seqlens[0])
+        assert torch.equal(batch["cu_seqlens_q_padded"], row.cu_seqlens_padded[0])
+        visual = batch["visual_inputs"]
+        for name, tensor in row.vision.tensors().items():
+            assert torch.equal(getattr(visual, name), tensor), name
+    with pytest.raises(ValueError, match=r"output must be .batch., .hf. or .bridge., got"):
+        PlannedDataset(planned, encoder(), output="megatron")  # type: ignore[arg-type]
+
+
+def test_bridge_batches_are_one_row() -> None:
+    collator = VLMPackingCollator(layout=RowLayout(64), encoder=make_encoder(ByteTokenizer()))
+    turns = [{"from": "human", "value": "hi there"}, {"from": "gpt", "value": "hello you"}]
+    two_rows = collator([("a", {"conversations": turns}), ("b", {"conversations": turns})])
+    assert two_rows.num_rows == 2
+    with pytest.raises(ValueError, match=r"takes a batch of one row .* got 2 row"):
+        two_rows.to_bridge_batch()
