@@ -323,3 +323,13 @@ def test_bridge_batches_are_one_row() -> None:
     assert two_rows.num_rows == 2
     with pytest.raises(ValueError, match=r"takes a batch of one row .* got 2 row"):
         two_rows.to_bridge_batch()
+
+
+def test_mrope_positions_are_the_collators(planned: Path, chat_rows: ChatRows) -> None:
+    dataset = PlannedDataset(planned, encoder(), position_ids="mrope")
+    rows = ChatDataset(str(chat_rows.path), chat_rows.media_root)
+    collator = VLMPackingCollator(layout=LAYOUT, encoder=encoder(), position_ids="mrope")
+    for index in range(0, len(dataset), max(1, len(dataset) // 4)):
+        got = dataset[index]
+        assert got.mrope_position_ids is not None
+        assert_same_value(got, collator([rows[int(k)] for k in dataset.keys[index]]), "row")
