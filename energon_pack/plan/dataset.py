@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +37,7 @@ from energon_pack.packing.mrope import MRopeConfig, PositionIds
 from energon_pack.packing.packed import EncodedSample
 from energon_pack.packing.row_layout import RowLayout
 from energon_pack.plan.build import encoder_identity
-from energon_pack.plan.store import ROWS_FILE, Plan
+from energon_pack.plan.store import ROWS_FILE, PackIndex, Plan
 from energon_pack.sources.energon import EnergonSamples, EnergonSource
 from energon_pack.sources.files import name_os_errors
 from energon_pack.sources.rows import (
@@ -91,15 +91,12 @@ class PlanOrder:
         return math.ceil(len(self) / per_step)
 
 
-def plan_order(plan: Plan) -> tuple[PlanOrder, list[list[str]]]:
-    """The :class:`PlanOrder` of ``plan`` and the member keys of each pack in that order."""
-    table = plan.table()
-    step = np.asarray(table.column("step").to_numpy(), dtype=np.int64)
-    rank = np.asarray(table.column("rank").to_numpy(), dtype=np.int64)
-    micro = np.asarray(table.column("micro").to_numpy(), dtype=np.int64)
+def plan_order(plan: Plan) -> tuple[PlanOrder, PackKeys]:
+    """The :class:`PlanOrder` of ``plan`` and the member keys of each pack in that order (read
+    from the plan's ``index/``, mapped from disk)."""
+    index = PackIndex.read(plan.out_dir)
+    _, step, rank, micro, vision = (np.asarray(row) for row in index.packs)
     order = np.lexsort((rank, micro, step))
-    keys = table.column("keys").to_pylist()
-    vision = np.asarray([sum(v) for v in table.column("vision_tokens").to_pylist()], np.int64)
     spec = plan.record["spec"]
     planned = PlanOrder(
         step=step[order],
@@ -110,7 +107,26 @@ def plan_order(plan: Plan) -> tuple[PlanOrder, list[list[str]]]:
         balance=bool(spec["vision"].get("vision_balance", False)),
         seed=int(spec["seed"]),
     )
-    return planned, [keys[p] for p in order.tolist()]
+    return planned, PackKeys(index, order)
+
+
+class PackKeys:
+    """The member keys of each pack in the dataset's order: ``keys[i]`` is pack ``i``'s list,
+    decoded from the plan's index on each read (no list per pack is held)."""
+
+    def __init__(self, index: PackIndex, rows: npt.NDArray[np.int64]) -> None:
+        self.index, self.rows = index, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, pack: int) -> list[str]:
+        if not -len(self.rows) <= pack < len(self.rows):
+            raise IndexError(f"pack {pack} is out of range for {len(self.rows)} packs")
+        return self.index.members(int(self.rows[pack]))
+
+    def __iter__(self) -> Iterator[list[str]]:
+        return (self[pack] for pack in range(len(self.rows)))
 
 
 class PlannedDataset(torch.utils.data.Dataset[Any]):
@@ -190,9 +206,10 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
         return len(self.keys)
 
     def __getitem__(self, index: int) -> Any:
+        members = self.keys[index]
         items: list[Any] = []
         unread: list[str] = []
-        for key in self.keys[index]:
+        for key in members:
             try:
                 items.append(self._member(key))
             except ValueError as error:
@@ -200,7 +217,7 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
                 unread.append(key)
         if not items:
             raise ValueError(
-                f"pack {index}: none of its members {self.keys[index]} could be read (see the "
+                f"pack {index}: none of its members {members} could be read (see the "
                 "log); check the source"
             )
         with warnings.catch_warnings():

@@ -16,11 +16,13 @@ the encoder's settings), ``counts`` (``rows``, ``samples`` planned, ``packs``, `
 ``last_step_packs``, ``tokens``, ``fill``, ``straggler``, ``straggler_floor``, ``skipped``
 by kind) and ``skipped`` (every row left out: ``key``, ``kind``, ``reason``). A line index
 of a JSONL source, ``rows.npy`` (``[3, rows]``: start and end byte offset, 1-based line
-number), lets a reader fetch any row without reading the file.
+number), lets a reader fetch any row without reading the file. ``index/`` holds the packs of
+``plan.parquet`` as arrays a loader maps without pyarrow (:class:`PackIndex`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from energon_pack.encoding.fingerprint import settings_fingerprint
 from energon_pack.offline.manifest import write_json
@@ -36,7 +39,9 @@ from energon_pack.sources.files import name_os_errors
 PLAN_FILE = "plan.json"
 PACKS_FILE = "plan.parquet"
 ROWS_FILE = "rows.npy"
-FORMAT_VERSION = 1
+INDEX_DIR = "index"
+FORMAT_VERSION = 2
+"""Plan layout written; 2 added ``index/``."""
 _COMPARED = ("format_version", "source", "spec", "encoder")
 
 
@@ -164,6 +169,57 @@ def write_packs(
     )
     with name_os_errors(path):
         pq.write_table(table, path)
+    vision = np.add.reduceat(columns["vision_tokens"][flat], offsets[:-1]) if len(flat) else flat
+    keys = [str(key).encode() for key in columns["key"][flat]]
+    arrays: dict[str, npt.NDArray[np.int64] | npt.NDArray[np.uint8]] = {
+        "packs": np.stack(
+            [order, *(np.asarray(v)[order] for v in (step, rank, micro)), vision]
+        ).astype(np.int64),
+        "member_starts": offsets.astype(np.int64),
+        "keys": np.frombuffer(b"".join(keys), dtype=np.uint8),
+        "key_starts": np.cumsum([0, *map(len, keys)], dtype=np.int64),
+    }
+    index = path.parent / INDEX_DIR
+    index.mkdir(exist_ok=True)
+    for name, values in arrays.items():
+        with name_os_errors(index / f"{name}.npy"):
+            np.save(index / f"{name}.npy", values)
+
+
+@dataclass(frozen=True)
+class PackIndex:
+    """The packs of a plan (``index/`` of its directory), in ``plan.parquet``'s order, mapped
+    from disk: ``packs`` is ``[5, P]`` (pack number, step, rank, micro-batch, vision tokens);
+    pack ``p``'s members are ``member_starts[p]:member_starts[p + 1]``, member ``m``'s key the
+    UTF-8 bytes ``keys[key_starts[m]:key_starts[m + 1]]``. Nothing in it is a Python object per
+    pack or key, so forked loader workers share it without copying."""
+
+    packs: npt.NDArray[np.int64]
+    member_starts: npt.NDArray[np.int64]
+    keys: npt.NDArray[np.uint8]
+    key_starts: npt.NDArray[np.int64]
+
+    @classmethod
+    def read(cls, out_dir: Path) -> PackIndex:
+        """The index of the plan in ``out_dir`` (a ValueError when it has none)."""
+        index = out_dir / INDEX_DIR
+        if not (index / "packs.npy").is_file():
+            raise ValueError(
+                f"plan {out_dir} has no {INDEX_DIR}/ (a plan written before format 2, or an "
+                "interrupted build); plan it again with --force"
+            )
+        arrays = {}
+        for field in ("packs", "member_starts", "keys", "key_starts"):
+            with name_os_errors(index / f"{field}.npy"):
+                arrays[field] = np.load(index / f"{field}.npy", mmap_mode="r")
+        return cls(**arrays)
+
+    def members(self, pack: int) -> list[str]:
+        """The keys of the members of pack row ``pack`` (``plan.parquet``'s order)."""
+        first, last = int(self.member_starts[pack]), int(self.member_starts[pack + 1])
+        starts = (self.key_starts[first : last + 1] - self.key_starts[first]).tolist()
+        blob = bytes(self.keys[int(self.key_starts[first]) : int(self.key_starts[last])])
+        return [blob[a:b].decode() for a, b in itertools.pairwise(starts)]
 
 
 def write_rows(path: Path, index: Any) -> None:

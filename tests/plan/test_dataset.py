@@ -333,3 +333,22 @@ def test_mrope_positions_are_the_collators(planned: Path, chat_rows: ChatRows) -
         got = dataset[index]
         assert got.mrope_position_ids is not None
         assert_same_value(got, collator([rows[int(k)] for k in dataset.keys[index]]), "row")
+
+
+def test_the_pack_index_holds_the_parquets_packs(planned: Path, tmp_path: Path) -> None:
+    """The dataset reads ``index/`` (mapped, no pyarrow); it says what ``plan.parquet`` says."""
+    from energon_pack.plan.store import PackIndex
+
+    table = Plan.read(planned).table().to_pylist()
+    index = PackIndex.read(planned)
+    assert index.packs.shape == (5, len(table))
+    for row, pack in enumerate(table):
+        assert index.members(row) == pack["keys"]
+        numbers = [pack["pack"], pack["step"], pack["rank"], pack["micro"]]
+        assert index.packs[:4, row].tolist() == numbers
+        assert int(index.packs[4, row]) == sum(pack["vision_tokens"])
+    old = tmp_path / "old"
+    shutil.copytree(planned, old)
+    shutil.rmtree(old / "index")
+    with pytest.raises(ValueError, match=r"has no index/ .*plan it again"):
+        PlannedDataset(old, encoder())
