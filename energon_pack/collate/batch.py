@@ -127,6 +127,19 @@ class CollatedBatch:
             out.update({k: v.reshape(shape) for k, v in self.family_inputs.tokens.items()})
         return out
 
+    def row(self, index: int = 0) -> PackedRow:
+        """Row ``index`` as a :class:`~energon_pack.PackedRow`."""
+        return PackedRow(
+            input_ids=self.input_ids[index],
+            labels=self.labels[index],
+            loss_mask=self.loss_mask[index],
+            position_ids=self.position_ids[index],
+            cu_seqlens=self.cu_seqlens[index],
+            cu_seqlens_padded=self.cu_seqlens_padded[index],
+            max_seqlen=self.max_seqlen,
+            seq_idx=self.seq_idx[index],
+        )
+
     def to_bridge_batch(self, media: MediaConfig | None = None) -> dict[str, Any]:
         """The dict Megatron-Bridge's ``vlm_step.get_batch`` reads for a batch of one row
         (micro-batch 1; see :func:`~energon_pack.bridge_batch`), with ``__keys__`` (the row's
@@ -139,16 +152,7 @@ class CollatedBatch:
                 f"row(s){' and processor-family inputs' if self.family_inputs else ''}; give "
                 "Bridge one packed row per micro-batch"
             )
-        row = PackedRow(
-            input_ids=self.input_ids[0],
-            labels=self.labels[0],
-            loss_mask=self.loss_mask[0],
-            position_ids=self.position_ids[0],
-            cu_seqlens=self.cu_seqlens[0],
-            cu_seqlens_padded=self.cu_seqlens_padded[0],
-            max_seqlen=self.max_seqlen,
-            seq_idx=self.seq_idx[0],
-        )
+        row = self.row(0)
         visual: dict[str, torch.Tensor | None] = dict(self.vision.tensors())
         return bridge_batch(row, visual, config=media, metadata={"__keys__": self.keys[0]})
 

@@ -68,16 +68,7 @@ def text_sample(key: str, length: int, seed: int = 0) -> EncodedSample:
 def segments(batch: CollatedBatch) -> Iterator[tuple[str, PackedRow, int, int, int]]:
     """(key, row, start, real length, physical length) of every segment, row then segment."""
     for r, keys in enumerate(batch.keys):
-        row = PackedRow(
-            input_ids=batch.input_ids[r],
-            labels=batch.labels[r],
-            loss_mask=batch.loss_mask[r],
-            position_ids=batch.position_ids[r],
-            cu_seqlens=batch.cu_seqlens[r],
-            cu_seqlens_padded=batch.cu_seqlens_padded[r],
-            max_seqlen=batch.max_seqlen,
-            seq_idx=batch.seq_idx[r],
-        )
+        row = batch.row(r)
         cu, cu_pad = batch.cu_seqlens[r].tolist(), batch.cu_seqlens_padded[r].tolist()
         for i, key in enumerate(keys):
             yield key, row, cu_pad[i], cu[i + 1] - cu[i], cu_pad[i + 1] - cu_pad[i]

@@ -23,7 +23,7 @@ from PIL import Image
 from energon_pack import PackedDataset, PackingSpec, VLMPackingCollator, pack_offline
 from energon_pack.encoding.chatml import ConversationEncoder, template_system_prompt
 from energon_pack.media import probe_video
-from energon_pack.packing.row import IGNORE_INDEX, PackedRow, build_packed_row, unpack
+from energon_pack.packing.row import IGNORE_INDEX, build_packed_row, unpack
 
 TOKENIZER = qwen_tokenizer()
 PROCESSOR = qwen_processor(TOKENIZER, SMALL_MEDIA)
@@ -203,7 +203,7 @@ def test_every_path_takes_the_hf_tokenizer(tmp_path: Path, fixtures_dir: Path) -
         512, encoder=ConversationEncoder(TOKENIZER, media=SMALL_MEDIA), pad_token_id=0
     )
     batch = collate([("a", _native(messages, [], [])), ("b", _native(image, [pixels], []))])
-    segments = unpack(batch_row(batch))
+    segments = unpack(batch.row())
     assert [s["input_ids"].tolist() for s in segments] == [ids, image_ids]
     # Energon: the Bridge fixture, every segment as the encoder gives it with this tokenizer
     encoder = ConversationEncoder(TOKENIZER, media=SMALL_MEDIA)
@@ -218,17 +218,3 @@ def test_every_path_takes_the_hf_tokenizer(tmp_path: Path, fixtures_dir: Path) -
         assert all(TOKENIZER.decode(s).startswith("<|im_start|>system\n") for s in want)
         seen += len(want)
     assert seen == len(samples)
-
-
-def batch_row(batch: Any) -> PackedRow:
-    """Row 0 of a CollatedBatch as a PackedRow."""
-    return PackedRow(
-        input_ids=batch.input_ids[0],
-        labels=batch.labels[0],
-        loss_mask=batch.loss_mask[0],
-        position_ids=batch.position_ids[0],
-        cu_seqlens=batch.cu_seqlens[0],
-        cu_seqlens_padded=batch.cu_seqlens_padded[0],
-        max_seqlen=batch.max_seqlen,
-        seq_idx=batch.seq_idx[0],
-    )
