@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from real_qwen import real_qwen_tokenizer
 from template_reference import processor_for, reference
-from test_hf_parity import batch_row
 from transformers import PreTrainedTokenizerBase
 
 from energon_pack import (
@@ -390,7 +389,7 @@ def test_every_path_takes_the_template_encoder(tmp_path: Path) -> None:
         65536, encoder=make_encoder(tokenizer("QWEN2_VL"), media=SMALL_MEDIA), pad_token_id=0
     )
     batch = collate([(c.key, c.sample) for c in vl])
-    got = [(s["input_ids"].tolist(), s["loss_mask"][1:].tolist()) for s in unpack(batch_row(batch))]
+    got = [(s["input_ids"].tolist(), s["loss_mask"][1:].tolist()) for s in unpack(batch.row())]
     vl_processor = processor_for(tokenizer("QWEN2_VL"), SMALL_MEDIA)
     expected = [reference(vl_processor, "QWEN2_VL", c.messages, c.tools, c.images) for c in vl]
     assert got == [(ids, [float(m) for m in mask[1:]]) for ids, mask in expected]
