@@ -280,13 +280,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         encoder = make_encoder(tokenizer_of(args.tokenizer, args.chat_template), family=family)
     _check_energon_code(args.source, args.trust_dataset_code)
-    media_root = args.media_root if args.media_root is not None else args.source.parent
     plan = plan_dataset(
         args.source,
         args.out_dir,
         spec,
         encoder,
-        media_root=media_root,
+        media_root=args.media_root,
         split=args.split,
         ray_address=args.ray_address,
         force=args.force,

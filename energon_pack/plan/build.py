@@ -59,12 +59,12 @@ def plan_dataset(
 
     Each row is measured by ``encoder`` (the encoder the loaders use, e.g.
     ``make_encoder(tokenizer)`` or ``make_encoder(family=processor)``; media paths are read
-    under ``media_root``, probed from their headers), on Ray Data: a local Ray with every core,
-    or the cluster at ``ray_address``. The rows are then packed at once by first fit
-    decreasing within ``spec.layout`` and ``spec.vision``'s caps and laid out as steps of
-    ``spec.global_batch_size`` packs over ``spec.data_parallel_size`` ranks (balanced for the
-    vision encoder with ``spec.vision.balance``). ``progress`` shows a progress bar on stderr
-    while the rows are measured.
+    under ``media_root``, by default the source's folder, probed from their headers), on Ray
+    Data: a local Ray with every core, or the cluster at ``ray_address``. The rows are then
+    packed at once by first fit decreasing within ``spec.layout`` and ``spec.vision``'s caps
+    and laid out as steps of ``spec.global_batch_size`` packs over ``spec.data_parallel_size``
+    ranks (balanced for the vision encoder with ``spec.vision.balance``). ``progress`` shows a
+    progress bar on stderr while the rows are measured.
 
     A row that is no sample, has media that cannot be probed, fits no row or is alone over a
     vision cap is left out, counted by kind and listed with its reason in ``plan.json``
@@ -113,7 +113,8 @@ def plan_dataset(
     if kept.size == 0:
         raise ValueError(
             f"source {rows.path}: every one of its {len(columns['index'])} rows was left out "
-            f"({_skip_counts(columns)}); see why in the log, or fix the rows or the settings"
+            f"({_skip_counts(columns)}), the first because {columns['reason'][0]}; fix the "
+            "rows or the settings"
         )
     length, vision, media = (columns[name][kept] for name in ("length", "vision_tokens", "media"))
     local = pack_rows(length.tolist(), vision.tolist(), media.tolist(), spec)

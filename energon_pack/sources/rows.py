@@ -35,10 +35,11 @@ def open_source(
 ) -> Source:
     """The source at ``path``: an Energon dataset (a folder with ``.nv-meta``; its ``split``
     part), a folder ``datasets`` saved (its ``split`` when it holds a ``DatasetDict``), a
-    ``.parquet`` file, else a JSON/JSONL file. Paths are made absolute: the workers that read
-    the partitions run in other folders (and machines)."""
+    ``.parquet`` file, else a JSON/JSONL file. The rows' media paths are read inside
+    ``media_root``, by default the folder that holds ``path``. Paths are made absolute: the
+    workers that read the partitions run in other folders (and machines)."""
     path = Path(path).resolve()
-    root = None if media_root is None else Path(media_root).resolve()
+    root = path.parent if media_root is None else Path(media_root).resolve()
     if path.is_dir():
         if is_energon_dataset(path):
             return EnergonSource.open(path, split)

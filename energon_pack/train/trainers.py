@@ -12,6 +12,11 @@ Each setting below silently trains on other data or another loss when it is wron
   ``accepts_loss_kwargs = False``: pass ``compute_loss_func=PackedLoss()``, else the step's loss
   is the mean of its micro-batches' means;
 * a collator built with ``output="hf"``.
+
+A :class:`~energon_pack.PlannedDataset` as ``train_dataset`` already holds the packed rows:
+it is read with ``output="hf"``, one pack per micro-batch (``per_device_train_batch_size=1``,
+``data_collator=PlannedDataset.collate_fn``) in the plan's order
+(``train_sampling_strategy="sequential"``), else the trainer shuffles the planned steps.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ def check_trainer(trainer: Any) -> None:
     TRL ``SFTTrainer``) that breaks packed training with the collator, and its fix."""
     _check_is_trainer(trainer)
     args = trainer.args
-    problems = []
-    if args.remove_unused_columns:
+    planned = _is_plan(getattr(trainer, "train_dataset", None))
+    problems = _plan_problems(trainer) if planned else []
+    if args.remove_unused_columns and not planned:
         problems.append(
             "remove_unused_columns=True removes the chat rows' columns (messages, images, "
             "videos, id) before the collator: pass remove_unused_columns=False"
@@ -52,7 +58,7 @@ def check_trainer(trainer: Any) -> None:
             "the per-token loss: pass compute_loss_func=energon_pack.PackedLoss()"
         )
     # A VLMPackingCollator (or any collator with its ``output`` setting) must give model inputs.
-    if getattr(trainer.data_collator, "output", "hf") != "hf":
+    if not planned and getattr(trainer.data_collator, "output", "hf") != "hf":
         problems.append(
             "the collator gives CollatedBatch objects, which a trainer cannot pass to the "
             "model: build it with VLMPackingCollator(..., output='hf', hf_model=model)"
@@ -63,6 +69,43 @@ def check_trainer(trainer: Any) -> None:
 
 
 _ARGS = ("remove_unused_columns", "gradient_accumulation_steps")
+
+
+def _is_plan(dataset: Any) -> bool:
+    from energon_pack.plan.dataset import PlannedDataset
+
+    return isinstance(dataset, PlannedDataset)
+
+
+def _plan_problems(trainer: Any) -> list[str]:
+    """What makes a trainer read a PlannedDataset in another order or shape than planned."""
+    from energon_pack.plan.dataset import PlannedDataset
+
+    args, dataset, problems = trainer.args, trainer.train_dataset, []
+    if dataset.output != "hf":
+        problems.append(
+            f"the PlannedDataset gives output={dataset.output!r}, which a trainer cannot pass "
+            "to the model: build it with PlannedDataset(..., output='hf', hf_model=model)"
+        )
+    strategy = getattr(args, "train_sampling_strategy", "random")
+    if strategy != "sequential":
+        problems.append(
+            f"train_sampling_strategy={strategy!r} reorders the plan's packs, so its steps "
+            "(and their balance over the ranks) are not the planned ones: pass "
+            "train_sampling_strategy='sequential'"
+        )
+    if args.per_device_train_batch_size != 1:
+        problems.append(
+            f"per_device_train_batch_size={args.per_device_train_batch_size}: each item of a "
+            "PlannedDataset is already a packed micro-batch; pass per_device_train_batch_size=1 "
+            "(and set the step's size with gradient_accumulation_steps)"
+        )
+    if trainer.data_collator is not PlannedDataset.collate_fn:
+        problems.append(
+            "the data collator would batch packed rows again: pass "
+            "data_collator=PlannedDataset.collate_fn"
+        )
+    return problems
 
 
 def _check_is_trainer(trainer: Any) -> None:

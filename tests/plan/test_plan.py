@@ -93,6 +93,24 @@ def test_rows_left_out_are_counted_and_listed_by_key(chat_rows: ChatRows, tmp_pa
     assert plan.counts["samples"] > 0
 
 
+def test_media_paths_are_read_next_to_the_source_by_default(
+    chat_rows: ChatRows, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without media_root the rows' paths are read inside the source's folder, wherever the
+    caller and Ray's workers run; a source whose every row fails names the first reason."""
+    source = chat_rows.media_root / "rows.jsonl"  # the rows next to their media
+    source.write_text(chat_rows.path.read_text())
+    monkeypatch.chdir(tmp_path)
+    plan = plan_dataset(source, "plan", SPEC, make_encoder(None, media=SMALL_MEDIA))
+    assert plan.counts["skipped"]["media_error"] == 0
+    assert plan.record["source"]["media_root"] == str(chat_rows.media_root.resolve())
+    images = tmp_path / "images.jsonl"
+    turns = [{"from": "human", "value": "<image>\nhi"}, {"from": "gpt", "value": "a"}]
+    images.write_text(json.dumps({"conversations": turns, "images": ["gone.png"]}))
+    with pytest.raises(ValueError, match=r"left out .*media_error.*the first because .*gone\.png"):
+        plan_dataset(images, "other", SPEC, make_encoder(None, media=SMALL_MEDIA))
+
+
 def test_overlong_error_stops_naming_the_row(tmp_path: Path) -> None:
     source = tmp_path / "rows.jsonl"
     source.write_text(

@@ -97,8 +97,7 @@ def collator(family: str, model: PreTrainedModel, **options: Any) -> VLMPackingC
     if family != "qwen2":
         base = mrope(family)
         rope = {
-            "position_ids": "mrope",
-            "mrope": MRopeConfig.from_tokenizer(
+            "position_ids": MRopeConfig.from_tokenizer(
                 TOKENIZER,
                 tokens_per_second=base.tokens_per_second,
                 text_after_vision=base.text_after_vision,
