@@ -38,7 +38,7 @@ from real_qwen import real_qwen_tokenizer  # noqa: E402
 from energon_pack import PlanSpec, RowLayout, VisionBudget, make_encoder  # noqa: E402
 from energon_pack.cli.tables import format_table  # noqa: E402
 from energon_pack.plan import plan_dataset  # noqa: E402
-from energon_pack.plan.measure import measure_on_ray  # noqa: E402
+from energon_pack.plan.measure import measure_partitions  # noqa: E402
 from energon_pack.sources.rows import JsonSource  # noqa: E402
 
 SPEC = PlanSpec(
@@ -63,7 +63,7 @@ def rate(source: JsonSource, encoder: object, cpus: int) -> tuple[float, float]:
     arrivals: list[tuple[float, int]] = []
     try:
         start = time.perf_counter()
-        measure_on_ray(
+        measure_partitions(
             source.partitions(rows=256),
             encoder,  # type: ignore[arg-type]
             SPEC,

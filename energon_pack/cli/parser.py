@@ -316,6 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a running Ray cluster to measure on (e.g. auto, ray://host:10001); default: "
         "start a local Ray with every core and stop it when done",
     )
+    plan.add_argument(
+        "--local",
+        action="store_true",
+        help="measure in this process, without Ray (a small source, or no ray extra); the same "
+        "plan",
+    )
     plan.add_argument("--force", action="store_true", help="rebuild a stale OUT_DIR")
 
     tune = commands.add_parser(
@@ -326,7 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
         "with Ctrl-C (the runs measured so far are reported, the interrupted one marked).",
     )
     tune.add_argument(
-        "dataset", nargs="?", help="prepared Energon dataset (default: the shipped fixtures)"
+        "dataset",
+        nargs="?",
+        help="prepared Energon dataset (default: the shipped fixtures), or a plan's directory "
+        "(energon-pack plan): its loader's samples/s and worker RSS",
     )
     tune.add_argument(
         "--buffer-sizes",
@@ -517,7 +526,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``energon-pack``."""
     args = build_parser().parse_args(argv)
-    import energon_pack.cli.commands as commands  # only now: each imports what it runs
+    # only now: each command imports what it runs
+    if args.command == "tune":
+        import energon_pack.cli.tune_command as commands
+    else:
+        import energon_pack.cli.commands as commands  # type: ignore[no-redef]
 
     run: Callable[[argparse.Namespace], int] = getattr(
         commands, "cmd_" + args.command.replace("-", "_")

@@ -65,7 +65,14 @@ class BufferSnapshot:
 
     @property
     def full(self) -> bool:
-        return self.count >= max(1, self.capacity - 1)
+        """The buffer is (about) full, so memory is at its steady level; always, for a loader
+        without a buffer (:data:`NO_BUFFER`)."""
+        return self.capacity == 0 or self.count >= max(1, self.capacity - 1)
+
+
+NO_BUFFER = BufferSnapshot(count=0, capacity=0, bytes=0, decoded_bytes=0)
+"""What a loader without a packing buffer reports (a plan's :class:`~energon_pack.PlannedDataset`,
+which reads each pack's members by index): every reading is at the steady level."""
 
 
 @dataclass(frozen=True)
@@ -260,10 +267,15 @@ class RSSMonitor:
             return
         self._fired.add(threshold)
         biggest = ", ".join(f"{key} ({size / MB:.1f} MiB)" for key, size in buffer.biggest)
+        held = (
+            "no packing buffer (each pack's members are read by index)"
+            if buffer.capacity == 0
+            else f"the packing buffer holds {buffer.count} samples, {buffer.bytes / MB:.1f} MiB "
+            f"(largest: {biggest or '-'})"
+        )
         message = (
-            f"rank {self.rank} worker {self.worker}: {what}; the packing buffer holds "
-            f"{buffer.count} samples, {buffer.bytes / MB:.1f} MiB (largest: {biggest or '-'}). "
-            f"To fix: {advice(buffer, room)}."
+            f"rank {self.rank} worker {self.worker}: {what}; {held}. To fix: "
+            f"{advice(buffer, room)}."
         )
         logger.warning("%s", message)
         warnings.warn(message, BufferMemoryWarning, stacklevel=2)

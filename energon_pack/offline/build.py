@@ -48,10 +48,8 @@ from energon_pack.offline.manifest import (
     write_json,
 )
 from energon_pack.offline.spec import (
-    ENGINES,
     FORMATS,
     MANIFEST_FILE,
-    Engine,
     OfflineFormat,
     OfflinePackResult,
     PackingSpec,
@@ -64,7 +62,7 @@ from energon_pack.offline.tokenise import PartitionTokeniser
 from energon_pack.packing.bins import OVERLONG_FIX, best_fit_decreasing, first_fit_decreasing
 from energon_pack.packing.row_layout import RowLayout
 from energon_pack.sources.energon import EnergonSource
-from energon_pack.sources.engine import partitions_here, partitions_on_ray
+from energon_pack.sources.engine import ENGINES, Engine, run_partitions
 from energon_pack.sources.files import name_os_errors, sha256
 from energon_pack.sources.rows import JsonSource, ParquetSource, Source, open_source
 
@@ -170,11 +168,7 @@ def pack_offline(
         )
         shown = len(source) if progress else None
         partitions = source.partitions()
-        worked = (
-            partitions_on_ray(partitions, tokeniser, ray_address, shown, "tokenising")
-            if engine == "ray"
-            else partitions_here(partitions, tokeniser, shown, "tokenising")
-        )
+        worked = run_partitions(partitions, tokeniser, engine, ray_address, shown, "tokenising")
         pad_id = bridge_pad_id(tok) if format == "bridge" else 0
         counts, metadata = _build(source, worked, out_dir, spec, format=format, pad_id=pad_id)
     finally:

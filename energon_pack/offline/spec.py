@@ -27,9 +27,6 @@ OfflineFormat = Literal["energon_pack", "bridge"]
 :class:`PackedDataset`) or Megatron-Bridge's packed parquet (read by its
 ``GPTSFTPackedParquetDataset`` through ``PackedSequenceSpecs``)."""
 FORMATS: tuple[OfflineFormat, ...] = ("energon_pack", "bridge")
-Engine = Literal["local", "ray"]
-"""Where :func:`pack_offline` tokenises: in this process, or on Ray Data's workers."""
-ENGINES: tuple[Engine, ...] = ("local", "ray")
 
 
 MANIFEST_FILE = "manifest.json"

@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from energon_pack.checks import check_choice
 from energon_pack.encoding.chatml import SampleEncoder
 from energon_pack.encoding.describe import encoding_record
 from energon_pack.encoding.fingerprint import tokenizer_identity
 from energon_pack.offline.manifest import tokenizer_content
-from energon_pack.plan.measure import SKIP_KINDS, measure_on_ray
+from energon_pack.plan.measure import SKIP_KINDS, measure_partitions
 from energon_pack.plan.pack import lay_out_steps, pack_rows
 from energon_pack.plan.spec import PlanSpec
 from energon_pack.plan.store import (
@@ -33,6 +34,7 @@ from energon_pack.plan.store import (
     write_rows,
 )
 from energon_pack.sources.energon import EnergonSource
+from energon_pack.sources.engine import ENGINES, Engine
 from energon_pack.sources.rows import JsonSource, open_source
 
 logger = logging.getLogger("energon_pack.plan")
@@ -46,6 +48,7 @@ def plan_dataset(
     *,
     media_root: str | Path | None = None,
     split: str = "train",
+    engine: Engine = "ray",
     ray_address: str | None = None,
     force: bool = False,
     progress: bool = False,
@@ -60,7 +63,9 @@ def plan_dataset(
     Each row is measured by ``encoder`` (the encoder the loaders use, e.g.
     ``make_encoder(tokenizer)`` or ``make_encoder(family=processor)``; media paths are read
     under ``media_root``, by default the source's folder, probed from their headers), on Ray
-    Data: a local Ray with every core, or the cluster at ``ray_address``. The rows are then
+    Data (``engine="ray"``: a local Ray with every core, or the cluster at ``ray_address``) or
+    in this process (``engine="local"``, for a small source or where Ray is not installed).
+    The rows are then
     packed at once by first fit decreasing within ``spec.layout`` and ``spec.vision``'s caps
     and laid out as steps of ``spec.global_batch_size`` packs over ``spec.data_parallel_size``
     ranks (balanced for the vision encoder with ``spec.vision.balance``). ``progress`` shows a
@@ -72,6 +77,7 @@ def plan_dataset(
     in ``out_dir`` is reused; one built from another source or with other settings is refused
     with a ValueError naming what differs, unless ``force``.
     """
+    check_choice("engine", engine, ENGINES)
     out_dir = Path(out_dir)
     rows = open_source(source, media_root, split)
     asked: dict[str, Any] = {
@@ -97,11 +103,12 @@ def plan_dataset(
         )
     if len(rows) == 0:
         raise ValueError(f"source {rows.path} holds no rows; check the file")
-    columns = measure_on_ray(
+    columns = measure_partitions(
         rows.partitions(),
         encoder,
         spec,
         rows.media_root,
+        engine,
         ray_address,
         progress=len(rows) if progress else None,
     )

@@ -15,11 +15,12 @@ import bisect
 import json
 import logging
 import math
+import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +33,7 @@ from energon_pack.encoding.chatml import SampleEncoder
 from energon_pack.encoding.family import Family
 from energon_pack.encoding.fingerprint import settings_fingerprint
 from energon_pack.formats.chat_rows import read_media_paths
+from energon_pack.memory.monitor import NO_BUFFER, MonitorConfig, RSSMonitor
 from energon_pack.offline.inputs import conversation_sample, pretokenised, tokenizer_vocab_size
 from energon_pack.packing.mrope import MRopeConfig, PositionIds
 from energon_pack.packing.packed import EncodedSample
@@ -147,7 +149,14 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
     Energon dataset's samples through its sample index). A member whose media fail is skipped
     (logged, in the row's ``skipped_keys``) and the row is built from the others; so is a
     member that cannot be read.
+
+    ``monitor``: an :class:`~energon_pack.RSSMonitor` in each process that reads packs (each
+    loader worker), reporting and warning as the online loaders' do (its report's bin fill is
+    the plan's).
     """
+
+    packed_rows: ClassVar[bool] = True
+    """Each item is a packed micro-batch already (``check_trainer`` reads it)."""
 
     def __init__(
         self,
@@ -160,9 +169,12 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
         hf_model: Any = None,
         media_root: str | Path | None = None,
         check_source: bool = True,
+        monitor: MonitorConfig | None = None,
     ) -> None:
         check_choice("output", output, ("batch", "hf", "bridge"))
         self.output = output
+        self.monitor = monitor
+        self._watch: _Watch | None = None
         self.plan = Plan.read(plan_dir)
         record = self.plan.record
         self.collator = VLMPackingCollator(
@@ -225,9 +237,25 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
             row = self.collator(items)
         if unread and isinstance(row, CollatedBatch):
             row = replace(row, skipped_keys=(*row.skipped_keys, *unread))
+        if self.monitor is not None:
+            self._observe(len(items))
         if self.output == "bridge" and isinstance(row, CollatedBatch):
             return row.to_bridge_batch(self.collator.encoder.media)
         return row
+
+    def _observe(self, samples: int) -> None:
+        """Count a pack of ``samples`` for this process's monitor (made on its first pack, in
+        each worker: a forked worker does not go on with its parent's)."""
+        assert self.monitor is not None
+        if self._watch is None or self._watch.pid != os.getpid():
+            self._watch = _Watch(self.monitor)
+        watch = self._watch
+        watch.samples += samples
+        watch.packs += 1
+        fill = float(self.plan.counts["fill"])
+        watch.monitor.observe(
+            lambda: NO_BUFFER, samples=watch.samples, packs=watch.packs, bin_fill=fill
+        )
 
     def steps_per_epoch(self, global_batch_size: int | None = None) -> int:
         """Optimizer steps of one epoch (:meth:`PlanOrder.steps_per_epoch`)."""
@@ -253,6 +281,18 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
             return EncodedSample(key, torch.from_numpy(ids), torch.from_numpy(mask).long())
         media_root = self.source.media_root
         return key, conversation_sample(key, read_media_paths(record, key, media_root))
+
+
+class _Watch:
+    """One process's RSS monitor of a :class:`PlannedDataset` and its counts so far."""
+
+    def __init__(self, config: MonitorConfig) -> None:
+        info = torch.utils.data.get_worker_info()
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank = torch.distributed.get_rank() if distributed else 0
+        self.monitor = RSSMonitor(config, rank=rank, worker=0 if info is None else info.id)
+        self.pid = os.getpid()
+        self.samples = self.packs = 0
 
 
 def _open_planned(planned: Mapping[str, Any], media_root: str | Path | None) -> Source:

@@ -23,7 +23,7 @@ from energon_pack.offline.inputs import conversation_sample, pretokenised, token
 from energon_pack.packing.packed import EncodedSample
 from energon_pack.plan.spec import PlanSpec
 from energon_pack.sources.energon import read_energon_partition
-from energon_pack.sources.engine import partitions_on_ray
+from energon_pack.sources.engine import Engine, run_partitions
 from energon_pack.sources.rows import SourceRow, read_partition
 
 SKIP_KINDS = ("bad_row", "media_error", "overlong", "over_vision_cap")
@@ -43,22 +43,24 @@ Outcome = tuple[int, int, int] | tuple[str, str]
 """A measured row: ``(tokens, vision tokens, media)``, or ``(skip kind, reason)``."""
 
 
-def measure_on_ray(
+def measure_partitions(
     partitions: list[str],
     encoder: SampleEncoder,
     spec: PlanSpec,
     media_root: Path | None,
+    engine: Engine = "ray",
     address: str | None = None,
     progress: int | None = None,
     on_rows: Callable[[int], object] = lambda rows: None,
 ) -> dict[str, npt.NDArray[Any]]:
     """The :data:`COLUMNS` of every row of ``partitions``, in row order, measured on Ray Data
-    (:func:`~energon_pack.sources.engine.partitions_on_ray`: a local Ray, or the cluster at
-    ``address``; ``progress``, the row count, shows a bar). ``on_rows`` is called with the row
-    count of each partition as it comes back."""
+    (``engine="ray"``: a local Ray, or the cluster at ``address``) or in this process
+    (``"local"``); ``progress``, the row count, shows a bar. ``on_rows`` is called with the
+    row count of each partition as it comes back."""
     worked = {}
     measurer = PartitionMeasurer(encoder, spec, media_root)
-    for number, columns in partitions_on_ray(partitions, measurer, address, progress, "measuring"):
+    measured = run_partitions(partitions, measurer, engine, address, progress, "measuring")
+    for number, columns in measured:
         worked[number] = columns
         on_rows(len(columns["index"]))
     if not worked:

@@ -17,13 +17,17 @@ import os
 import pickle
 import socket
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 from tqdm import tqdm
 
 RAY_FIX = "install the extra: pip install 'energon_pack[ray]'"
+
+Engine = Literal["local", "ray"]
+"""Where a stage works the partitions: in this process, or on Ray Data's workers."""
+ENGINES: tuple[Engine, ...] = ("local", "ray")
 
 
 @contextlib.contextmanager
@@ -85,6 +89,21 @@ PartitionWork = Callable[[str], dict[str, npt.NDArray[Any]]]
 """A stage's work on one partition of a source (a ``partitions()`` entry): its columns, one
 value per row. It must pickle (it travels to Ray's workers once per actor) and may raise only
 ValueError or OSError for bad input (raised again on the driver, whole)."""
+
+
+def run_partitions(
+    partitions: list[str],
+    work: PartitionWork,
+    engine: Engine,
+    address: str | None = None,
+    progress: int | None = None,
+    stage: str = "reading",
+) -> Iterator[tuple[int, dict[str, npt.NDArray[Any]]]]:
+    """:func:`partitions_on_ray` (``engine="ray"``, on the cluster at ``address`` or a local
+    Ray) or :func:`partitions_here` (``"local"``)."""
+    if engine == "ray":
+        return partitions_on_ray(partitions, work, address, progress, stage)
+    return partitions_here(partitions, work, progress, stage)
 
 
 def partitions_here(

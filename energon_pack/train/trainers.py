@@ -72,15 +72,12 @@ _ARGS = ("remove_unused_columns", "gradient_accumulation_steps")
 
 
 def _is_plan(dataset: Any) -> bool:
-    from energon_pack.plan.dataset import PlannedDataset
-
-    return isinstance(dataset, PlannedDataset)
+    """``dataset`` gives packed rows already (a PlannedDataset: ``packed_rows``)."""
+    return getattr(dataset, "packed_rows", False) is True
 
 
 def _plan_problems(trainer: Any) -> list[str]:
     """What makes a trainer read a PlannedDataset in another order or shape than planned."""
-    from energon_pack.plan.dataset import PlannedDataset
-
     args, dataset, problems = trainer.args, trainer.train_dataset, []
     if dataset.output != "hf":
         problems.append(
@@ -100,7 +97,7 @@ def _plan_problems(trainer: Any) -> list[str]:
             "PlannedDataset is already a packed micro-batch; pass per_device_train_batch_size=1 "
             "(and set the step's size with gradient_accumulation_steps)"
         )
-    if trainer.data_collator is not PlannedDataset.collate_fn:
+    if trainer.data_collator is not type(dataset).collate_fn:
         problems.append(
             "the data collator would batch packed rows again: pass "
             "data_collator=PlannedDataset.collate_fn"

@@ -23,7 +23,7 @@ from energon_pack.encoding.family import model_family
 from energon_pack.formats.dataset_trust import check_dataset_code
 from energon_pack.media import MediaConfig, PixelDtype
 from energon_pack.memory.monitor import MB, MonitorConfig
-from energon_pack.memory.report import load_report, summarize
+from energon_pack.memory.report import WorkerSummary, load_report, summarize
 from energon_pack.packing.bins import Overlong
 from energon_pack.packing.buffer import DEFAULT_MIN_ROWS, BufferConfig
 from energon_pack.packing.packed import Decode
@@ -74,6 +74,13 @@ class TuneSettings:
     trust_dataset_code: bool = False
     """Open a dataset whose description names code outside Energon's and energon_pack's sample
     types (:func:`~energon_pack.formats.dataset_trust.check_dataset_code`; else refused)."""
+
+    def enough(self, samples: int, packs: int) -> bool:
+        """A run with ``samples`` and ``packs`` so far has what it measures (``max_samples``,
+        or ``min_packs`` unless it streams ``one_epoch``)."""
+        return (self.max_samples is not None and samples >= self.max_samples) or (
+            not self.one_epoch and packs >= self.min_packs
+        )
 
     def record(self) -> dict[str, Any]:
         """The settings as the tune report writes them (the vision budget's ``max_media`` and
@@ -281,6 +288,25 @@ def error_line(error: BaseException) -> str:
     return text
 
 
+def run_error(run: str, error: Exception) -> TuneError:
+    """The :class:`TuneError` of ``run`` (its name) stopped by ``error``."""
+    details = "".join(traceback.format_exception(error))
+    return TuneError(f"{run}: {error_line(error)}", details)
+
+
+def wind_up(
+    loader: Any, failure: TuneError | None, report_dir: Path, packs: int
+) -> tuple[list[WorkerSummary], bool]:
+    """Stop the run's loader workers (no Ctrl-C cuts that short), raise its ``failure`` if it
+    had one, and return each worker's memory summary and whether a Ctrl-C came meanwhile."""
+    with sigint_held() as came:
+        stop_workers(loader)
+        if failure is not None:
+            raise failure
+        workers = summarize(load_report(report_dir)) if packs else []
+    return workers, bool(came)
+
+
 TIMED_PACKS = 20
 """Fewest packs of a run that time its throughput: a run of fewer is mostly its start."""
 
@@ -379,22 +405,15 @@ def run_once(
                 if stats is not None:
                     worker_stats[(stats.rank, stats.worker)] = stats
                 on_pack()
-                if (settings.max_samples is not None and samples >= settings.max_samples) or (
-                    not settings.one_epoch and packs >= settings.min_packs
-                ):
+                if settings.enough(samples, packs):
                     stopped = True
                     break
     except KeyboardInterrupt:
         interrupted = True
     except Exception as error:
-        details = "".join(traceback.format_exception(error))
-        failure = TuneError(f"{decode} buffer {buffer_size}: {error_line(error)}", details)
-    with sigint_held() as came:  # a second Ctrl-C must not leave workers running
-        stop_workers(loader)
-        if failure is not None:
-            raise failure
-        workers = summarize(load_report(report_dir)) if packs else []
-    interrupted = interrupted or bool(came)
+        failure = run_error(f"{decode} buffer {buffer_size}", error)
+    workers, came = wind_up(loader, failure, report_dir, packs)
+    interrupted = interrupted or came
     skipped: dict[str, int] = {}
     for stats in worker_stats.values():
         for kind, count in stats.skipped.items():

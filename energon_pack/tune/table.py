@@ -30,6 +30,44 @@ TUNE_HEADERS = [
 ]
 
 
+PLAN_HEADERS = [
+    "loader",
+    "samples",
+    "packs",
+    "bin fill",
+    "confidence",
+    "token eff",
+    "first pack s",
+    "samples/s",
+    "peak RSS MiB",
+    "steady MiB",
+    "decoder MiB",
+    "skipped",
+    "status",
+]
+"""The columns of ``tune`` on a plan: no buffer or vision cap to choose, the plan's packs."""
+
+
+def plan_row(result: TuneResult, min_packs: int) -> list[object]:
+    """The table row of a run over a plan (see :data:`PLAN_HEADERS`)."""
+    rate = result.samples_per_second
+    return [
+        "plan",
+        result.samples,
+        result.packs,
+        result.bin_fill,
+        confidence_cell(result, min_packs),
+        result.token_efficiency,
+        f"{result.first_pack_seconds:.2f}",
+        "-" if rate is None else f"{rate:.1f}",
+        f"{result.peak_worker_rss_mb:.0f}",
+        f"{result.steady_worker_rss_mb:.0f}",
+        f"{result.peak_decoder_rss_mb:.0f}",
+        skipped_cell(result),
+        "interrupted" if result.interrupted else "ok",
+    ]
+
+
 def skipped_cell(result: TuneResult) -> str:
     """``overlong 3, corrupt 1`` (and any unaccounted samples), or ``0``."""
     parts = [f"{kind} {count}" for kind, count in result.skipped.items()]

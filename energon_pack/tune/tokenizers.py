@@ -7,7 +7,12 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from energon_pack.encoding.chatml import ByteTokenizer, Tokenizer, check_special_tokens
+from energon_pack.encoding.chatml import (
+    ByteTokenizer,
+    SampleEncoder,
+    Tokenizer,
+    check_special_tokens,
+)
 from energon_pack.encoding.describe import encoding_record
 from energon_pack.encoding.families import ProcessorFamily
 from energon_pack.encoding.family import Family
@@ -81,6 +86,23 @@ def tokenizer_of(name: str | None, chat_template: str | None = None) -> Tokenize
             "to; the built-in byte tokenizer has no chat template)"
         )
     return None
+
+
+def encoder_of(
+    tokenizer: str | None, chat_template: str | None, family: Family | None
+) -> SampleEncoder:
+    """The encoder of the ``--tokenizer`` / ``--chat-template`` / ``--family`` flags: a processor
+    family's own (which takes neither flag: a ValueError names the one given), else
+    :func:`~energon_pack.make_encoder` over :func:`tokenizer_of`, with ``family``'s settings."""
+    if isinstance(family, ProcessorFamily):
+        refuse_template_for_processor(chat_template)
+        if tokenizer:
+            raise ValueError(
+                f"--tokenizer with the {family.name!r} family: its processor brings its own "
+                "tokenizer; drop --tokenizer"
+            )
+        return make_encoder(family=family)
+    return make_encoder(tokenizer_of(tokenizer, chat_template), family=family)
 
 
 def refuse_template_for_processor(chat_template: str | Path | None) -> None:

@@ -104,12 +104,12 @@ def test_partitions_coming_back_in_any_order_pack_the_same(
     """Ray hands partitions back as they finish; the packs follow the source's order."""
     source = write_jsonl(tmp_path / "rows.jsonl", rows(4500))
     pack_offline(source, tmp_path / "in-order", SPEC)
-    worked = offline_build.partitions_here
+    worked = offline_build.run_partitions
 
     def reversed_order(*args: Any) -> Iterator[tuple[int, dict[str, Any]]]:
         yield from reversed(list(worked(*args)))
 
-    monkeypatch.setattr(offline_build, "partitions_here", reversed_order)
+    monkeypatch.setattr(offline_build, "run_partitions", reversed_order)
     pack_offline(source, tmp_path / "reversed", SPEC)
     assert_same(written(tmp_path / "in-order"), written(tmp_path / "reversed"))
 

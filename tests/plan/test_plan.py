@@ -15,7 +15,7 @@ from plan_rows import ChatRows
 from energon_pack import RowLayout, VisionBudget, make_encoder
 from energon_pack.cli import main
 from energon_pack.plan import Plan, PlanSpec, plan_dataset
-from energon_pack.plan.measure import measure_on_ray, measure_partition
+from energon_pack.plan.measure import measure_partition, measure_partitions
 from energon_pack.sources.engine import ray_session
 from energon_pack.sources.rows import JsonSource
 
@@ -68,6 +68,27 @@ def test_plan_holds_every_row_once_within_the_caps(chat_rows: ChatRows, tmp_path
     assert "samples ->" in plan.summary()
     assert (tmp_path / "plan" / "rows.npy").is_file()
     assert Plan.read(tmp_path / "plan").record == plan.record
+
+
+def test_measured_in_this_process_the_plan_is_the_same(
+    chat_rows: ChatRows, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """engine="local" (--local) measures without Ray and writes the plan Ray writes."""
+    encoder = make_encoder(None, media=SMALL_MEDIA)
+    root = chat_rows.media_root
+    on_ray = plan_dataset(chat_rows.path, tmp_path / "ray", SPEC, encoder, media_root=root)
+    here = plan_dataset(
+        chat_rows.path, tmp_path / "local", SPEC, encoder, media_root=root, engine="local"
+    )
+    assert here.table().to_pylist() == on_ray.table().to_pylist()
+    assert here.record == on_ray.record
+    argv = ["plan", str(chat_rows.path), str(tmp_path / "cli"), "--seq-length", "2048"]
+    assert main([*argv, "--local", "--media-root", str(root)]) == 0
+    assert Plan.read(tmp_path / "cli").counts["samples"] > 0
+    assert main([*argv, "--local", "--ray-address", "auto"]) == 2
+    assert "--local with --ray-address" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="engine must be 'local' or 'ray', got 'spark'"):
+        plan_dataset(chat_rows.path, tmp_path / "x", SPEC, encoder, engine="spark")  # type: ignore[arg-type]
 
 
 def test_rows_left_out_are_counted_and_listed_by_key(chat_rows: ChatRows, tmp_path: Path) -> None:
@@ -192,7 +213,7 @@ def test_measuring_reports_each_partitions_rows_as_it_comes_back(chat_rows: Chat
     parts = source.partitions(rows=64)
     arrived: list[int] = []
     encoder = make_encoder(None, media=SMALL_MEDIA)
-    columns = measure_on_ray(parts, encoder, SPEC, source.media_root, on_rows=arrived.append)
+    columns = measure_partitions(parts, encoder, SPEC, source.media_root, on_rows=arrived.append)
     assert sorted(arrived) == sorted([64] * 4 + [300 - 4 * 64])
     assert columns["index"].tolist() == list(range(300))
 
