@@ -12,6 +12,7 @@ by micro-batch and then rank, so that a sampler that deals consecutive indices o
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import logging
 import math
@@ -39,7 +40,7 @@ from energon_pack.packing.mrope import MRopeConfig, PositionIds
 from energon_pack.packing.packed import EncodedSample
 from energon_pack.packing.row_layout import RowLayout
 from energon_pack.plan.build import encoder_identity
-from energon_pack.plan.store import ROWS_FILE, PackIndex, Plan
+from energon_pack.plan.store import PLAN_FILE, ROWS_FILE, PackIndex, Plan, bad_array, load_array
 from energon_pack.sources.energon import EnergonSamples, EnergonSource
 from energon_pack.sources.files import name_os_errors
 from energon_pack.sources.rows import (
@@ -97,6 +98,11 @@ def plan_order(plan: Plan) -> tuple[PlanOrder, PackKeys]:
     """The :class:`PlanOrder` of ``plan`` and the member keys of each pack in that order (read
     from the plan's ``index/``, mapped from disk)."""
     index = PackIndex.read(plan.out_dir)
+    if index.packs.shape[1] != plan.packs:
+        raise ValueError(
+            f"plan {plan.out_dir}: its index holds {index.packs.shape[1]} packs but "
+            f"{PLAN_FILE} counts {plan.packs}; plan it again with --force"
+        )
     _, step, rank, micro, vision = (np.asarray(row) for row in index.packs)
     order = np.lexsort((rank, micro, step))
     spec = plan.record["spec"]
@@ -176,43 +182,47 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
         self.monitor = monitor
         self._watch: _Watch | None = None
         self.plan = Plan.read(plan_dir)
-        record = self.plan.record
-        self.collator = VLMPackingCollator(
-            layout=RowLayout(**record["spec"]["layout"]),
-            encoder=encoder,
-            family=family,
-            position_ids=position_ids,
-            output="batch" if output == "bridge" else output,
-            hf_model=hf_model,
-            on_media_error="skip",
-        )
-        changed = _differences(record["encoder"], encoder_identity(self.collator.encoder))
-        if changed:
-            raise ValueError(
-                f"plan {self.plan.out_dir} was measured with another encoder: "
-                f"{'; '.join(changed)}; pass the tokenizer, template and family it was planned "
-                "with, or plan again with this one"
+        with _plan_errors(self.plan.out_dir):
+            record = self.plan.record
+            self.collator = VLMPackingCollator(
+                layout=RowLayout(**record["spec"]["layout"]),
+                encoder=encoder,
+                family=family,
+                position_ids=position_ids,
+                output="batch" if output == "bridge" else output,
+                hf_model=hf_model,
+                on_media_error="skip",
             )
-        planned = record["source"]
-        root = media_root if media_root is not None else planned.get("media_root")
-        self.source = _open_planned(planned, root)
-        if check_source:
-            moved = _differences(
-                {k: v for k, v in planned.items() if k != "media_root"},
-                {k: v for k, v in self.source.fingerprint().items() if k != "media_root"},
-            )
-            if moved:
+            changed = _differences(record["encoder"], encoder_identity(self.collator.encoder))
+            if changed:
                 raise ValueError(
-                    f"plan {self.plan.out_dir}: its source changed since it was planned "
-                    f"({'; '.join(moved)}); plan it again (energon-pack plan --force)"
+                    f"plan {self.plan.out_dir} was measured with another encoder: "
+                    f"{'; '.join(changed)}; pass the tokenizer, template and family it was planned "
+                    "with, or plan again with this one"
                 )
-        self.order, self.keys = plan_order(self.plan)
-        self._reader = (
-            EnergonSamples(self.source.path, self.source.split_part, self.collator.encoder)
-            if isinstance(self.source, EnergonSource)
-            else _RowReader(self.source, self.plan.out_dir / ROWS_FILE)
-        )
-        self._vocab = tokenizer_vocab_size(self.collator.encoder.tokenizer)
+            planned = record["source"]
+            root = media_root if media_root is not None else planned.get("media_root")
+            self.source = _open_planned(planned, root)
+            if check_source:
+                moved = _differences(
+                    {k: v for k, v in planned.items() if k != "media_root"},
+                    {k: v for k, v in self.source.fingerprint().items() if k != "media_root"},
+                )
+                if moved:
+                    raise ValueError(
+                        f"plan {self.plan.out_dir}: its source changed since it was planned "
+                        f"({'; '.join(moved)}); plan it again (energon-pack plan --force)"
+                    )
+            self.order, self.keys = plan_order(self.plan)
+            self._reader: EnergonSamples | _RowReader
+            if isinstance(self.source, EnergonSource):
+                encoder = self.collator.encoder
+                self._reader = EnergonSamples(self.source.path, self.source.split_part, encoder)
+            else:
+                rows = _RowReader(self.source, self.plan.out_dir / ROWS_FILE)
+                rows.check()
+                self._reader = rows
+            self._vocab = tokenizer_vocab_size(self.collator.encoder.tokenizer)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -283,6 +293,23 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
         return key, conversation_sample(key, read_media_paths(record, key, media_root))
 
 
+@contextlib.contextmanager
+def _plan_errors(out_dir: Path) -> Iterator[None]:
+    """Name the plan in an error opening it; a record field of another type or missing is a
+    ValueError naming ``plan.json``."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ValueError(
+            f"plan {out_dir}: {PLAN_FILE} is not a plan record this version reads "
+            f"({type(error).__name__}: {error}); plan it again with --force"
+        ) from None
+    except ValueError as error:
+        if str(out_dir) in str(error):
+            raise
+        raise ValueError(f"plan {out_dir}: {error}") from None
+
+
 class _Watch:
     """One process's RSS monitor of a :class:`PlannedDataset` and its counts so far."""
 
@@ -326,9 +353,21 @@ class _RowReader:
         self.source, self.rows_file = state["source"], state["rows_file"]
         self._index, self._table = None, None
 
-    def record(self, index: int) -> Any:
-        """Row ``index`` of the source (a ValueError when it is not valid JSON)."""
+    def check(self) -> None:
+        """A ValueError naming ``rows.npy`` when it is not the line index of the source."""
         source = self.source
+        if not isinstance(source, JsonSource) or source.index is None:
+            return
+        out_dir, name = self.rows_file.parent, self.rows_file.name
+        if not np.array_equal(load_array(out_dir, name, np.int64, 2), source.index):
+            bad_array(out_dir, name, f"not the line index of {source.path}")
+
+    def record(self, index: int) -> Any:
+        """Row ``index`` of the source (a ValueError when there is none, or it is not valid
+        JSON)."""
+        source = self.source
+        if not 0 <= index < len(source):
+            raise ValueError(f"row {index} is not in {source.path} ({len(source)} rows)")
         if isinstance(source, JsonSource):
             if source.records is not None:
                 return source.records[index]

@@ -27,7 +27,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -201,25 +201,74 @@ class PackIndex:
 
     @classmethod
     def read(cls, out_dir: Path) -> PackIndex:
-        """The index of the plan in ``out_dir`` (a ValueError when it has none)."""
+        """The index of the plan in ``out_dir``; a ValueError names the directory when it has
+        none, and the file when an array is not what the plan wrote (its shape, type, or
+        offsets that do not run in order over the next array)."""
         index = out_dir / INDEX_DIR
         if not (index / "packs.npy").is_file():
             raise ValueError(
                 f"plan {out_dir} has no {INDEX_DIR}/ (a plan written before format 2, or an "
                 "interrupted build); plan it again with --force"
             )
-        arrays = {}
-        for field in ("packs", "member_starts", "keys", "key_starts"):
-            with name_os_errors(index / f"{field}.npy"):
-                arrays[field] = np.load(index / f"{field}.npy", mmap_mode="r")
-        return cls(**arrays)
+        packs = load_array(out_dir, f"{INDEX_DIR}/packs.npy", np.int64, 2)
+        member_starts = load_array(out_dir, f"{INDEX_DIR}/member_starts.npy", np.int64, 1)
+        keys = load_array(out_dir, f"{INDEX_DIR}/keys.npy", np.uint8, 1)
+        key_starts = load_array(out_dir, f"{INDEX_DIR}/key_starts.npy", np.int64, 1)
+        if packs.shape[0] != 5 or (packs[1:] < 0).any():
+            bad_array(out_dir, f"{INDEX_DIR}/packs.npy", "not 5 rows of numbers >= 0")
+        members = len(key_starts) - 1
+        _check_offsets(out_dir, "member_starts", member_starts, packs.shape[1], members)
+        _check_offsets(out_dir, "key_starts", key_starts, None, len(keys))
+        return cls(packs, member_starts, keys, key_starts)
 
     def members(self, pack: int) -> list[str]:
         """The keys of the members of pack row ``pack`` (``plan.parquet``'s order)."""
         first, last = int(self.member_starts[pack]), int(self.member_starts[pack + 1])
         starts = (self.key_starts[first : last + 1] - self.key_starts[first]).tolist()
         blob = bytes(self.keys[int(self.key_starts[first]) : int(self.key_starts[last])])
-        return [blob[a:b].decode() for a, b in itertools.pairwise(starts)]
+        try:
+            return [blob[a:b].decode() for a, b in itertools.pairwise(starts)]
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"pack {pack}: its member keys in {INDEX_DIR}/keys.npy are not UTF-8 ({error}); "
+                "the plan is damaged: plan it again with --force"
+            ) from None
+
+
+def load_array(out_dir: Path, name: str, dtype: type[np.generic], ndim: int) -> Any:
+    """The ``.npy`` array ``name`` of the plan in ``out_dir``, mapped from disk; a ValueError
+    names it when it is no array of ``dtype`` with ``ndim`` dimensions (a cut or damaged
+    file)."""
+    path = out_dir / name
+    with name_os_errors(path):
+        try:
+            array = np.load(path, mmap_mode="r")
+        except OSError:
+            raise
+        except Exception as error:  # numpy's header parser raises many types for a bad header
+            bad_array(out_dir, name, f"not an array numpy reads ({type(error).__name__}: {error})")
+    if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != ndim:
+        bad_array(out_dir, name, f"not a {ndim}-d {np.dtype(dtype).name} array")
+    return array
+
+
+def _check_offsets(out_dir: Path, name: str, starts: Any, count: int | None, end: int) -> None:
+    """``starts`` must run from 0 to ``end`` without going back, with ``count + 1`` entries."""
+    if (
+        len(starts) == 0
+        or (count is not None and len(starts) != count + 1)
+        or starts[0] != 0
+        or starts[-1] != end
+        or (np.diff(starts) < 0).any()
+    ):
+        bad_array(out_dir, f"{INDEX_DIR}/{name}.npy", f"not offsets running from 0 to {end}")
+
+
+def bad_array(out_dir: Path, name: str, what: str) -> NoReturn:
+    """The ValueError of a plan file ``name`` in ``out_dir`` that is ``what``."""
+    raise ValueError(
+        f"plan {out_dir}: {name} is {what}; the plan is damaged or cut: plan it again with --force"
+    )
 
 
 def write_rows(path: Path, index: Any) -> None:
