@@ -81,6 +81,7 @@ from types import TracebackType
 from typing import Any
 
 import psutil
+from common import mib_cell, ratio_cell, vm_hwm
 from megatron.energon import (
     Cooker,
     DefaultTaskEncoder,
@@ -286,17 +287,7 @@ class MemoryPoller:
 
     def worker_high_water_mark(self) -> int | None:
         """Max over live workers of the kernel's peak RSS (``VmHWM``), or None off Linux."""
-        peaks = []
-        for pid in list(self.workers):
-            try:
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:
-                continue
-            peaks += [
-                int(line.split()[1]) * 1024
-                for line in status.splitlines()
-                if line.startswith("VmHWM:")
-            ]
+        peaks = [peak for pid in list(self.workers) if (peak := vm_hwm(pid)) is not None]
         return max(peaks) if peaks else None
 
 
@@ -477,17 +468,9 @@ def check_targets(summaries: Sequence[Summary]) -> list[str]:
             f"{lazy.worker_peak_mb:.0f} MB vs bridge at buffer {bridge_buffer} = "
             f"{bridge.worker_peak_mb:.0f} MB (target: below); polled RSS "
             f"{lazy.worker_rss_mb:.0f} vs {bridge.worker_rss_mb:.0f} MB, polled USS "
-            f"{_mb(lazy.worker_uss_mb)} vs {_mb(bridge.worker_uss_mb)} MB"
+            f"{mib_cell(lazy.worker_uss_mb)} vs {mib_cell(bridge.worker_uss_mb)} MB"
         )
     return lines
-
-
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _mb(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
 
 
 def plan(buffers: Sequence[int], rounds: int, long: bool) -> list[tuple[int, str, int]]:
@@ -564,15 +547,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             s.bin_fill,
             s.token_efficiency,
             f"{s.samples_per_s:.1f}",
-            _ratio(s.vs_none),
+            ratio_cell(s.vs_none),
             f"{s.worker_cpu_ms_per_sample:.1f}",
-            _ratio(s.cpu_vs_none),
+            ratio_cell(s.cpu_vs_none),
             f"{s.first_pack_s:.2f}",
             f"{s.max_pack_media_mb:.0f}",
-            _mb(s.worker_rss_mb),
-            _mb(s.worker_uss_mb),
-            _mb(s.worker_hwm_mb),
-            _mb(s.main_rss_mb),
+            mib_cell(s.worker_rss_mb),
+            mib_cell(s.worker_uss_mb),
+            mib_cell(s.worker_hwm_mb),
+            mib_cell(s.main_rss_mb),
         ]
         for s in summaries
     ]

@@ -75,6 +75,7 @@ from typing import Any
 
 import psutil
 import torch
+from common import mib_cell, ratio_cell, vm_hwm
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
 from energon_pack import (
@@ -112,18 +113,6 @@ SOURCES = {
 }
 MIN_LOCAL_RATIO = 0.9
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-
-
-def vm_hwm(pid: int) -> int | None:
-    """The kernel's peak RSS of ``pid`` in bytes (``VmHWM``), or None (gone, or not Linux)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    for line in status.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return None
 
 
 class WorkerMemory:
@@ -408,7 +397,8 @@ def check_targets(summaries: Sequence[Summary]) -> list[str]:
         lines.append(
             f"{'PASS' if ok else 'FAIL'}: {scheme} peak worker RSS {planned.worker_rss_max_mb:.0f}"
             f" MB vs online lazy at buffer {BUFFER} {online.worker_rss_max_mb:.0f} MB (target: "
-            f"<=); HWM {_mb(planned.worker_hwm_max_mb)} vs {_mb(online.worker_hwm_max_mb)} MB, "
+            f"<=); HWM {mib_cell(planned.worker_hwm_max_mb)} vs "
+            f"{mib_cell(online.worker_hwm_max_mb)} MB, "
             f"USS {planned.worker_uss_max_mb:.0f} vs {online.worker_uss_max_mb:.0f} MB"
         )
     local = by_scheme.get(LOCAL)
@@ -416,21 +406,13 @@ def check_targets(summaries: Sequence[Summary]) -> list[str]:
         ok = local.samples_vs_a >= MIN_LOCAL_RATIO
         lines.append(
             f"{'PASS' if ok else 'FAIL'}: {LOCAL} samples/s = {local.samples_vs_a:.3f}x online "
-            f"(target >= {MIN_LOCAL_RATIO}); steady {_ratio(local.steady_vs_a)}x, CPU per "
-            f"sample {_ratio(local.cpu_vs_a)}x"
+            f"(target >= {MIN_LOCAL_RATIO}); steady {ratio_cell(local.steady_vs_a)}x, CPU per "
+            f"sample {ratio_cell(local.cpu_vs_a)}x"
         )
     if len({s.samples for s in summaries}) > 1:
         counts = ", ".join(f"{s.scheme} {s.samples}" for s in summaries)
         lines.append(f"NOTE: the schemes read different sample counts ({counts})")
     return lines
-
-
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _mb(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
 
 
 def table(summaries: Sequence[Summary]) -> str:
@@ -466,21 +448,21 @@ def table(summaries: Sequence[Summary]) -> str:
             s.samples,
             s.bin_fill,
             f"{s.samples_per_s:.1f}",
-            _ratio(s.samples_vs_a),
+            ratio_cell(s.samples_vs_a),
             f"{s.steady_samples_per_s:.1f}",
-            _ratio(s.steady_vs_a),
+            ratio_cell(s.steady_vs_a),
             f"{s.first_pack_s:.2f}",
             f"{s.open_s:.2f}",
             f"{s.cpu_ms_per_sample:.1f}",
-            _ratio(s.cpu_vs_a),
-            _mb(s.worker_rss_max_mb),
-            _ratio(s.rss_max_vs_a),
-            _mb(s.worker_rss_sum_mb),
-            _ratio(s.rss_sum_vs_a),
-            _mb(s.worker_hwm_max_mb),
-            _mb(s.worker_uss_max_mb),
-            _ratio(s.uss_vs_a),
-            _mb(s.all_procs_rss_mb),
+            ratio_cell(s.cpu_vs_a),
+            mib_cell(s.worker_rss_max_mb),
+            ratio_cell(s.rss_max_vs_a),
+            mib_cell(s.worker_rss_sum_mb),
+            ratio_cell(s.rss_sum_vs_a),
+            mib_cell(s.worker_hwm_max_mb),
+            mib_cell(s.worker_uss_max_mb),
+            ratio_cell(s.uss_vs_a),
+            mib_cell(s.all_procs_rss_mb),
         ]
         for s in summaries
     ]
