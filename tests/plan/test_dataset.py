@@ -262,11 +262,14 @@ def test_an_energon_plans_packs_are_the_collators_rows_of_its_samples(tmp_path: 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 def test_resumed_on_other_ranks_and_workers_every_sample_trains_once(planned: Path) -> None:
-    """4 ranks with 2 workers for a step, 2 ranks in the main process for two steps, then 8
-    ranks with 3 workers to the end: every sample of the plan once, and after each cut the
-    packs of a run that had the new size from the start."""
+    """4 ranks with 2 workers for a step, 2 ranks in the main process for two steps, 1 rank
+    with 3 workers for a step, then 8 ranks with 2 workers to the end (3 cuts): every sample of
+    the plan once, and after each cut the packs of a run that had the new size from the
+    start."""
     dataset = PlannedDataset(planned, encoder())
-    phases = [(4, 2, 0, 1), (2, 0, 8, 2), (8, 3, 24, None)]  # ranks, workers, consumed, steps
+    assert len(dataset) > 5 * 8
+    # ranks, workers, consumed, steps
+    phases = [(4, 2, 0, 1), (2, 0, 8, 2), (1, 3, 24, 1), (8, 2, 32, None)]
     trained: list[str] = []
     for ranks, workers, consumed, steps in phases:
         for rank in range(ranks):
