@@ -13,7 +13,9 @@
 * :mod:`~energon_pack.media.pixels`: patches, normalisation, :func:`normalize_pixels`;
 * :mod:`~energon_pack.media.assembly`: a pack's media (:func:`decode_vision`,
   :class:`MediaTensors`);
-* :mod:`~energon_pack.media.tokens`: a medium's vision tokens (:func:`vision_tokens`).
+* :mod:`~energon_pack.media.tokens`: a medium's vision tokens (:func:`vision_tokens`);
+* :mod:`~energon_pack.media.audio`: the header of an audio file (:func:`probe_audio`: WAV,
+  FLAC, MP3, Ogg Opus, M4A; no torch).
 
 Probing (:func:`probe_image`, :func:`probe_video`) reads only the container/image header and
 returns the patch grid and the token count, so a packing buffer can hold compressed bytes and
@@ -32,6 +34,7 @@ from energon_pack.media.assembly import (
     media_grids,
     tensor_nbytes,
 )
+from energon_pack.media.audio import AUDIO_EXTENSIONS, AudioProbe, probe_audio
 from energon_pack.media.config import (
     IMAGE_EXTENSIONS,
     OPENAI_CLIP_MEAN,
@@ -63,10 +66,12 @@ from energon_pack.media.tokens import (
 )
 
 __all__ = [
+    "AUDIO_EXTENSIONS",
     "IMAGE_EXTENSIONS",
     "OPENAI_CLIP_MEAN",
     "OPENAI_CLIP_STD",
     "VIDEO_EXTENSIONS",
+    "AudioProbe",
     "Frames",
     "FramesPlan",
     "ImageProbe",
@@ -86,6 +91,7 @@ __all__ = [
     "media_grids",
     "media_kind",
     "normalize_pixels",
+    "probe_audio",
     "probe_frames",
     "probe_image",
     "probe_video",

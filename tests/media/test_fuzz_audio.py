@@ -1,0 +1,95 @@
+"""Seeded fuzzing of the audio header probe: thousands of mutated WAV, FLAC, MP3, Ogg Opus and
+M4A files (bytes flipped, cut short, and the header fields the probe reads overwritten with
+boundary values: chunk and box sizes, frame headers, page headers, STREAMINFO) go through
+``probe_audio`` in a child process, so that a crash or a hang would be seen as the child's
+death. Every outcome must be a probe within the limits or a ``MediaError`` naming the member;
+never another exception."""
+
+from __future__ import annotations
+
+import textwrap
+
+from fuzz_child import fuzz_report
+from helpers import SUPPORT
+
+MUTATIONS_PER_FORMAT = 2000
+
+CHILD = textwrap.dedent(
+    """
+    import json, random, struct, sys, time
+    sys.path[:0] = sys.argv[3:]
+    from audio_files import encode_audio
+    from energon_pack.media import MediaError
+    from energon_pack.media.audio import MAX_CHANNELS, MAX_SAMPLE_RATE, probe_audio
+
+    rng = random.Random(int(sys.argv[1]))
+    count = int(sys.argv[2])
+    SEEDS = {
+        "wav": encode_audio("wav", 16000, 2, 3000),
+        "flac": encode_audio("flac", 22050, 1, 5000),
+        "mp3": encode_audio("mp3", 16000, 1, 8000),
+        "mp3-no-xing": encode_audio("mp3", 44100, 2, 9000, write_xing="0"),
+        "opus": encode_audio("opus", 16000, 1, 8000),
+        "m4a": encode_audio("m4a", 16000, 1, 8000),
+    }
+    MARKERS = [b"RIFF", b"fmt ", b"data", b"fLaC", b"OggS", b"OpusHead", b"moov", b"trak",
+               b"mdia", b"mdhd", b"stsd", b"elst", b"Xing", b"Info", b"ID3", b"\\xff\\xf3",
+               b"\\xff\\xfb"]
+    VALUES = [0, 1, 2, 3, 7, 8, 255, 0x7FFFFFFF, 0xFFFFFFFF, 0x80000000, 65535]
+
+    def mutated(seed):
+        data = bytearray(seed)
+        for _ in range(rng.randint(1, 3)):
+            how = rng.randrange(4)
+            if len(data) < 2:
+                break
+            if how == 0:
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            elif how == 1:
+                del data[rng.randrange(1, len(data)):]
+            else:  # a field near a marker the probe reads, set to a boundary value
+                found = [i for m in MARKERS for i in [data.find(m)] if i >= 0]
+                if not found:
+                    continue
+                at = rng.choice(found) + rng.randrange(0, 48)
+                if at + 4 > len(data):
+                    continue
+                value = rng.choice(VALUES) if how == 2 else rng.randrange(2**32)
+                order = rng.choice("<>")
+                data[at:at + 4] = struct.pack(order + "I", value)
+        return bytes(data)
+
+    table = {}
+    others = []
+    slowest = 0.0
+    for name, seed in SEEDS.items():
+        row = table.setdefault(name, {"ok": 0})
+        for _ in range(count):
+            data = mutated(seed)
+            start = time.perf_counter()
+            try:
+                probe = probe_audio(data, "s", "a")
+                assert 1 <= probe.sample_rate <= MAX_SAMPLE_RATE, probe
+                assert 1 <= probe.channels <= MAX_CHANNELS, probe
+                assert probe.frames > 0, probe
+                row["ok"] += 1
+            except MediaError as error:
+                assert error.key == "s" and error.member == "a", error
+                row[error.kind] = row.get(error.kind, 0) + 1
+            except Exception as error:
+                others.append(f"{name}: {type(error).__name__}: {error}"[:200])
+            slowest = max(slowest, time.perf_counter() - start)
+    print(json.dumps({"table": table, "others": others[:20], "slowest": slowest}))
+    """
+)
+
+
+def test_mutated_audio_gives_a_probe_or_a_named_media_error() -> None:
+    report = fuzz_report(CHILD, "0", str(MUTATIONS_PER_FORMAT), str(SUPPORT), timeout=900)
+    assert report["others"] == [], report["others"]
+    table = report["table"]
+    for name, row in table.items():
+        assert sum(row.values()) == MUTATIONS_PER_FORMAT, name
+        assert row["ok"] > 0, (name, row)  # many mutations leave a readable header
+        assert sum(row.values()) - row["ok"] > MUTATIONS_PER_FORMAT / 20, (name, row)
+    assert report["slowest"] < 1.0, report  # header reads: no mutation makes one slow

@@ -1,0 +1,62 @@
+"""Real audio files for the tests, encoded by FFmpeg through PyAV (a 440 Hz tone), and what
+FFmpeg decodes from them."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import av
+import numpy as np
+
+FORMATS: dict[str, tuple[str, str]] = {
+    "wav": ("wav", "pcm_s16le"),
+    "flac": ("flac", "flac"),
+    "mp3": ("mp3", "libmp3lame"),
+    "opus": ("ogg", "libopus"),
+    "m4a": ("ipod", "aac"),
+}
+"""Each probed format: the PyAV container and encoder that write it."""
+
+
+def encode_audio(
+    kind: str, rate: int, channels: int, frames: int, **container_options: str
+) -> bytes:
+    """``frames`` frames of a tone at ``rate`` with ``channels`` channels, as a ``kind`` file
+    (a key of :data:`FORMATS`)."""
+    container, codec = FORMATS[kind]
+    out_buffer = io.BytesIO()
+    layout = "mono" if channels == 1 else "stereo"
+    with av.open(out_buffer, "w", format=container, options=container_options) as out:
+        stream: Any = out.add_stream(codec, rate=rate, layout=layout)
+        context = stream.codec_context
+        sample_format = context.format.name
+        step = context.frame_size or 1024
+        tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(frames) / rate)).astype(np.float32)
+        planes = np.tile(tone, (channels, 1))
+        for start in range(0, frames, step):
+            chunk = planes[:, start : start + step]
+            if sample_format.startswith("s16"):
+                chunk = (chunk * 32767).astype(np.int16)
+            elif sample_format.startswith("s32"):
+                chunk = (chunk * 2**31 * 0.99).astype(np.int32)
+            if not sample_format.endswith("p"):  # interleaved: one plane of frames x channels
+                chunk = chunk.T.reshape(1, -1)
+            frame = av.AudioFrame.from_ndarray(
+                np.ascontiguousarray(chunk), format=sample_format, layout=layout
+            )
+            frame.sample_rate, frame.pts = rate, start
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return out_buffer.getvalue()
+
+
+def decoded(data: bytes) -> tuple[int, int, int]:
+    """``(sample rate, channels, frames)`` FFmpeg decodes from ``data``."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        frames = sum(frame.samples for frame in container.decode(stream))
+        context = stream.codec_context
+        return context.sample_rate, context.layout.nb_channels, frames
