@@ -46,6 +46,9 @@ class AudioProbe:
     channels: int
     frames: int
     """Frames per channel the stream plays (encoder delay and padding taken off)."""
+    skip: int = 0
+    """Frames before the played ones that a decoder yields when it does not trim the stream's
+    start itself (an Opus stream's pre-skip; FFmpeg trims an MP3's delay and an M4A's priming)."""
 
     @property
     def seconds(self) -> float:
@@ -263,7 +266,7 @@ def _ogg(data: memoryview) -> AudioProbe:
         at = bytes(data).rfind(b"OggS", tail, at)
     if granule < 0:
         raise MediaFailure("corrupt", "Ogg Opus file without a last page that ends the stream")
-    return AudioProbe("opus", _OPUS_RATE, channels, granule - pre_skip)
+    return AudioProbe("opus", _OPUS_RATE, channels, granule - pre_skip, pre_skip)
 
 
 # ---------------------------------------------------------------------------------------- M4A

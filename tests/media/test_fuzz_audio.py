@@ -1,9 +1,10 @@
-"""Seeded fuzzing of the audio header probe: thousands of mutated WAV, FLAC, MP3, Ogg Opus and
-M4A files (bytes flipped, cut short, and the header fields the probe reads overwritten with
-boundary values: chunk and box sizes, frame headers, page headers, STREAMINFO) go through
-``probe_audio`` in a child process, so that a crash or a hang would be seen as the child's
-death. Every outcome must be a probe within the limits or a ``MediaError`` naming the member;
-never another exception."""
+"""Seeded fuzzing of the audio path: thousands of mutated WAV, FLAC, MP3, Ogg Opus and M4A
+files (bytes flipped, cut short, and the header fields the probe reads overwritten with boundary
+values: chunk and box sizes, frame headers, page headers, STREAMINFO) go through
+``probe_audio``, and hundreds through ``decode_audio`` (FFmpeg in the guarded decoder process),
+in a child process, so that a crash or a hang would be seen as the child's death. Every outcome
+must be a probe within the limits (a waveform of the probed length) or a ``MediaError`` naming
+the member; never another exception."""
 
 from __future__ import annotations
 
@@ -13,17 +14,20 @@ from fuzz_child import fuzz_report
 from helpers import SUPPORT
 
 MUTATIONS_PER_FORMAT = 2000
+DECODES_PER_FORMAT = 200
 
 CHILD = textwrap.dedent(
     """
     import json, random, struct, sys, time
-    sys.path[:0] = sys.argv[3:]
+    sys.path[:0] = sys.argv[4:]
     from audio_files import encode_audio
     from energon_pack.media import MediaError
     from energon_pack.media.audio import MAX_CHANNELS, MAX_SAMPLE_RATE, probe_audio
+    from energon_pack.media.audio_decode import decode_audio, played_frames
 
     rng = random.Random(int(sys.argv[1]))
     count = int(sys.argv[2])
+    decoding = sys.argv[3] == "decode"
     SEEDS = {
         "wav": encode_audio("wav", 16000, 2, 3000),
         "flac": encode_audio("flac", 22050, 1, 5000),
@@ -68,7 +72,11 @@ CHILD = textwrap.dedent(
             data = mutated(seed)
             start = time.perf_counter()
             try:
-                probe = probe_audio(data, "s", "a")
+                if decoding:
+                    waveform, probe = decode_audio(data, key="s", member="a")
+                    assert len(waveform) == played_frames(probe, 16000), probe
+                else:
+                    probe = probe_audio(data, "s", "a")
                 assert 1 <= probe.sample_rate <= MAX_SAMPLE_RATE, probe
                 assert 1 <= probe.channels <= MAX_CHANNELS, probe
                 assert probe.frames > 0, probe
@@ -84,8 +92,20 @@ CHILD = textwrap.dedent(
 )
 
 
+def test_mutated_audio_decodes_or_gives_a_named_media_error() -> None:
+    """Decoding in the guarded decoder process: a native crash or hang of FFmpeg is a counted
+    ``crashed`` / ``timeout``; a decode shorter than its header a ``corrupt``."""
+    count = DECODES_PER_FORMAT
+    report = fuzz_report(CHILD, "1", str(count), "decode", str(SUPPORT), timeout=900)
+    assert report["others"] == [], report["others"]
+    for name, row in report["table"].items():
+        assert sum(row.values()) == count, name
+        assert row["ok"] > 0, (name, row)
+        assert row.get("corrupt", 0) > 0, (name, row)
+
+
 def test_mutated_audio_gives_a_probe_or_a_named_media_error() -> None:
-    report = fuzz_report(CHILD, "0", str(MUTATIONS_PER_FORMAT), str(SUPPORT), timeout=900)
+    report = fuzz_report(CHILD, "0", str(MUTATIONS_PER_FORMAT), "probe", str(SUPPORT))
     assert report["others"] == [], report["others"]
     table = report["table"]
     for name, row in table.items():

@@ -19,11 +19,22 @@ FORMATS: dict[str, tuple[str, str]] = {
 """Each probed format: the PyAV container and encoder that write it."""
 
 
+def signal(rate: int, frames: int, sweep: bool = False) -> np.ndarray:
+    """A 440 Hz tone, or (``sweep``) a sweep from 200 Hz up to 6 kHz (a third of ``rate`` at
+    most), whose every stretch is unlike any other (so that two decodes can be aligned)."""
+    t = np.arange(frames) / rate
+    if not sweep:
+        return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    top, seconds = min(rate / 3, 6000.0), max(t[-1], 1e-3)
+    phase = 2 * np.pi * 200 * seconds / np.log(top / 200) * ((top / 200) ** (t / seconds) - 1)
+    return (0.3 * np.sin(phase)).astype(np.float32)
+
+
 def encode_audio(
-    kind: str, rate: int, channels: int, frames: int, **container_options: str
+    kind: str, rate: int, channels: int, frames: int, sweep: bool = False, **container_options: str
 ) -> bytes:
-    """``frames`` frames of a tone at ``rate`` with ``channels`` channels, as a ``kind`` file
-    (a key of :data:`FORMATS`)."""
+    """``frames`` frames of :func:`signal` at ``rate`` with ``channels`` channels, as a
+    ``kind`` file (a key of :data:`FORMATS`)."""
     container, codec = FORMATS[kind]
     out_buffer = io.BytesIO()
     layout = "mono" if channels == 1 else "stereo"
@@ -32,8 +43,7 @@ def encode_audio(
         context = stream.codec_context
         sample_format = context.format.name
         step = context.frame_size or 1024
-        tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(frames) / rate)).astype(np.float32)
-        planes = np.tile(tone, (channels, 1))
+        planes = np.tile(signal(rate, frames, sweep), (channels, 1))
         for start in range(0, frames, step):
             chunk = planes[:, start : start + step]
             if sample_format.startswith("s16"):
