@@ -1,5 +1,6 @@
-"""Seeded media fuzzer: mutated MP4 (H.264, MPEG-4), JPEG, PNG and WebP through probe + decode
-(images also through the processor families' header size and upright decode).
+"""Seeded media fuzzer: mutated MP4 (H.264, MPEG-4), JPEG, PNG, WebP and audio (WAV, FLAC, MP3,
+Ogg Opus, M4A) through probe + decode (images also through the processor families' header size
+and upright decode; audio through ``probe_audio`` and ``decode_audio``).
 
 Small seed files are written with PyAV / Pillow, then every file ``i`` of a format is mutated
 by its own generator ``(seed, format, i)``: random bytes flipped, truncation, bytes overwritten
@@ -9,13 +10,14 @@ chunks duplicated or deleted. Each file goes through the public API (``probe_*``
 does not answer within ``--hang-s`` is killed and counted as a hang. Anything but a clean result
 or a :class:`~energon_pack.MediaError` is counted as an escaped exception.
 
-    .venv/bin/python benchmarks/fuzz_media.py --videos 5000 --images 5000
+    .venv/bin/python benchmarks/fuzz_media.py --videos 5000 --images 5000 --audios 5000
     .venv/bin/python benchmarks/fuzz_media.py --videos 1500 --images 0 --isolation off  # unguarded
     .venv/bin/python benchmarks/fuzz_media.py --write-corpus   # regression corpus, see below
 
-``--write-corpus`` fuzzes with ``decode_isolation="off"`` and writes the files that killed the
+``--write-corpus`` fuzzes with ``decode_isolation="off"`` and adds the files that killed the
 unguarded child to ``fixtures/crash_corpus/`` (named ``<format>-<index>.<ext>``, listed with how
-they died in ``manifest.json``); the same seed and index always give the same bytes.
+they died in ``manifest.json``, whose earlier files stay); the same seed and index always give
+the same bytes.
 Writes ``benchmarks/results/fuzz_media.json``.
 """
 
@@ -29,6 +31,7 @@ import multiprocessing as mp
 import signal
 import statistics
 import struct
+import sys
 import time
 from collections import Counter
 from dataclasses import replace
@@ -49,15 +52,22 @@ from energon_pack.media import (
     process_image,
     process_video,
 )
+from energon_pack.media.audio import probe_audio
+from energon_pack.media.audio_decode import decode_audio
 from energon_pack.media.displayed import displayed_image_size, displayed_images
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from audio_files import encode_audio  # noqa: E402  (the tests' audio writer)
+
 OUT = Path(__file__).resolve().parent / "results" / "fuzz_media.json"
 CORPUS = ROOT / "fixtures" / "crash_corpus"
 SEED = 12
 VIDEO_FORMATS = ("h264", "mpeg4")
 IMAGE_FORMATS = ("jpeg", "png", "webp")
+AUDIO_FORMATS = ("wav", "flac", "mp3", "opus", "m4a")
 EXTENSIONS = {"h264": "mp4", "mpeg4": "mp4", "jpeg": "jpg", "png": "png", "webp": "webp"}
+EXTENSIONS |= {"wav": "wav", "flac": "flac", "mp3": "mp3", "opus": "ogg", "m4a": "m4a"}
 # Small frames keep the fuzzer fast; the native decoders see the same code paths.
 FUZZ_CONFIG = MediaConfig(
     min_pixels=28 * 28,
@@ -118,6 +128,7 @@ def seed_files() -> dict[str, bytes]:
     """The unmutated file of every format."""
     seeds = {codec: seed_video(codec) for codec in VIDEO_FORMATS}
     seeds.update({fmt: seed_image(fmt) for fmt in IMAGE_FORMATS})
+    seeds.update({fmt: encode_audio(fmt, 16000, 1, 6000, sweep=True) for fmt in AUDIO_FORMATS})
     return seeds
 
 
@@ -182,6 +193,9 @@ def run_one(data: bytes, fmt: str, config: MediaConfig) -> str:
         if fmt in VIDEO_FORMATS:
             probe_video(data, config, key="fuzz", member=member)
             process_video(data, config, key="fuzz", member=member)
+        elif fmt in AUDIO_FORMATS:
+            probe_audio(data, "fuzz", member)
+            decode_audio(data, key="fuzz", member=member, config=config)
         else:
             probe_image(data, config, key="fuzz", member=member)
             process_image(data, config, key="fuzz", member=member)
@@ -323,14 +337,20 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_corpus(records: list[dict[str, Any]], seeds: dict[str, bytes]) -> None:
-    """The files that killed the unguarded child, with a manifest."""
+    """The files that killed the unguarded child, added to the manifest's (a crash depends on
+    memory layout, so a file that crashed once is kept though this run's child survived it)."""
     CORPUS.mkdir(parents=True, exist_ok=True)
-    entries = []
+    manifest_path = CORPUS / "manifest.json"
+    kept = json.loads(manifest_path.read_text())["files"] if manifest_path.exists() else []
+    entries = [entry for entry in kept if (CORPUS / entry["file"]).is_file()]
+    known = {entry["file"] for entry in entries}
     for r in sorted(records, key=lambda r: (r["format"], r["index"])):
         if not r["outcome"].startswith(("died", "hang")):
             continue
         data = mutate(seeds[r["format"]], r["format"], r["index"])
         name = f"{r['format']}-{r['index']:05d}.{EXTENSIONS[r['format']]}"
+        if name in known:
+            continue
         (CORPUS / name).write_bytes(data)
         entries.append(
             {
@@ -342,12 +362,14 @@ def write_corpus(records: list[dict[str, Any]], seeds: dict[str, bytes]) -> None
                 "sha256": hashlib.sha256(data).hexdigest(),
             }
         )
+    entries.sort(key=lambda entry: (entry["format"], entry["index"]))
     manifest = {
         "made_by": "benchmarks/fuzz_media.py --write-corpus",
         "files": entries,
     }
-    (CORPUS / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    print(f"wrote {len(entries)} files to {CORPUS.relative_to(ROOT)}")
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    added = len(entries) - len(known)
+    print(f"{CORPUS.relative_to(ROOT)} holds {len(entries)} files ({added} added)")
 
 
 def main() -> None:
@@ -355,6 +377,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--videos", type=int, default=1000)
     parser.add_argument("--images", type=int, default=1000)
+    parser.add_argument("--audios", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--isolation", choices=("process", "off"), default="process")
     parser.add_argument("--hang-s", type=float, default=120.0)
@@ -375,6 +398,7 @@ def main() -> None:
     seeds = seed_files()
     jobs = [(VIDEO_FORMATS[i % 2], i // 2) for i in range(args.videos)]
     jobs += [(IMAGE_FORMATS[i % 3], i // 3) for i in range(args.images)]
+    jobs += [(AUDIO_FORMATS[i % 5], i // 5) for i in range(args.audios)]
     start = time.perf_counter()
     records = fuzz(jobs, seeds, config, args.workers, args.hang_s)
     wall = time.perf_counter() - start
