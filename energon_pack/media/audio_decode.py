@@ -47,9 +47,9 @@ def decode_audio(
 ) -> tuple[npt.NDArray[np.float32], AudioProbe]:
     """``(waveform, probe)``: ``data`` decoded to mono float32 at ``sample_rate`` (the mean of
     a stereo pair; more channels are ``unsupported``), exactly :func:`played_frames` long, and
-    its header's probe. Runs in
-    the guarded decoder process of ``config`` (``decode_isolation``, ``decode_timeout_s``);
-    any failure is a :class:`~energon_pack.media.MediaError` naming ``key`` and ``member``."""
+    its header's probe. Runs in the guarded decoder process of ``config``
+    (``decode_isolation``, ``decode_timeout_s``); any failure is a
+    :class:`~energon_pack.media.MediaError` naming ``key`` and ``member``."""
     cfg = config or DEFAULT_CONFIG
     probe = probe_audio(data, key, member)
     if probe.channels > 2:
@@ -109,8 +109,8 @@ def resample(
     distance = phases[:, None] - offsets[None, :]
     window = np.i0(_KAISER_BETA * np.sqrt(np.clip(1 - (distance / half) ** 2, 0, 1)))
     taps = np.sinc(_CUTOFF * scale * distance) * window
-    taps /= taps.sum(axis=1, keepdims=True)
-    padded = np.pad(samples.astype(np.float64), half)
+    taps = (taps / taps.sum(axis=1, keepdims=True)).astype(np.float32)
+    padded = np.pad(samples.astype(np.float32), half)
     length = resampled_length(len(samples), source_rate, rate)
     out = np.empty(length, dtype=np.float32)
     for first in range(0, length, _CHUNK):
