@@ -182,17 +182,20 @@ class PlannedDataset(torch.utils.data.Dataset[Any]):
         self.monitor = monitor
         self._watch: _Watch | None = None
         self.plan = Plan.read(plan_dir)
+        record = self.plan.record
         with _plan_errors(self.plan.out_dir):
-            record = self.plan.record
-            self.collator = VLMPackingCollator(
-                layout=RowLayout(**record["spec"]["layout"]),
-                encoder=encoder,
-                family=family,
-                position_ids=position_ids,
-                output="batch" if output == "bridge" else output,
-                hf_model=hf_model,
-                on_media_error="skip",
-            )
+            layout = RowLayout(**record["spec"]["layout"])
+        # the caller's settings: their own errors, not the plan's
+        self.collator = VLMPackingCollator(
+            layout=layout,
+            encoder=encoder,
+            family=family,
+            position_ids=position_ids,
+            output="batch" if output == "bridge" else output,
+            hf_model=hf_model,
+            on_media_error="skip",
+        )
+        with _plan_errors(self.plan.out_dir):
             changed = _differences(record["encoder"], encoder_identity(self.collator.encoder))
             if changed:
                 raise ValueError(
