@@ -1,6 +1,8 @@
 """Packing a whole dataset's measured rows, and laying the packs out as training steps.
 
-:func:`pack_rows` is first fit decreasing over the padded lengths. Under vision caps each row
+:func:`pack_rows` is first fit decreasing over the padded lengths; without caps
+:func:`refill_tail` then empties the last, near-empty packs into the others by subset sums
+where the rows fit fewer packs. Under vision caps each row
 goes to the first pack that has room for its tokens, vision tokens and media alike, in two
 orders of the rows, keeping the fewer packs (:func:`~energon_pack.plan.first_fit.first_fit_runs`
 places runs of equal text-only rows at once). With balance, :func:`even_out_vision` then trades
@@ -15,6 +17,8 @@ shuffled with the seed.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,7 +56,8 @@ def pack_rows(
     padded = np.asarray([layout.aligned(length) for length in lengths], dtype=np.int64)
     if budget.max_vision_tokens is None and budget.max_media is None:
         none = np.zeros(len(padded), dtype=np.int64)
-        groups = first_fit_runs(lengths, padded, none, none, caps)
+        first_fit = first_fit_runs(lengths, padded, none, none, caps)
+        groups = refill_tail(first_fit, padded.tolist(), layout.capacity)
         if budget.balance:
             groups = even_out_vision(groups, (padded.tolist(), list(vision), list(media)), caps)
         return [sorted(group) for group in groups]
@@ -71,6 +76,81 @@ def pack_rows(
 
 PARTITION_ROWS = 100_000
 """Fewest rows :func:`pack_rows` packs together under caps (see there)."""
+_REFILLED = 64
+"""Packs with free room :func:`refill_tail` pairs up for one emptied pack (the roomiest)."""
+_PASSES = 4
+"""Most passes :func:`refill_tail` makes over those pairs while they still gain."""
+_EMPTIED = 64
+"""Most packs :func:`refill_tail` empties (each costs a pass over every pack's load)."""
+
+
+def refill_tail(groups: list[list[int]], sizes: Sequence[int], capacity: int) -> list[list[int]]:
+    """``groups`` with their emptiest pack emptied into the others where the rows fit fewer
+    packs. The emptiest pack's rows (``left``) are pooled with two other packs at a time, the
+    pair with the most free room first: the first pack of the pair is refilled as full as the
+    pool allows (the subset nearest the capacity, its own rows kept where it can), then the
+    second from the rest, and what neither takes is left. A pair only ever gains tokens, and
+    two packs together can take a row that neither's own free room could. It stops when
+    nothing is left (one pack fewer; then the next emptiest is tried) or no pair gains; a pack
+    that cannot be emptied stays as it was; at most :data:`_EMPTIED` packs are emptied.
+    ``sizes`` are the rows' padded lengths, ``capacity`` a pack's."""
+    if not groups:
+        return groups
+    fewest = -(-sum(sizes) // capacity)
+    packs = dict(enumerate(list(group) for group in groups))
+    flat = np.fromiter((i for group in groups for i in group), dtype=np.int64)
+    starts = np.cumsum([0, *(len(group) for group in groups[:-1])], dtype=np.int64)
+    summed = np.add.reduceat(np.asarray(sizes, dtype=np.int64)[flat], starts)
+    loads = dict(enumerate(int(load) for load in summed))
+    for _ in range(min(_EMPTIED, len(packs) - fewest)):
+        emptiest = min(packs, key=lambda g: (loads[g], g))
+        trial = {g: group for g, group in packs.items() if g != emptiest}
+        trial_loads = {g: load for g, load in loads.items() if g != emptiest}
+        left = _empty_into(packs[emptiest], trial, trial_loads, sizes, capacity)
+        if left:
+            break
+        packs, loads = trial, trial_loads
+    return [packs[g] for g in sorted(packs)]
+
+
+def _empty_into(
+    left: list[int],
+    trial: dict[int, list[int]],
+    loads: dict[int, int],
+    sizes: Sequence[int],
+    capacity: int,
+) -> list[int]:
+    """Move ``left``'s rows into the packs of ``trial`` (refilled in place with their
+    ``loads``, pairs of the packs with the most free room first); the rows no pair could
+    take."""
+    roomy = heapq.nsmallest(
+        _REFILLED, (g for g in trial if loads[g] < capacity), key=lambda g: (loads[g], g)
+    )
+    if sum(sizes[i] for i in left) > sum(capacity - loads[g] for g in roomy):
+        return left  # more than all their free room: no refill can take it
+    mask = (1 << (capacity + 1)) - 1
+    for _ in range(_PASSES):
+        gained = False
+        for first, second in itertools.combinations(roomy, 2):
+            if not left:
+                return left
+            pool = trial[first] + trial[second] + left
+            before = loads[first] + loads[second]
+            refilled = []
+            for _pack in range(2):
+                units = [sizes[i] for i in pool]
+                reach = prefixes(units, 1, mask)
+                best = nearest_sum(reach[-1], capacity, 0, capacity) or 0
+                chosen = set(subset_with_sum(reach, units, best))
+                refilled.append(([pool[k] for k in sorted(chosen)], best))
+                pool = [pool[k] for k in range(len(pool)) if k not in chosen]
+            if refilled[0][1] + refilled[1][1] <= before:
+                continue
+            (trial[first], loads[first]), (trial[second], loads[second]) = refilled
+            left, gained = pool, True
+        if not gained:
+            break
+    return left
 
 
 def _first_fit_within_caps(

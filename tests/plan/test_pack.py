@@ -5,6 +5,7 @@ fill, and steps of ``global_batch_size`` packs dealt evenly over the ranks."""
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 
 import pytest
@@ -17,7 +18,7 @@ from energon_pack.packing.subset_sums import nearest_sum, prefixes, subset_with_
 from energon_pack.packing.synthetic import vision_mix
 from energon_pack.plan import pack as plan_pack
 from energon_pack.plan.first_fit import first_fit_runs
-from energon_pack.plan.pack import even_out_vision, lay_out_steps, pack_rows
+from energon_pack.plan.pack import even_out_vision, lay_out_steps, pack_rows, refill_tail
 from energon_pack.plan.spec import PlanSpec
 
 rows = st.lists(
@@ -65,7 +66,39 @@ def test_caps_that_never_bind_give_first_fit_decreasings_packs(
     ffd = first_fit_decreasing(lengths, 304, align=align)
     assert len(pack_rows(lengths, vision, media, loose)) == len(ffd)
     plain = pack_rows(lengths, vision, media, PlanSpec(RowLayout(304, align)))
-    assert plain == [sorted(group) for group in ffd]
+    fewest = -(-sum(RowLayout(304, align).aligned(n) for n in lengths) // 304)
+    assert fewest <= len(plain) <= len(ffd)  # without caps the tail may be refilled
+    if len(ffd) == fewest:
+        assert plain == [sorted(group) for group in ffd]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=80),
+    capacity=st.sampled_from([300, 304, 512]),
+)
+def test_refilling_the_tail_keeps_every_row_and_never_adds_a_pack(
+    lengths: list[int], capacity: int
+) -> None:
+    ffd = first_fit_decreasing(lengths, capacity)
+    refilled = refill_tail([list(group) for group in ffd], lengths, capacity)
+    assert sorted(i for group in refilled for i in group) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in group) <= capacity for group in refilled)
+    assert -(-sum(lengths) // capacity) <= len(refilled) <= len(ffd)
+
+
+def test_short_turns_fill_the_fewest_packs_their_tokens_allow() -> None:
+    """First fit decreasing leaves the smallest rows in a last pack that no single pack has
+    room for; two packs pooled make the room (2,000 rows of 90-590 tokens at seq 8192)."""
+    rng = random.Random(1)  # a draw where first fit decreasing needs one pack more
+    lengths = [rng.randint(90, 590) for _ in range(2000)]
+    layout = RowLayout(8192, 8)
+    fewest = -(-sum(layout.aligned(n) for n in lengths) // 8192)
+    ffd = first_fit_decreasing(lengths, 8192, align=8)
+    none = [0] * len(lengths)
+    planned = pack_rows(lengths, none, none, PlanSpec(layout))
+    assert len(ffd) == fewest + 1
+    assert len(planned) == fewest
 
 
 @settings(max_examples=300, deadline=None)
