@@ -15,7 +15,8 @@
   :class:`MediaTensors`);
 * :mod:`~energon_pack.media.tokens`: a medium's vision tokens (:func:`vision_tokens`);
 * :mod:`~energon_pack.media.audio`: the header of an audio file (:func:`probe_audio`: WAV,
-  FLAC, MP3, Ogg Opus, M4A; no torch).
+  FLAC, MP3, Ogg Opus, M4A; no torch); :mod:`~energon_pack.media.audio_decode` its waveform,
+  :mod:`~energon_pack.media.audio_tokens` its tokens for a processor.
 
 Probing (:func:`probe_image`, :func:`probe_video`) reads only the container/image header and
 returns the patch grid and the token count, so a packing buffer can hold compressed bytes and
