@@ -252,18 +252,19 @@ def _ogg(data: memoryview) -> AudioProbe:
         codec = head[1:7].decode("latin-1") if head[:1] == b"\x01" else head[:8].hex()
         raise MediaFailure("unsupported", f"Ogg stream of {codec!r}, not Opus")
     channels, pre_skip = head[9], struct.unpack_from("<H", head, 10)[0]
-    tail = max(0, len(data) - _MAX_OGG_PAGE)
-    at = bytes(data).rfind(b"OggS", tail)
+    tail = max(0, len(data) - _MAX_OGG_PAGE)  # the last page starts in it
+    last_bytes = bytes(data[tail:])
+    found = last_bytes.rfind(b"OggS")
     granule = -1
-    while at >= tail:
+    while found >= 0:
         try:
-            page_granule, page_serial, _, end = _ogg_page(data, at)
+            page_granule, page_serial, _, end = _ogg_page(data, tail + found)
         except MediaFailure:
             end = -1
         if end == len(data) and page_serial == serial:
             granule = page_granule
             break
-        at = bytes(data).rfind(b"OggS", tail, at)
+        found = last_bytes.rfind(b"OggS", 0, found)
     if granule < 0:
         raise MediaFailure("corrupt", "Ogg Opus file without a last page that ends the stream")
     return AudioProbe("opus", _OPUS_RATE, channels, granule - pre_skip, pre_skip)
