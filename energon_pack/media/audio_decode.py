@@ -23,7 +23,7 @@ from energon_pack.media.decode import _native_messages, _said
 from energon_pack.media.errors import MediaFailure, naming
 from energon_pack.media.guard import guarded
 
-__all__ = ["decode_audio", "played_frames"]
+__all__ = ["decode_audio", "played_frames", "resample", "resampled_length"]
 
 
 def played_frames(probe: AudioProbe, sample_rate: int) -> int:
