@@ -17,8 +17,6 @@ from tests.bridge.shims import require_bridge
 require_bridge()
 
 from pathlib import Path  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 from helpers import SMALL_MEDIA  # noqa: E402
@@ -26,13 +24,13 @@ from megatron.bridge.data.samplers import (  # noqa: E402
     MegatronPretrainingSampler,
     build_pretraining_data_loader,
 )
-from megatron.bridge.training import vlm_step  # noqa: E402
 from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params  # noqa: E402
 from plan_rows import write_chat_rows  # noqa: E402
 
 from energon_pack import PlannedDataset, RowLayout, VisionBudget, make_encoder  # noqa: E402
 from energon_pack.plan import PlanOrder, PlanSampler, PlanSpec, plan_dataset  # noqa: E402
 from energon_pack.plan.pack import lay_out_steps  # noqa: E402
+from tests.bridge.test_bridge_online import bridge_step_inputs  # noqa: E402
 
 
 @pytest.mark.parametrize(("ranks", "per_step", "packs"), [(2, 4, 40), (4, 8, 64), (3, 6, 36)])
@@ -86,12 +84,6 @@ def plan_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "plan"
 
 
-def step_inputs(batch: dict[str, Any]) -> tuple[Any, ...]:
-    """What Bridge's ``vlm_step.get_batch`` returns for ``batch`` (one pipeline stage)."""
-    cfg = SimpleNamespace(dataset=SimpleNamespace())
-    return vlm_step.get_batch(iter([batch]), cfg, pg_collection=SimpleNamespace(pp=None))  # type: ignore[no-any-return]
-
-
 @pytest.mark.parametrize("consumed", [0, 2 * PER_STEP])
 def test_bridges_data_loader_feeds_vlm_step_the_planned_rows(
     plan_dir: Path, consumed: int, monkeypatch: pytest.MonkeyPatch
@@ -121,7 +113,9 @@ def test_bridges_data_loader_feeds_vlm_step_the_planned_rows(
         assert 0 <= len(planned) - len(batches) <= 1
         for batch, (index,) in zip(batches, planned, strict=False):
             row = rows[index]
-            tokens, labels, loss_mask, attention, positions, params, visual = step_inputs(batch)
+            tokens, labels, loss_mask, attention, positions, params, visual = bridge_step_inputs(
+                batch
+            )
             assert torch.equal(tokens, row.input_ids)
             assert torch.equal(labels, row.labels)
             assert torch.equal(loss_mask, row.loss_mask)
