@@ -11,11 +11,12 @@ from typing import Any
 
 import test_family_gemma3
 import test_family_idefics3
+import test_family_qwen2_audio
 from family_kit import png_bytes
 from family_kit import test_images as seeded_images
 from transformers import PreTrainedModel
 
-__all__ = ["gemma3", "sample", "smolvlm"]
+__all__ = ["gemma3", "qwen2_audio", "sample", "smolvlm"]
 
 
 def smolvlm() -> tuple[Any, PreTrainedModel]:
@@ -28,6 +29,12 @@ def gemma3() -> tuple[Any, PreTrainedModel]:
     """A Gemma 3 processor (32 px images, 4 soft tokens) and its tiny float64 model."""
     processor = test_family_gemma3.make_processor()
     return processor, test_family_gemma3.tiny_model().double()
+
+
+def qwen2_audio() -> tuple[Any, PreTrainedModel]:
+    """A Qwen2-Audio processor (16 mel bins, 2-second windows) and its tiny float64 model."""
+    processor = test_family_qwen2_audio.processor(2)
+    return processor, test_family_qwen2_audio.tiny_model(processor)
 
 
 def sample(key: str, question: str, answer: str, *sizes: tuple[int, int]) -> dict[str, Any]:

@@ -97,7 +97,8 @@ class VLMPackingCollator:
             (:func:`~energon_pack.encoding.family.family_media`). With a processor family the
             default encoder is ``make_encoder(family=family)``, and the rows carry the
             processor's media outputs and token-level inputs
-            (:attr:`CollatedBatch.family_inputs`).
+            (:attr:`CollatedBatch.family_inputs`). Without ``family``, a processor family's
+            encoder brings its own.
         overlong: a sample longer than ``seq_length`` (after alignment): ``"skip"`` (default)
             skips it, listed in ``skipped_keys`` and logged; ``"error"`` raises;
             ``"truncate"`` cuts text tokens after its last vision block (all media kept); if
@@ -173,6 +174,8 @@ class VLMPackingCollator:
             fix="pass encoder=make_encoder(tokenizer) or ConversationEncoder(...)",
         )
         self.family = None if family is None else model_family(family)
+        if self.family is None and isinstance(encoder, ProcessorEncoder):
+            self.family = encoder.family  # a processor family's encoder brings its family
         self.encoder = self._encoder_for(encoder)
         tokenizer = self.encoder.tokenizer
         shortcut = seq_length, pad_to_multiple_of, old.get("layout", {})
@@ -448,11 +451,11 @@ class VLMPackingCollator:
         logger.warning("skipping: %s", reason)
 
     def _media_end(self, sample: EncodedSample) -> int:
-        """Tokens up to the end of the sample's last vision block (0 without media)."""
+        """Tokens up to the end of the sample's last media block (0 without media)."""
         if not sample.media and sample.vision is None:
             return 0
         if isinstance(self.encoder, ProcessorEncoder):
-            found = torch.isin(sample.input_ids, self.encoder.vision_ids_tensor).nonzero()
+            found = torch.isin(sample.input_ids, self.encoder.media_ids_tensor).nonzero()
             return int(found[-1, 0]) + 1
         ends = (sample.input_ids == self._vision_end).nonzero()
         if ends.numel() == 0:

@@ -45,6 +45,8 @@ from energon_pack.media import (
     probe_video,
     vision_tokens,
 )
+from energon_pack.media.audio_decode import Waveform
+from energon_pack.media.config import MediaKind
 from energon_pack.media.tokens import vision_parts
 from energon_pack.packing.packed import EncodedSample
 
@@ -391,8 +393,16 @@ class SampleEncoder(ABC):
         return messages
 
     def _probe(
-        self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
+        self, key: str, member: str, kind: MediaKind, data: bytes | Frames | Waveform
     ) -> MediaItem:
+        if kind == "audio" or isinstance(data, Waveform):
+            raise MediaError(
+                key,
+                member,
+                "unsupported",
+                "the Qwen-VL encoders take images and videos, not audio; encode audio samples "
+                "with an audio model's processor family (make_encoder(family=processor))",
+            )
         if isinstance(data, Frames):
             plan = probe_frames(data, kind, self.media, key=key, member=member)
             return MediaItem(

@@ -1,16 +1,18 @@
 """Encoding for a processor family: ids equal the family's processor on the rendered template.
 
 :class:`ProcessorEncoder` renders each conversation with the processor's chat template (in the
-bounded sandbox, as :class:`~energon_pack.TemplateEncoder` does), replaces each image
-placeholder the template rendered by the text the processor writes for that image
-(:meth:`~energon_pack.encoding.families.ProcessorFamily.expansions`, from the image's header
-size alone), and tokenises the whole text as the processor does, so text next to an image
-merges exactly as it does there. Nothing is decoded: the pixels come from the processor itself
-when the sample's pack is chosen (:meth:`ProcessorFamily.media_inputs`).
+bounded sandbox, as :class:`~energon_pack.TemplateEncoder` does), replaces each image or audio
+placeholder the template rendered by the text the processor writes for that medium
+(:meth:`~energon_pack.encoding.families.ProcessorFamily.expansions` from the image's header
+size, :meth:`~energon_pack.encoding.families.ProcessorFamily.audio_expansions` from the audio's
+header probe), and tokenises the whole text as the processor does, so text next to a medium
+merges exactly as it does there. Nothing is decoded: the pixels and audio features come from
+the processor itself when the sample's pack is chosen (:meth:`ProcessorFamily.media_inputs`,
+:meth:`ProcessorFamily.audio_inputs`).
 
 The loss mask covers the assistant replies: the template's ``{% generation %}`` spans where it
 has them, else the family's own rule (:meth:`ProcessorFamily.assistant_spans`); tokens touching
-an image's expansion are never targets.
+a medium's expansion are never targets.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from energon_pack.encoding.families.base import ProcessorFamily
 from energon_pack.encoding.rendering import render_sample, tokenise_text, with_system
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import MediaError, MediaItem
+from energon_pack.media.audio import AudioProbe
+from energon_pack.media.audio_decode import Waveform, audio_probe
+from energon_pack.media.config import MediaKind
 from energon_pack.media.displayed import displayed_image_size
 from energon_pack.media.probe import Frames
 from energon_pack.packing.packed import EncodedSample
@@ -40,6 +45,10 @@ from energon_pack.packing.packed import EncodedSample
 __all__ = ["ProcessorEncoder"]
 
 Span = tuple[int, int]
+Placed = tuple[int, str]
+"""Where a placeholder starts in the rendered text, and its text."""
+Measured = tuple[int, int] | AudioProbe
+"""What a medium's header gave: an image's displayed ``(height, width)``, an audio's probe."""
 
 
 class ProcessorEncoder(SampleEncoder):
@@ -89,8 +98,11 @@ class ProcessorEncoder(SampleEncoder):
         self._backend = family.tokenizer.backend_tokenizer
         special = getattr(family.tokenizer, "special_tokens_map", None)
         self._special: dict[str, Any] = dict(special) if isinstance(special, Mapping) else {}
-        self.vision_ids_tensor = torch.tensor(sorted(family.vision_token_ids), dtype=torch.long)
-        """The family's vision token ids."""
+        media_ids = family.audio_token_ids | (
+            family.vision_token_ids if family.takes_images else frozenset()
+        )
+        self.media_ids_tensor = torch.tensor(sorted(media_ids), dtype=torch.long)
+        """The family's vision and audio token ids."""
 
     def settings(self) -> dict[str, Any]:
         """The family's settings, loss rule, template digest and template variables."""
@@ -104,27 +116,18 @@ class ProcessorEncoder(SampleEncoder):
         }
 
     def encode(self, raw: RawSample) -> EncodedSample:
-        """Encode a parsed sample, reading only its images' headers (see the module docstring).
+        """Encode a parsed sample, reading only its media's headers (see the module docstring).
 
-        Raises :class:`~energon_pack.media.MediaError`: ``unsupported`` for a video,
-        ``placeholder_mismatch`` when the rendered placeholders are not the sample's images,
-        ``bad_sample`` when the template cannot render the conversation.
+        Raises :class:`~energon_pack.media.MediaError`: ``unsupported`` for a medium the
+        family's processor does not take (a video; audio for a vision family, images for an
+        audio family), ``placeholder_mismatch`` when the rendered placeholders are not the
+        sample's media, ``bad_sample`` when the template cannot render the conversation.
         """
         messages = self._messages(raw)
-        sizes = [self._size(raw.key, member, kind, data) for member, kind, data in raw.media]
+        measured = [self._measure(raw.key, member, kind, data) for member, kind, data in raw.media]
         text, replies = self._render(raw.key, messages, raw.tools)
-        placeholder = self.family.image_placeholder
-        found = _occurrences(text, placeholder)
-        if len(found) != len(sizes):
-            raise MediaError(
-                raw.key,
-                "json",
-                "placeholder_mismatch",
-                f"the chat template of {self.family.name!r} rendered {len(found)} image "
-                f"placeholders {placeholder!r} for {len(sizes)} images; a literal "
-                f"{placeholder!r} in the text must be removed",
-            )
-        expanded, blocks, moved = _expand(text, found, placeholder, self._expansions(raw, sizes))
+        found = self._placeholders(raw.key, text, [kind for _, kind, _ in raw.media])
+        expanded, blocks, moved = _expand(text, found, self._expansions(raw, measured))
         found_ids, found_offsets = tokenise_text(
             self._backend, raw.key, expanded, add_special_tokens=self.family.add_special_tokens
         )
@@ -136,26 +139,19 @@ class ProcessorEncoder(SampleEncoder):
         else:
             mask = _overlapping(offsets, [(moved(a), moved(b)) for a, b in replies])
         mask &= ~in_media
-        is_vision = np.isin(ids, self.vision_ids_tensor.numpy())
+        is_media = np.isin(ids, self.media_ids_tensor.numpy())
         media = tuple(
-            MediaItem(
-                member,
-                "image",
-                data,
-                (1, *size),
-                int(is_vision[_overlapping(offsets, [block])].sum()),
-                size=size,
-            )
-            for (member, _, data), size, block in zip(raw.media, sizes, blocks, strict=True)
+            _item(member, data, shape, int(is_media[_overlapping(offsets, [block])].sum()))
+            for (member, _, data), shape, block in zip(raw.media, measured, blocks, strict=True)
         )
-        stray = int(is_vision.sum()) - sum(item.tokens for item in media)
+        stray = int(is_media.sum()) - sum(item.tokens for item in media)
         if stray:
             raise MediaError(
                 raw.key,
                 "json",
                 "placeholder_mismatch",
-                f"the text holds {stray} vision tokens outside the images' expansions; remove "
-                "image-token text from the conversation",
+                f"the text holds {stray} media tokens outside the media's expansions; remove "
+                "image- or audio-token text from the conversation",
             )
         return EncodedSample(
             key=raw.key,
@@ -164,33 +160,73 @@ class ProcessorEncoder(SampleEncoder):
             media=media,
         )
 
-    def _expansions(self, raw: RawSample, sizes: list[tuple[int, int]]) -> list[str]:
-        """The family's expansions of the sample's images; an image its processor refuses
-        (an aspect ratio over its limit, a side that resizes to nothing) is ``unsupported``."""
+    def _placeholders(self, key: str, text: str, kinds: list[MediaKind]) -> list[Placed]:
+        """Where the template rendered each medium's placeholder, in text order; a
+        ``placeholder_mismatch`` unless they are the sample's media, kind for kind, in order."""
+        texts = {
+            kind: placeholder
+            for kind, placeholder in (
+                ("image", self.family.image_placeholder if self.family.takes_images else None),
+                ("audio", self.family.audio_placeholder),
+            )
+            if placeholder is not None
+        }
+        found = sorted(
+            (start, placeholder, kind)
+            for kind, placeholder in texts.items()
+            for start in _occurrences(text, placeholder)
+        )
+        if [kind for _, _, kind in found] != kinds:
+            raise MediaError(
+                key,
+                "json",
+                "placeholder_mismatch",
+                f"the chat template of {self.family.name!r} rendered the placeholders "
+                f"{[placeholder for _, placeholder, _ in found]} for media of kinds {kinds}; a "
+                "literal placeholder in the text must be removed",
+            )
+        return [(start, placeholder) for start, placeholder, _ in found]
+
+    def _expansions(self, raw: RawSample, measured: list[Measured]) -> list[str]:
+        """The family's expansions of the sample's media, in order; a medium its processor
+        refuses (an aspect ratio over its limit, a side that resizes to nothing, audio too
+        short for the encoder) is ``unsupported``."""
+        sizes = [shape for shape in measured if isinstance(shape, tuple)]
+        probes = [shape for shape in measured if isinstance(shape, AudioProbe)]
         try:
-            return self.family.expansions(sizes)
+            images = iter(self.family.expansions(sizes) if sizes else [])
+            audios = iter(self.family.audio_expansions(probes) if probes else [])
         except ValueError as error:
             members = [member for member, _, _ in raw.media]
+            shown = sizes if not probes else [*sizes, *[p.seconds for p in probes]]
             raise MediaError(
                 raw.key,
                 ",".join(members),
                 "unsupported",
-                f"the {self.family.name} processor cannot take images of (height, width) "
-                f"{sizes}: {error}; drop or resize the image",
+                f"the {self.family.name} processor cannot take the sample's media {shown} "
+                f"(images as (height, width), audio in seconds): {error}; drop or resize it",
             ) from None
+        return [next(images) if isinstance(s, tuple) else next(audios) for s in measured]
 
-    def _size(
-        self, key: str, member: str, kind: Literal["image", "video"], data: bytes | Frames
-    ) -> tuple[int, int]:
-        if kind != "image" or isinstance(data, Frames):
-            raise MediaError(
-                key,
-                member,
-                "unsupported",
-                f"family {self.family.name!r} takes encoded images only (videos and decoded "
-                "frames are supported for the Qwen families); drop the video or use a Qwen model",
-            )
-        return displayed_image_size(data, self.media, key=key, member=member)
+    def _measure(
+        self, key: str, member: str, kind: MediaKind, data: bytes | Frames | Waveform
+    ) -> Measured:
+        """An image's displayed ``(height, width)`` or an audio's probe, from the header."""
+        takes_audio = self.family.audio_placeholder is not None
+        if kind == "audio" and takes_audio and not isinstance(data, Frames):
+            return audio_probe(data, key, member)
+        if kind == "image" and self.family.takes_images and isinstance(data, bytes):
+            return displayed_image_size(data, self.media, key=key, member=member)
+        takes = "encoded images" if self.family.takes_images else ""
+        if takes_audio:
+            takes = f"{takes} and audio" if takes else "audio"
+        raise MediaError(
+            key,
+            member,
+            "unsupported",
+            f"family {self.family.name!r} takes {takes} only (videos and decoded frames are "
+            "supported for the Qwen families); drop the medium or use a model that takes it",
+        )
 
     def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
         """The sample's messages, its system prompt first, each content a list of parts."""
@@ -227,6 +263,13 @@ class ProcessorEncoder(SampleEncoder):
         return text, spans
 
 
+def _item(member: str, data: bytes | Frames | Waveform, shape: Measured, tokens: int) -> MediaItem:
+    """The encoded medium: an image with its displayed size, or an audio."""
+    if isinstance(shape, AudioProbe):
+        return MediaItem(member, "audio", data, (1, 1, tokens), tokens)
+    return MediaItem(member, "image", data, (1, *shape), tokens, size=shape)
+
+
 def _typed(message: dict[str, Any]) -> dict[str, Any]:
     """``message`` with string content as one text part: processors' chat templates read
     content as a list of typed parts (some only so)."""
@@ -255,13 +298,13 @@ def _occurrences(text: str, needle: str) -> list[int]:
 
 
 def _expand(
-    text: str, starts: Sequence[int], placeholder: str, expansions: Sequence[str]
+    text: str, placed: Sequence[Placed], expansions: Sequence[str]
 ) -> tuple[str, list[Span], Callable[[int], int]]:
-    """``text`` with the placeholder at each of ``starts`` replaced by its expansion; the
-    expansions' spans in the new text; and the map from old offsets to new ones."""
+    """``text`` with each placed placeholder replaced by its expansion; the expansions' spans
+    in the new text; and the map from old offsets to new ones."""
     pieces, blocks, shifts = [], [], [0]
     last, shift = 0, 0
-    for start, expansion in zip(starts, expansions, strict=True):
+    for (start, placeholder), expansion in zip(placed, expansions, strict=True):
         pieces += [text[last:start], expansion]
         begin = start + shift
         blocks.append((begin, begin + len(expansion)))
@@ -269,7 +312,7 @@ def _expand(
         shifts.append(shift)
         last = start + len(placeholder)
     pieces.append(text[last:])
-    ends = [start + len(placeholder) for start in starts]
+    ends = [start + len(placeholder) for start, placeholder in placed]
 
     def moved(offset: int) -> int:
         return offset + shifts[bisect.bisect_right(ends, offset)]

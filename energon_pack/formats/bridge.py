@@ -10,22 +10,23 @@ A sample holds its conversation in ``json`` (or ``conversation.json``): a JSON l
   Qwen-VL converter ``convert_to_qwenvl_wds.py``);
 * ``videos`` / ``mp4s``: a pickled list of videos, each the bytes of a video file, a list of
   frames (``[H, W, 3]`` or ``[3, H, W]`` arrays) or one ``[T, H, W, 3]`` / ``[T, 3, H, W]`` array;
-* single members without an index: ``jpg``, ``png``, ``image.png``, ``video.mp4``, ... (the
-  LLaVA-style ``jpg`` + ``json`` samples and the Energon tutorial's ``image.png`` +
-  ``conversation.json``);
+* single members without an index: ``jpg``, ``png``, ``image.png``, ``video.mp4``,
+  ``audio.wav``, ``flac``, ... (the LLaVA-style ``jpg`` + ``json`` samples and the Energon
+  tutorial's ``image.png`` + ``conversation.json``);
 * none (a text-only sample: a ``json`` list and no media member).
 
 Pickles are read with :func:`~energon_pack.formats.safe_pickle.load_arrays`, which never runs
-code from the data. The ``<image>`` / ``<video>`` placeholders (or media parts) take the images
-and videos in order: list items first, then single members by name. Image and video files stay
-compressed bytes (probed from their headers, decoded once their pack is chosen); arrays become
+code from the data. The ``<image>`` / ``<video>`` / ``<audio>`` placeholders (or media parts)
+take the images, videos and audio in order: list items first, then single members by name.
+Media files stay compressed bytes (probed from their headers, decoded once their pack is
+chosen); arrays become
 :class:`~energon_pack.media.Frames` (raw uint8 bytes) whose shapes are the probe.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -38,7 +39,7 @@ from energon_pack.formats.conversation import (
 from energon_pack.formats.native import load_json
 from energon_pack.formats.raw import RawSample
 from energon_pack.formats.safe_pickle import load_arrays
-from energon_pack.media.config import MediaConfig
+from energon_pack.media.config import MediaConfig, MediaKind
 from energon_pack.media.errors import MediaError
 from energon_pack.media.probe import Frames, media_kind
 
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 Kind = Literal["image", "video"]
+"""What a pickled media list holds."""
 
 BRIDGE_MEMBERS: dict[str, Kind] = {"jpgs": "image", "videos": "video", "mp4s": "video"}
 """Pickled media-list members and the kind of media each holds."""
@@ -93,7 +95,9 @@ def parse_bridge_sample(
         raise MediaError(key, member, "bad_sample", "'system' must be a string")
     turns = tuple(conversation_turns(key, turns_value, member))
     messages = tuple(conversation_messages(key, turns_value, member))
-    found: dict[Kind, list[tuple[str, bytes | Frames]]] = {"image": [], "video": []}
+    found: dict[MediaKind, list[tuple[str, bytes | Frames]]] = {
+        kind: [] for kind in get_args(MediaKind)
+    }
     for name, list_kind in BRIDGE_MEMBERS.items():
         for index, item in enumerate(_list(sample, key, name)):
             where = f"{name}[{index}]"
@@ -103,26 +107,29 @@ def parse_bridge_sample(
         if kind_of is not None:
             found[kind_of].append((name, _file(sample[name], key, name)))
     kinds = message_media_kinds(messages)
-    if kinds.count("image") != len(found["image"]) or kinds.count("video") != len(found["video"]):
+    if any(kinds.count(kind) != len(items) for kind, items in found.items()):
+        counts = " and ".join(f"{kinds.count(kind)} <{kind}>" for kind in found)
+        held = " and ".join(
+            f"{len(items)} {kind}s {[n for n, _ in items]}" for kind, items in found.items()
+        )
         raise MediaError(
             key,
             member,
             "placeholder_mismatch",
-            f"{kinds.count('image')} <image> and {kinds.count('video')} <video> placeholders but "
-            f"{len(found['image'])} images {[n for n, _ in found['image']]} and "
-            f"{len(found['video'])} videos {[n for n, _ in found['video']]}; make them match",
+            f"{counts} placeholders but {held}; make them match",
         )
     pending = {kind: iter(items) for kind, items in found.items()}
-    media: list[tuple[str, Kind, bytes | Frames]] = []
+    media: list[tuple[str, MediaKind, bytes | Frames]] = []
     for placeholder in kinds:
-        kind: Kind = "image" if placeholder == "image" else "video"
+        kind = next(each for each in found if each == placeholder)
         name, payload = next(pending[kind])
         media.append((name, kind, payload))
     return RawSample(key, turns, system, tuple(media), messages, tools)
 
 
-def _single_media(name: str) -> Kind | None:
-    """The kind of a media member without an index (``jpg``, ``image.png``), else None."""
+def _single_media(name: str) -> MediaKind | None:
+    """The kind of a media member without an index (``jpg``, ``image.png``, ``wav``), else
+    None."""
     if name.partition(".")[0].isdigit():
         return None
     return media_kind(name)

@@ -1,16 +1,19 @@
 """Chat rows as TRL / transformers use them, and LLaVA-style JSON records with media paths.
 
 A row is a mapping with the conversation under ``messages`` (role/content; content a string
-or a list of ``{"type": "text" | "image" | "video"}`` parts) or ``conversations`` (ShareGPT
-``from``/``value`` with ``<image>`` / ``<video>`` placeholders), and its media in placeholder
-order under ``images`` / ``videos`` (or LLaVA's ``image`` / ``video``: one item or a list), and
-optionally its function list under ``tools`` (for a chat template's ``tools=``).
+or a list of ``{"type": "text" | "image" | "video" | "audio"}`` parts) or ``conversations``
+(ShareGPT ``from``/``value`` with ``<image>`` / ``<video>`` / ``<audio>`` placeholders), and its
+media in placeholder order under ``images`` / ``videos`` / ``audios`` (or ``image`` / ``video``
+/ ``audio``: one item or a list), and optionally its function list under ``tools`` (for a chat
+template's ``tools=``).
 
 A media item is a ``PIL.Image`` (images), a list of frames (videos: PIL images or
-``[H, W, 3]`` arrays), the bytes of a file, a ``{"bytes": ..., "path": ...}`` dict (a
-``datasets`` ``Image`` / ``Video`` column without decoding), or a path relative to the media
-root. Paths are resolved by :class:`ChatDataset` and must stay inside its ``media_root``:
-absolute paths, ``..`` and symlinks that lead out are a :class:`~energon_pack.media.MediaError`.
+``[H, W, 3]`` arrays), ``{"array": ..., "sampling_rate": ...}`` (audio decoded by a
+``datasets`` ``Audio`` column; mono), the bytes of a file, a ``{"bytes": ..., "path": ...}``
+dict (a ``datasets`` ``Image`` / ``Video`` / ``Audio`` column without decoding), or a path
+relative to the media root. Paths are resolved by :class:`ChatDataset` and must stay inside
+its ``media_root``: absolute paths, ``..`` and symlinks that lead out are a
+:class:`~energon_pack.media.MediaError`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,10 +37,13 @@ from energon_pack.formats.conversation import (
     message_media_kinds,
 )
 from energon_pack.formats.raw import RawSample
+from energon_pack.media.audio_decode import Waveform
+from energon_pack.media.config import MediaKind
 from energon_pack.media.errors import MediaError
 from energon_pack.media.probe import Frames, image_frames
 
 __all__ = [
+    "MEDIA_FIELDS",
     "ChatDataset",
     "is_chat_row",
     "parse_chat_row",
@@ -45,11 +51,12 @@ __all__ = [
     "resolve_inside",
 ]
 
-MediaKind = Literal["image", "video"]
-_FIELDS: dict[MediaKind, tuple[str, str]] = {
+MEDIA_FIELDS: dict[MediaKind, tuple[str, str]] = {
     "image": ("images", "image"),
     "video": ("videos", "video"),
+    "audio": ("audios", "audio"),
 }
+"""Each medium's row fields: the list (``images``) and the single item (``image``)."""
 
 
 def is_chat_row(sample: Mapping[str, Any]) -> bool:
@@ -65,9 +72,9 @@ def parse_chat_row(key: str, row: Mapping[str, Any]) -> RawSample:
     system = row.get("system")
     if system is not None and not isinstance(system, str):
         raise MediaError(key, "system", "bad_sample", "'system' must be a string")
-    items = {each: _items(row, each) for each in _FIELDS}
+    items = {each: _items(row, each) for each in MEDIA_FIELDS}
     kinds = message_media_kinds(messages)
-    for each, (name, _) in _FIELDS.items():
+    for each, (name, _) in MEDIA_FIELDS.items():
         if kinds.count(each) != len(items[each]):
             raise MediaError(
                 key,
@@ -76,30 +83,35 @@ def parse_chat_row(key: str, row: Mapping[str, Any]) -> RawSample:
                 f"{kinds.count(each)} {each} placeholders or parts but {len(items[each])} items "
                 f"in {name!r}; make them match one to one, in order",
             )
-    pending = {each: iter(enumerate(items[each])) for each in _FIELDS}
-    media: list[tuple[str, MediaKind, bytes | Frames]] = []
+    pending = {each: iter(enumerate(items[each])) for each in MEDIA_FIELDS}
+    media: list[tuple[str, MediaKind, bytes | Frames | Waveform]] = []
     for placeholder in kinds:
-        kind: MediaKind = "image" if placeholder == "image" else "video"
+        kind = _KINDS[placeholder]
         index, item = next(pending[kind])
-        member = f"{_FIELDS[kind][0]}[{index}]"
+        member = f"{MEDIA_FIELDS[kind][0]}[{index}]"
         media.append((member, kind, _payload(item, kind, key, member)))
     tools = conversation_tools(key, row.get("tools"))
     return RawSample(key, turns, system, tuple(media), messages, tools)
 
 
+_KINDS: dict[str, MediaKind] = {"image": "image", "video": "video", "audio": "audio"}
+
+
 def _items(row: Mapping[str, Any], kind: MediaKind) -> list[Any]:
-    plural, single = _FIELDS[kind]
+    plural, single = MEDIA_FIELDS[kind]
     value = row.get(plural, row.get(single))
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _payload(item: Any, kind: MediaKind, key: str, member: str) -> bytes | Frames:
+def _payload(item: Any, kind: MediaKind, key: str, member: str) -> bytes | Frames | Waveform:
     if isinstance(item, MediaError):  # a path ChatDataset refused: fails with the sample
         raise item
     if isinstance(item, Mapping) and item.get("bytes") is not None:
         item = item["bytes"]
+    if kind == "audio" and isinstance(item, Mapping) and item.get("array") is not None:
+        return Waveform.from_array(item["array"], item.get("sampling_rate"), key=key, member=member)
     if isinstance(item, (bytes, bytearray)):
         return bytes(item)
     if isinstance(item, Image.Image) and kind == "image":
@@ -226,7 +238,7 @@ def read_media_paths(row: Mapping[str, Any], key: str, media_root: Path | None) 
     :class:`~energon_pack.media.MediaError`, raised when the sample is encoded (so each
     loader's ``on_media_error`` applies)."""
     out = dict(row)
-    for plural, single in _FIELDS.values():
+    for plural, single in MEDIA_FIELDS.values():
         for name in (plural, single):
             if out.get(name) is not None:
                 out[name] = _read_paths(out[name], key, name, media_root)
@@ -242,8 +254,8 @@ def _read_paths(value: Any, key: str, name: str, media_root: Path | None) -> Any
 def _read_path(item: Any, key: str, member: str, media_root: Path | None) -> Any:
     path = item
     if isinstance(item, Mapping):
-        if item.get("bytes") is not None:
-            return item
+        if item.get("bytes") is not None or item.get("array") is not None:
+            return item  # the data is in the row (a decoded Audio item names its source too)
         path = item.get("path")
     if not isinstance(path, (str, os.PathLike)):
         return item

@@ -2,15 +2,17 @@
 
 Accepted turn forms: ShareGPT ``{"from", "value"}`` and role/content ``{"role", "content"}``
 where content is a string or a list of parts (``{"type": "text", "text"}``, ``{"type":
-"image"}``, ``{"type": "video"}``: transformers / TRL / OpenAI style). Parts become the
-native form: text joined without separators, ``<image>`` / ``<video>`` for media parts.
+"image"}``, ``{"type": "video"}``, ``{"type": "audio"}``: transformers / TRL / OpenAI style).
+Parts become the native form: text joined without separators, ``<image>`` / ``<video>`` /
+``<audio>`` for media parts.
 
 :func:`conversation_messages` gives the same turns as chat messages for a chat template
 (transformers' form): roles ``human``/``gpt`` become ``user``/``assistant``; a string with
-``<image>``/``<video>`` placeholders becomes typed parts (each placeholder a media part); typed
-content keeps its parts, and only its ``{"type": "image" | "video"}`` parts are media (a literal
-``<image>`` in a text part is text). ``tool_calls``, ``reasoning_content``, ``name`` and
-``tool_call_id`` are passed through. :func:`message_media_kinds` lists the media in order.
+``<image>``/``<video>``/``<audio>`` placeholders becomes typed parts (each placeholder a media
+part); typed content keeps its parts, and only its ``{"type": "image" | "video" | "audio"}``
+parts are media (a literal ``<image>`` in a text part is text). ``tool_calls``,
+``reasoning_content``, ``name`` and ``tool_call_id`` are passed through.
+:func:`message_media_kinds` lists the media in order.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
+from energon_pack.media.config import MediaKind
 from energon_pack.media.errors import MediaError
 
 __all__ = [
@@ -34,8 +37,14 @@ __all__ = [
     "turn_text",
 ]
 
-_PLACEHOLDER = re.compile(r"<(image|video)>")
-_MEDIA_PARTS = {"image": "<image>", "image_url": "<image>", "video": "<video>"}
+_PLACEHOLDER = re.compile(r"<(image|video|audio)>")
+_MEDIA_PARTS = {
+    "image": "<image>",
+    "image_url": "<image>",
+    "video": "<video>",
+    "audio": "<audio>",
+    "input_audio": "<audio>",
+}
 MESSAGE_ROLES = {
     "human": "user",
     "user": "user",
@@ -84,7 +93,7 @@ def _part_text(key: str, index: int, part: Any, member: str) -> str:
         member,
         "bad_sample",
         f"turn {index} has a content part {_short(part)}; parts are {{'type': 'text', 'text': "
-        "...}, {'type': 'image'} or {'type': 'video'}",
+        "...}, {'type': 'image'}, {'type': 'video'} or {'type': 'audio'}",
     )
 
 
@@ -101,27 +110,28 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 def placeholder_kinds(turns: Sequence[tuple[str, str]]) -> list[str]:
-    """``"image"`` / ``"video"`` for each ``<image>`` / ``<video>`` of the turns, in order."""
+    """``"image"`` / ``"video"`` / ``"audio"`` for each ``<image>`` / ``<video>`` / ``<audio>``
+    of the turns, in order."""
     return [match.group(1) for _, text in turns for match in _PLACEHOLDER.finditer(text)]
 
 
 def check_placeholders(
     key: str,
     turns: Sequence[tuple[str, str]],
-    media: Sequence[tuple[str, Literal["image", "video"], object]],
+    media: Sequence[tuple[str, MediaKind, object]],
 ) -> None:
-    """The turns' ``<image>``/``<video>`` placeholders take the ``(member, kind, payload)``
-    media one to one, in order; else a ``placeholder_mismatch`` naming both."""
+    """The turns' ``<image>``/``<video>``/``<audio>`` placeholders take the ``(member, kind,
+    payload)`` media one to one, in order; else a ``placeholder_mismatch`` naming both."""
     check_media_order(key, placeholder_kinds(turns), media)
 
 
 def check_media_order(
     key: str,
     placeholders: Sequence[str],
-    media: Sequence[tuple[str, Literal["image", "video"], object]],
+    media: Sequence[tuple[str, MediaKind, object]],
 ) -> None:
-    """The ``placeholders`` (``"image"`` / ``"video"`` in order) take the ``(member, kind,
-    payload)`` media one to one; else a ``placeholder_mismatch`` naming both."""
+    """The ``placeholders`` (``"image"`` / ``"video"`` / ``"audio"`` in order) take the
+    ``(member, kind, payload)`` media one to one; else a ``placeholder_mismatch`` naming both."""
     kinds = [kind for _, kind, _ in media]
     if list(placeholders) != kinds:
         raise MediaError(
@@ -130,7 +140,7 @@ def check_media_order(
             "placeholder_mismatch",
             f"{len(placeholders)} placeholders {list(placeholders)} but {len(media)} media "
             f"members {[name for name, _, _ in media]} of kinds {kinds}; make the "
-            "<image>/<video> placeholders match the media members in order",
+            "<image>/<video>/<audio> placeholders match the media members in order",
         )
 
 
@@ -183,7 +193,7 @@ def _content(key: str, index: int, content: Any, member: str) -> str | list[dict
             if kind == "text" and isinstance(part.get("text"), str):
                 parts.append({"type": "text", "text": part["text"]})
             elif kind in _MEDIA_PARTS:
-                parts.append({"type": "video" if kind == "video" else "image"})
+                parts.append({"type": _MEDIA_PARTS[kind][1:-1]})
             else:
                 _part_text(key, index, part, member)  # raises the error naming the part
         return parts
@@ -196,7 +206,7 @@ def _content(key: str, index: int, content: Any, member: str) -> str | list[dict
 
 
 def message_media_kinds(messages: Sequence[dict[str, Any]]) -> list[str]:
-    """``"image"`` / ``"video"`` for each media part of the messages, in order."""
+    """``"image"`` / ``"video"`` / ``"audio"`` for each media part of the messages, in order."""
     return [
         part["type"]
         for message in messages

@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from energon_pack.formats.chat_rows import MEDIA_FIELDS
 from energon_pack.formats.conversation import conversation_turns, placeholder_kinds
 from energon_pack.media.errors import MediaError
 
 __all__ = ["check_media_columns", "row_key", "unreadable_item"]
 
 _KEEP_COLUMNS = "remove_unused_columns=False (TrainingArguments / SFTConfig)"
-_MEDIA_FIELDS = {"image": ("images", "image"), "video": ("videos", "video")}
 
 
 def row_key(row: Mapping[str, Any], index: int) -> str:
@@ -32,17 +32,17 @@ def row_key(row: Mapping[str, Any], index: int) -> str:
 
 
 def check_media_columns(key: str, row: Mapping[str, Any]) -> None:
-    """Raise ValueError if the row's image / video parts need a media column it does not have
-    at all (a trainer removed it); a malformed conversation is left to the encoder."""
+    """Raise ValueError if the row's image / video / audio parts need a media column it does not
+    have at all (a trainer removed it); a malformed conversation is left to the encoder."""
     field = "messages" if "messages" in row else "conversations"
     try:
         kinds = set(placeholder_kinds(conversation_turns(key, row[field], field)))
     except MediaError:
         return  # fails when it is encoded, under the collator's on_media_error
-    for kind in sorted(kinds):
-        if not any(name in row for name in _MEDIA_FIELDS[kind]):
+    for kind, fields in MEDIA_FIELDS.items():
+        if kind in kinds and not any(name in row for name in fields):
             raise ValueError(
-                f"chat row {key!r} has {kind} parts but no {_MEDIA_FIELDS[kind][0]!r} column "
+                f"chat row {key!r} has {kind} parts but no {fields[0]!r} column "
                 f"(its columns: {sorted(row)}); the trainer removed it: pass {_KEEP_COLUMNS}"
             )
 

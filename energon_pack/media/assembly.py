@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import torch
 
 from energon_pack._moved import renamed
-from energon_pack.media.config import DEFAULT_CONFIG, MediaConfig
+from energon_pack.media.audio_decode import Waveform
+from energon_pack.media.config import DEFAULT_CONFIG, MediaConfig, MediaKind
 from energon_pack.media.decode import decode_levels, level_bytes
 from energon_pack.media.errors import naming
 from energon_pack.media.guard import FramesJob
@@ -57,12 +58,14 @@ def footprint(data: bytes, *tensors: torch.Tensor) -> MediaFootprint:
 
 @dataclass(frozen=True)
 class MediaItem:
-    """One image or video of a sample: compressed bytes (or decoded :class:`Frames`) plus what
-    the probe told."""
+    """One image, video or audio of a sample: compressed bytes (or decoded :class:`Frames` /
+    :class:`~energon_pack.media.audio_decode.Waveform`) plus what the probe told. An audio's
+    ``tokens`` are its encoder tokens in the language model's sequence (``grid_thw`` is then
+    ``(1, 1, tokens)``)."""
 
     member: str
-    kind: Literal["image", "video"]
-    data: bytes | Frames
+    kind: MediaKind
+    data: bytes | Frames | Waveform
     grid_thw: tuple[int, int, int]
     tokens: int
     second_per_grid_t: float | None = None
@@ -78,6 +81,14 @@ class MediaItem:
     def nbytes(self) -> int:
         """Bytes the payload holds."""
         return len(self.data) if isinstance(self.data, bytes) else len(self.data.data)
+
+    @property
+    def visual_kind(self) -> Literal["image", "video"]:
+        """``kind`` of an image or video; a ValueError for audio, which the patch pipeline of
+        the Qwen-VL presets never takes (their encoders refuse it)."""
+        if self.kind == "audio":
+            raise ValueError(f"medium {self.member!r} is audio, not an image or video")
+        return self.kind
 
 
 @dataclass(frozen=True)
@@ -174,15 +185,16 @@ def decode_vision(
                     offsets[kind] += block.shape[0]
             continue
         for item in sample.media:
+            kind = item.visual_kind
             rows = math.prod(item.grid_thw)
-            slot = _slot(pixels[item.kind], offsets[item.kind], rows)
-            offsets[item.kind] += rows
+            slot = _slot(pixels[kind], offsets[kind], rows)
+            offsets[kind] += rows
             if isinstance(item.data, Frames):  # decoded already: patchified in this process
                 with naming(sample.key, item.member, position=position):
-                    frames_patches(item.data, item.kind, cfg, slot)
+                    frames_patches(item.data, kind, cfg, slot)
             else:
-                nbytes = level_bytes(item.kind, rows, cfg)
-                args = (item.data, cfg, item.kind)
+                nbytes = level_bytes(kind, rows, cfg)
+                args = (item.data, cfg, kind)
                 jobs.append(FramesJob(args, sample.key, item.member, nbytes, position))
                 slots.append(slot)
     # The decoder process decodes the next file while this process patchifies the last.

@@ -22,7 +22,8 @@ from energon_pack.media.errors import MediaFailure, naming
 
 __all__ = ["AUDIO_EXTENSIONS", "AudioFormat", "AudioProbe", "probe_audio"]
 
-AudioFormat = Literal["wav", "flac", "mp3", "opus", "m4a"]
+AudioFormat = Literal["wav", "flac", "mp3", "opus", "m4a", "array"]
+"""A file format probed from its header, or ``"array"``: decoded samples a dataset holds."""
 AUDIO_EXTENSIONS: frozenset[str] = frozenset({"wav", "flac", "mp3", "ogg", "opus", "m4a"})
 """Member extensions read as audio."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import decord
@@ -23,7 +24,92 @@ from energon_pack.media.decode import _native_messages, _said
 from energon_pack.media.errors import MediaFailure, naming
 from energon_pack.media.guard import guarded
 
-__all__ = ["decode_audio", "played_frames", "resample", "resampled_length"]
+__all__ = [
+    "Waveform",
+    "audio_probe",
+    "audio_samples",
+    "decode_audio",
+    "played_frames",
+    "resample",
+    "resampled_length",
+]
+
+MAX_WAVEFORM_RATE = 768_000
+"""The highest sample rate a :class:`Waveform` may state (as for a file's header)."""
+
+
+@dataclass(frozen=True)
+class Waveform:
+    """Decoded mono audio a dataset holds (a ``datasets`` ``Audio`` column's ``{"array",
+    "sampling_rate"}``): float32 samples as raw bytes at ``sample_rate``. Kept as bytes until a
+    pack is chosen, like a compressed member; its probe is its length."""
+
+    data: bytes
+    sample_rate: int
+
+    @classmethod
+    def from_array(
+        cls, array: Any, sample_rate: Any, *, key: str = "?", member: str = "audio"
+    ) -> Waveform:
+        """From a 1-D array of samples (or ``[1, N]`` / ``[N, 1]``) at ``sample_rate``; a
+        ``bad_sample`` :class:`~energon_pack.media.MediaError` names ``key`` and ``member`` for
+        more channels, no samples, values that are not finite or a rate out of range."""
+        with naming(key, member):
+            if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)):
+                raise MediaFailure(
+                    "bad_sample", f"sampling_rate must be an int, not {sample_rate!r}"
+                )
+            if not 1 <= int(sample_rate) <= MAX_WAVEFORM_RATE:
+                raise MediaFailure(
+                    "bad_sample",
+                    f"sampling_rate {int(sample_rate)} is outside 1..{MAX_WAVEFORM_RATE}",
+                )
+            try:
+                samples = np.asarray(array, dtype=np.float32)
+            except (TypeError, ValueError) as error:
+                raise MediaFailure("bad_sample", f"audio array is not numbers: {error}") from None
+            if samples.ndim == 2 and 1 in samples.shape:
+                samples = samples.reshape(-1)
+            if samples.ndim != 1 or samples.size == 0:
+                raise MediaFailure(
+                    "bad_sample",
+                    f"audio array of shape {list(samples.shape)}: give mono samples, one "
+                    "dimension (datasets' Audio(mono=True) decodes so)",
+                )
+            if not np.isfinite(samples).all():
+                raise MediaFailure("bad_sample", "audio array holds NaN or infinite samples")
+        return cls(np.ascontiguousarray(samples).tobytes(), int(sample_rate))
+
+    @property
+    def frames(self) -> int:
+        return len(self.data) // 4
+
+    def array(self) -> npt.NDArray[np.float32]:
+        """The samples, a read-only float32 view of :attr:`data`."""
+        return np.frombuffer(self.data, dtype=np.float32)
+
+
+def audio_probe(payload: bytes | Waveform, key: str = "?", member: str = "audio") -> AudioProbe:
+    """The probe of an audio payload: a file's header, or a :class:`Waveform`'s length."""
+    if isinstance(payload, Waveform):
+        return AudioProbe("array", payload.sample_rate, 1, payload.frames)
+    return probe_audio(payload, key, member)
+
+
+def audio_samples(
+    payload: bytes | Waveform,
+    sample_rate: int,
+    *,
+    key: str = "?",
+    member: str = "audio",
+    config: MediaConfig | None = None,
+) -> npt.NDArray[np.float32]:
+    """Mono float32 samples of ``payload`` at ``sample_rate``: a file through
+    :func:`decode_audio`, a :class:`Waveform` resampled; :func:`played_frames` of its probe
+    long either way."""
+    if isinstance(payload, Waveform):
+        return resample(payload.array(), payload.sample_rate, sample_rate)
+    return decode_audio(payload, sample_rate=sample_rate, key=key, member=member, config=config)[0]
 
 
 def played_frames(probe: AudioProbe, sample_rate: int) -> int:

@@ -21,15 +21,27 @@ WHISPER_WINDOW = 480_000
 """Samples of one window (30 s); the processors cut longer audio to it."""
 
 
-def whisper_frames(probe: AudioProbe) -> int:
-    """Mel frames Whisper's feature extractor gives the probed audio (its attention mask's
-    length): the decoded samples at 16 kHz, cut to one window, one frame per 160 begun."""
-    samples = min(played_frames(probe, WHISPER_RATE), WHISPER_WINDOW)
-    return -(-samples // WHISPER_HOP)
+def whisper_frames(
+    probe: AudioProbe,
+    rate: int = WHISPER_RATE,
+    window: int = WHISPER_WINDOW,
+    hop: int = WHISPER_HOP,
+) -> int:
+    """Mel frames Whisper's feature extractor gives the probed audio (the ones in its attention
+    mask): the decoded samples at ``rate``, cut to one ``window``, one frame per ``hop``
+    samples begun (the extractor's ``sampling_rate``, ``n_samples`` and ``hop_length``)."""
+    samples = min(played_frames(probe, rate), window)
+    return -(-samples // hop)
 
 
-def qwen2_audio_tokens(probe: AudioProbe) -> int:
-    """``<|AUDIO|>`` tokens Qwen2-Audio's processor gives the probed audio (of its first 30 s:
-    the processor cuts the rest)."""
-    frames = whisper_frames(probe)
+def qwen2_audio_tokens(
+    probe: AudioProbe,
+    rate: int = WHISPER_RATE,
+    window: int = WHISPER_WINDOW,
+    hop: int = WHISPER_HOP,
+) -> int:
+    """``<|AUDIO|>`` tokens Qwen2-Audio's processor gives the probed audio (of its first
+    window: the processor cuts the rest); the feature extractor's settings as in
+    :func:`whisper_frames`."""
+    frames = whisper_frames(probe, rate, window, hop)
     return (((frames - 1) // 2 + 1) - 2) // 2 + 1

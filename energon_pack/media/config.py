@@ -30,6 +30,7 @@ __all__ = [
     "ImageProbe",
     "Isolation",
     "MediaConfig",
+    "MediaKind",
     "PixelDtype",
     "VideoProbe",
     "VideoRuleName",
@@ -48,6 +49,8 @@ RESCALE_FACTOR = 1 / 255
 """transformers' ``rescale_factor`` of 8-bit pixels."""
 
 
+MediaKind = Literal["image", "video", "audio"]
+"""What a sample's medium is."""
 Isolation = Literal["process", "off"]
 """``"process"``: native decoding in the helper process; ``"off"``: in the calling process."""
 PixelDtype = Literal["float32", "uint8"]

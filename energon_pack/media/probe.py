@@ -14,12 +14,14 @@ from typing import Any, Literal
 import numpy as np
 from PIL import Image
 
+from energon_pack.media.audio import AUDIO_EXTENSIONS
 from energon_pack.media.config import (
     DEFAULT_CONFIG,
     IMAGE_EXTENSIONS,
     VIDEO_EXTENSIONS,
     ImageProbe,
     MediaConfig,
+    MediaKind,
     VideoProbe,
     image_grid,
     token_count,
@@ -48,13 +50,16 @@ __all__ = [
 ]
 
 
-def media_kind(member: str) -> Literal["image", "video"] | None:
-    """``"image"``/``"video"`` from a member name's last extension, else ``None``."""
+def media_kind(member: str) -> MediaKind | None:
+    """``"image"`` / ``"video"`` / ``"audio"`` from a member name's last extension, else
+    ``None``."""
     ext = member.rsplit(".", 1)[-1].lower()
     if ext in IMAGE_EXTENSIONS:
         return "image"
     if ext in VIDEO_EXTENSIONS:
         return "video"
+    if ext in AUDIO_EXTENSIONS:
+        return "audio"
     return None
 
 

@@ -58,7 +58,7 @@ def vision_block(item: MediaItem, ids: VisionIds) -> list[int]:
     """One block for the whole medium, as the Qwen2-VL / Qwen2.5-VL processors expand it:
     ``<|vision_start|>``, one pad per merged patch (``item.tokens`` = ``t*h*w / merge_size**2``
     of the probed grid), ``<|vision_end|>``."""
-    return [ids.start, *[ids.pad(item.kind)] * item.tokens, ids.end]
+    return [ids.start, *[ids.pad(item.visual_kind)] * item.tokens, ids.end]
 
 
 def timestamp_text(seconds: float) -> str:

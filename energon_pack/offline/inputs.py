@@ -23,7 +23,7 @@ SAMPLE_FORMS = (
 )
 """The sample objects an offline input holds, as errors name them."""
 _CONVERSATION_FIELDS = ("messages", "conversations", "json", "conversation.json")
-_MEDIA_FIELDS = ("images", "videos", "image", "video", "jpgs", "mp4s")
+_MEDIA_FIELDS = ("images", "videos", "audios", "image", "video", "audio", "jpgs", "mp4s")
 
 
 # ---------------------------------------------------------------------------------- reading

@@ -70,7 +70,8 @@ class EncodedSample:
 
     @property
     def vision_tokens(self) -> int:
-        """Image and video pad tokens among :attr:`length` (from the media probe)."""
+        """Encoder tokens among :attr:`length`: image, video and audio tokens (from the media
+        probes)."""
         return sum(m.tokens for m in self.media)
 
     @property

@@ -204,7 +204,7 @@ def test_bad_pickles_are_media_errors(payload: bytes, message: str) -> None:
     [
         (
             {"jpgs": pickle.dumps([])},
-            "1 <image> and 0 <video> placeholders but 0 images",
+            "1 <image> and 0 <video> and 0 <audio> placeholders but 0 images",
             "placeholder_mismatch",
         ),
         (

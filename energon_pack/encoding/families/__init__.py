@@ -38,6 +38,7 @@ PROCESSOR_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "llava_onevision": ("LlavaOnevisionFamily", ("LlavaOnevisionProcessor",)),
     "idefics3": ("Idefics3Family", ("Idefics3Processor", "SmolVLMProcessor")),
     "kimi_k25": ("KimiK25Family", ("Kimi_K25Processor",)),
+    "qwen2_audio": ("Qwen2AudioFamily", ("Qwen2AudioProcessor",)),
 }
 """Family module name -> (its class, the transformers processor classes it serves)."""
 

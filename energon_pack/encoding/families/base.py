@@ -6,12 +6,15 @@ defaults). It
 
 * names the text the chat template renders for each image (:attr:`image_placeholder`) and the
   text the processor writes in its place (:meth:`expansions`), computed from each image's
-  displayed ``(height, width)`` alone, so a sample is tokenised before any decode;
+  displayed ``(height, width)`` alone, so a sample is tokenised before any decode; for an audio
+  family the same for each audio (:attr:`audio_placeholder`, :meth:`audio_expansions`, from the
+  audio's header probe);
 * names the token ids that count as vision tokens (:attr:`vision_token_ids`);
 * finds the assistant replies in a rendered conversation when the template has no generation
   markers (:meth:`assistant_spans`);
-* materialises one sample's media through the processor itself (:meth:`media_inputs`: exact
-  by construction), derives the token-level model inputs from the ids (:meth:`token_inputs`)
+* materialises one sample's media through the processor itself (:meth:`media_inputs`,
+  :meth:`audio_inputs`: exact by construction), derives the token-level model inputs from the
+  ids (:meth:`token_inputs`)
   and joins the inputs of several samples into one packed row (:meth:`row_inputs`);
 * says how a packed row trains exactly (:attr:`packing`), or why it is refused.
 """
@@ -25,6 +28,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 from PIL import Image
+
+from energon_pack.media.audio import AudioProbe
 
 __all__ = ["TEXT_KEYS", "PackingRule", "ProcessorFamily", "delimited_spans", "jsonable"]
 
@@ -86,6 +91,8 @@ class ProcessorFamily(ABC):
     """Why packing is refused (``packing == "refused"``)."""
     add_special_tokens: ClassVar[bool] = True
     """Whether the processor's tokenizer call adds special tokens (a BOS) to the text."""
+    takes_images: ClassVar[bool] = True
+    """Whether the family's processor takes images (an audio-only family's does not)."""
 
     def __init__(self, processor: Any) -> None:
         self.processor = processor
@@ -188,6 +195,32 @@ class ProcessorFamily(ABC):
         """The ``attention_mask`` dict (per layer type, ``[1, 1, T, T]``) of a packed row of
         ``input_ids`` ``[T]`` split into ``segment_lengths`` (``packing == "block_mask"``)."""
         raise NotImplementedError(f"the {self.name} family packs with {self.packing!r}")
+
+    @property
+    def audio_placeholder(self) -> str | None:
+        """The text the chat template renders for each audio; None: the family takes no
+        audio."""
+        return None
+
+    @property
+    def audio_token_ids(self) -> frozenset[int]:
+        """Ids that count as audio tokens (those the audio encoder's features fill)."""
+        return frozenset()
+
+    @property
+    def audio_rate(self) -> int:
+        """The sample rate the processor's feature extractor takes."""
+        return int(self.processor.feature_extractor.sampling_rate)
+
+    def audio_expansions(self, probes: Sequence[AudioProbe]) -> list[str]:
+        """The text the processor writes in place of each audio's placeholder, from the
+        audio's probe (its rate and length) alone, in order."""
+        raise NotImplementedError(f"the {self.name} family takes no audio")
+
+    def audio_inputs(self, waveforms: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
+        """The processor's audio outputs for the audio of one sample (mono float32 at
+        :attr:`audio_rate`), from the processor's own call."""
+        raise NotImplementedError(f"the {self.name} family takes no audio")
 
     def image_tokens(self, sizes: Sequence[tuple[int, int]]) -> list[int]:
         """Vision tokens of each image (the :attr:`vision_token_ids` in its expansion)."""

@@ -1,6 +1,6 @@
-"""The model inputs of a processor family's packed rows: each sample's images decoded (in the
-guarded helper process) and run through the family's processor, joined in row-then-segment
-order, and the token-level inputs laid out like the rows' tokens."""
+"""The model inputs of a processor family's packed rows: each sample's images and audio decoded
+(in the guarded helper process) and run through the family's processor, joined in
+row-then-segment order, and the token-level inputs laid out like the rows' tokens."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import torch
 
 from energon_pack.encoding.families import ProcessorFamily
 from energon_pack.media import MediaConfig, MediaError
+from energon_pack.media.audio_decode import audio_samples
 from energon_pack.media.displayed import displayed_images
+from energon_pack.media.probe import Frames
 from energon_pack.packing.packed import EncodedSample, PackedSample, SkippedSample
 
 __all__ = ["FamilyInputs", "decoded", "family_inputs", "model_side_inputs", "sample_media"]
@@ -48,9 +50,9 @@ def family_inputs(
     """The family inputs of ``packs``, whose samples are ``rows`` (each sample with its
     position in the micro-batch, which a :class:`SkippedSample` names when its media fail)."""
     flat = [(position, sample) for row in rows for position, sample in row]
-    images = iter(decoded(flat, media))
+    arrays = iter(decoded(flat, media, family.audio_rate if _has_audio(flat) else None))
     by_position = {
-        position: _processed(family, sample, position, [next(images) for _ in sample.media])
+        position: _processed(family, sample, position, [next(arrays) for _ in sample.media])
         for position, sample in flat
     }
     outputs = [[by_position[position] for position, _ in row] for row in rows]
@@ -108,46 +110,76 @@ def model_side_inputs(
 def sample_media(
     family: ProcessorFamily, sample: EncodedSample, media: MediaConfig, position: int = 0
 ) -> dict[str, torch.Tensor]:
-    """The processor's media outputs for ``sample``'s images alone (see :func:`decoded`)."""
-    return _processed(family, sample, position, decoded([(position, sample)], media))
+    """The processor's media outputs for ``sample``'s images and audio alone (see
+    :func:`decoded`)."""
+    samples = [(position, sample)]
+    rate = family.audio_rate if _has_audio(samples) else None
+    return _processed(family, sample, position, decoded(samples, media, rate))
 
 
 def decoded(
-    samples: Sequence[tuple[int, EncodedSample]], media: MediaConfig
-) -> list[np.ndarray[Any, np.dtype[np.uint8]]]:
-    """The upright pixels of the images of ``samples`` (each with its position in the
-    micro-batch), in order; raises :class:`SkippedSample` at the position of a sample whose
-    image cannot be decoded or decodes to another size than its header gave (its tokens would
-    no longer match)."""
+    samples: Sequence[tuple[int, EncodedSample]], media: MediaConfig, audio_rate: int | None = None
+) -> list[np.ndarray[Any, Any]]:
+    """The media of ``samples`` (each with its position in the micro-batch), in order: an
+    image's upright pixels (HWC uint8), an audio's mono float32 samples at ``audio_rate``.
+    Raises :class:`SkippedSample` at the position of a sample whose medium cannot be decoded
+    or decodes to another size than its header gave (its tokens would no longer match)."""
     images = []
     for position, sample in samples:
         for item in sample.media:
+            if item.kind == "audio":
+                continue
             if not isinstance(item.data, bytes) or item.size is None:
                 error = MediaError(sample.key, item.member, "unsupported", "not a probed image")
                 raise SkippedSample(position, error)
             images.append((sample.key, item.member, item.data, item.size, position))
     try:
-        return displayed_images(images, media)
+        pixels = iter(displayed_images(images, media))
     except MediaError as error:
         raise SkippedSample(error.position or 0, error) from error
+    out: list[np.ndarray[Any, Any]] = []
+    for position, sample in samples:
+        for item in sample.media:
+            if item.kind != "audio":
+                out.append(next(pixels))
+                continue
+            if audio_rate is None or isinstance(item.data, Frames):
+                unprobed = MediaError(sample.key, item.member, "unsupported", "not a probed audio")
+                raise SkippedSample(position, unprobed)
+            try:
+                out.append(
+                    audio_samples(
+                        item.data, audio_rate, key=sample.key, member=item.member, config=media
+                    )
+                )
+            except MediaError as error:
+                raise SkippedSample(position, error) from error
+    return out
+
+
+def _has_audio(samples: Sequence[tuple[int, EncodedSample]]) -> bool:
+    return any(item.kind == "audio" for _, sample in samples for item in sample.media)
 
 
 def _processed(
     family: ProcessorFamily,
     sample: EncodedSample,
     position: int,
-    images: list[np.ndarray[Any, np.dtype[np.uint8]]],
+    arrays: list[np.ndarray[Any, Any]],
 ) -> dict[str, torch.Tensor]:
-    """The family's media outputs for one sample's decoded images."""
-    if not images:
+    """The family's media outputs for one sample's decoded images and audio."""
+    if not arrays:
         return {}
+    images = [a for item, a in zip(sample.media, arrays, strict=True) if item.kind != "audio"]
+    audios = [a for item, a in zip(sample.media, arrays, strict=True) if item.kind == "audio"]
     try:
-        return family.media_inputs(images)
+        out = family.media_inputs(images) if images else {}
+        return {**out, **(family.audio_inputs(audios) if audios else {})}
     except (ValueError, RuntimeError, OSError) as error:
         failure = MediaError(
             sample.key,
             sample.media[0].member,
             "corrupt",
-            f"the {family.name} processor failed on the sample's images: {error}",
+            f"the {family.name} processor failed on the sample's media: {error}",
         )
         raise SkippedSample(position, failure) from error
