@@ -5,8 +5,8 @@ and a 10-second stereo file at 44.1 kHz (Opus: 48 kHz) of a tone sweep are writt
 (``tests/support/audio_files.py``). Each round times, interleaved,
 
   probe    ``probe_audio(data)``: the header alone
-  decode   ``decode_audio(data, config=MediaConfig(decode_isolation="off"))``: FFmpeg (decord)
-           at the stream's rate, trimmed to the probed frames, resampled to 16 kHz mono
+  decode   ``decode_audio(data, config=MediaConfig(decode_isolation="off"))``: FFmpeg (PyAV)
+           at the stream's rate, trimmed to the probed frames, mixed to mono, resampled to 16 kHz
 
 (in this process, so the ratio is the work's, not the helper's hand-over), each the median of
 ``--repeats`` calls; the table shows medians over ``--rounds`` rounds and the median of the

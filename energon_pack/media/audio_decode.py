@@ -1,7 +1,8 @@
 """Decoding audio after selection: :func:`decode_audio` probes the header
-(:func:`~energon_pack.media.audio.probe_audio`), decodes at the stream's own rate with decord's
-``AudioReader`` (FFmpeg) in the guarded decoder process, keeps exactly the frames the header
-says the stream plays (an Opus pre-skip dropped), and resamples them with :func:`resample`, a
+(:func:`~energon_pack.media.audio.probe_audio`), decodes at the stream's own rate with FFmpeg
+(PyAV, the ``audio`` extra) in the guarded decoder process, keeps exactly the frames the header
+says the stream plays (FFmpeg's decoders trim an MP3's delay, an M4A's priming and an Opus
+pre-skip), mixes the channels to their mean, and resamples with :func:`resample`, a
 windowed-sinc filter centred on each output frame, so the waveform neither lags nor leads and
 its length is known before decoding. A decoder that yields fewer frames has met a lying or cut
 header: a ``corrupt`` :class:`~energon_pack.media.MediaError`. No torch here.
@@ -14,13 +15,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import decord
 import numpy as np
 import numpy.typing as npt
 
 from energon_pack.media.audio import AudioProbe, probe_audio
 from energon_pack.media.config import DEFAULT_CONFIG, MediaConfig
-from energon_pack.media.decode import _native_messages, _said
 from energon_pack.media.errors import MediaFailure, naming
 from energon_pack.media.guard import guarded
 
@@ -132,40 +131,37 @@ def decode_audio(
     config: MediaConfig | None = None,
 ) -> tuple[npt.NDArray[np.float32], AudioProbe]:
     """``(waveform, probe)``: ``data`` decoded to mono float32 at ``sample_rate`` (the mean of
-    a stereo pair; more channels are ``unsupported``), exactly :func:`played_frames` long, and
-    its header's probe. Runs in the guarded decoder process of ``config``
-    (``decode_isolation``, ``decode_timeout_s``); any failure is a
-    :class:`~energon_pack.media.MediaError` naming ``key`` and ``member``."""
+    its channels, as ``librosa.load(mono=True)`` and ``datasets``' ``Audio(mono=True)`` mix
+    them), exactly :func:`played_frames` long, and its header's probe. Runs in the guarded
+    decoder process of ``config`` (``decode_isolation``, ``decode_timeout_s``); any failure is
+    a :class:`~energon_pack.media.MediaError` naming ``key`` and ``member``."""
     cfg = config or DEFAULT_CONFIG
     probe = probe_audio(data, key, member)
-    if probe.channels > 2:
-        with naming(key, member):
-            raise MediaFailure(
-                "unsupported",
-                f"{probe.format} audio with {probe.channels} channels: decoding takes mono or "
-                "stereo; mix it down first (ffmpeg -ac 1)",
-            )
     waveform: npt.NDArray[np.float32] = guarded(
-        _decoded,
+        _played,
         data,
+        probe,
+        sample_rate,
         key=key,
         member=member,
         kind="corrupt",
         isolation=cfg.decode_isolation,
         timeout_s=cfg.decode_timeout_s,
     )
-    got = len(waveform) - probe.skip
-    with naming(key, member):
-        if got < probe.frames:
-            raise MediaFailure(
-                "corrupt",
-                f"the {probe.format} header says {probe.frames} frames at {probe.sample_rate} "
-                f"Hz but the decoder yields {max(0, got)} (a cut file or a lying header)",
-            )
-    played = waveform[probe.skip : probe.skip + probe.frames]
-    if probe.channels == 2:  # FFmpeg's downmix to the channels' mean
-        played = played * np.float32(math.sqrt(0.5))
-    return resample(played, probe.sample_rate, sample_rate), probe
+    return waveform, probe
+
+
+def _played(data: bytes, probe: AudioProbe, sample_rate: int) -> npt.NDArray[np.float32]:
+    """The frames of ``data`` its header ``probe`` says it plays, at ``sample_rate`` (runs in
+    the decoder process, so that only the resampled waveform comes back)."""
+    waveform = _decoded(data)
+    if len(waveform) < probe.frames:
+        raise MediaFailure(
+            "corrupt",
+            f"the {probe.format} header says {probe.frames} frames at {probe.sample_rate} Hz "
+            f"but the decoder yields {len(waveform)} (a cut file or a lying header)",
+        )
+    return resample(waveform[: probe.frames], probe.sample_rate, sample_rate)
 
 
 _HALF_WIDTH = 24
@@ -173,8 +169,10 @@ _HALF_WIDTH = 24
 _CUTOFF = 0.94
 """The pass band, as a share of the lower rate's Nyquist frequency."""
 _KAISER_BETA = 8.0
+_PER_PHASE = 32
+"""Output frames per filter phase from which the phases are filtered one at a time."""
 _CHUNK = 1 << 14
-"""Output frames filtered at once (bounds the gathered taps' memory)."""
+"""Output frames gathered at once otherwise (bounds the gathered taps' memory)."""
 
 
 def resample(
@@ -196,28 +194,86 @@ def resample(
     window = np.i0(_KAISER_BETA * np.sqrt(np.clip(1 - (distance / half) ** 2, 0, 1)))
     taps = np.sinc(_CUTOFF * scale * distance) * window
     taps = (taps / taps.sum(axis=1, keepdims=True)).astype(np.float32)
-    padded = np.pad(samples.astype(np.float32), half)
     length = resampled_length(len(samples), source_rate, rate)
+    # output frame k reads the input from k * down // up - half + 1 on, through 2 * half taps
+    padded = np.pad(samples.astype(np.float32), (half, half + down + 1))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * half)
     out = np.empty(length, dtype=np.float32)
-    for first in range(0, length, _CHUNK):
-        frames = np.arange(first, min(first + _CHUNK, length))
-        base = frames * down // up + half  # the input frame at or before each output instant
-        gathered = padded[np.clip(base[:, None] + offsets[None, :], 0, len(padded) - 1)]
-        out[frames] = np.einsum("ij,ij->i", gathered, taps[frames % up])
+    if length >= _PER_PHASE * up:  # frames phase, phase + up, ...: every down-th window
+        for phase in range(up):
+            first = phase * down // up + 1
+            count = len(range(phase, length, up))
+            out[phase::up] = windows[first : first + count * down : down] @ taps[phase]
+        return out
+    for start in range(0, length, _CHUNK):  # few frames per phase: gather each frame's taps
+        frames = np.arange(start, min(start + _CHUNK, length))
+        chosen = windows[frames * down // up + 1]
+        out[frames] = np.einsum("ij,ij->i", chosen, taps[frames % up])
     return out
 
 
 def _decoded(data: bytes) -> npt.NDArray[np.float32]:
-    """Every frame decord decodes from ``data``, at the stream's own rate, mono: FFmpeg's
-    downmix, ``(left + right) / sqrt(2)`` for a stereo pair (:func:`decode_audio` scales it to
-    the channels' mean)."""
-    native: list[str] = []
+    """Every frame FFmpeg (PyAV) decodes from ``data``'s first audio stream, at the stream's
+    own rate, as the mean of its channels (integer samples scaled to [-1, 1)); decoding stops
+    at a damaged packet after the first frame (the caller checks the length against the
+    header)."""
     try:
-        with _native_messages(native):
-            reader: Any = decord.AudioReader(io.BytesIO(data), sample_rate=-1, mono=True)
-            samples = reader[:].asnumpy()
-    except MemoryError:
+        import av
+    except ImportError:
+        raise MediaFailure(
+            "unsupported", "decoding audio needs PyAV: pip install 'energon_pack[audio]'"
+        ) from None
+    chunks: list[npt.NDArray[Any]] = []
+    layouts: set[tuple[str, int]] = set()
+    try:
+        with av.open(io.BytesIO(data), metadata_errors="ignore") as container:
+            if not container.streams.audio:
+                raise MediaFailure("corrupt", "the file holds no audio stream")
+            frames = container.decode(container.streams.audio[0])
+            while True:
+                try:
+                    frame = next(frames)
+                except StopIteration:
+                    break
+                except Exception:  # a damaged packet: what decoded before it is the audio
+                    if not chunks:
+                        raise
+                    break
+                layouts.add((frame.format.name, len(frame.layout.channels)))
+                chunks.append(frame.to_ndarray())
+    except av.error.FFmpegError as exc:  # FFmpeg's own ENOMEM too: a size no file can have
+        raise MediaFailure("corrupt", f"audio that does not decode: {exc}") from exc
+    except (MemoryError, MediaFailure):
         raise
-    except Exception as exc:  # decord raises DECORDError / RuntimeError / AssertionError
-        raise MediaFailure("corrupt", f"audio that does not decode: {exc}{_said(native)}") from exc
-    return np.ascontiguousarray(samples.reshape(-1), dtype=np.float32)
+    except Exception as exc:  # the other errors of a damaged stream
+        raise MediaFailure("corrupt", f"audio that does not decode: {exc}") from exc
+    if not chunks:
+        return np.zeros(0, dtype=np.float32)
+    if len(layouts) > 1:
+        raise MediaFailure("corrupt", f"the audio's sample layout changes: {sorted(layouts)}")
+    ((name, channels),) = layouts
+    return _mono(np.concatenate(chunks, axis=1), name, channels)
+
+
+_SCALES = {
+    "u8": (128.0, 128.0),
+    "s16": (0.0, 32768.0),
+    "s32": (0.0, 2.0**31),
+    "s64": (0.0, 2.0**63),
+}
+"""Offset and full scale of each integer sample format (FFmpeg's conversion to float); float
+samples are kept as they are."""
+_WIDE = frozenset({"s32", "s64", "dbl"})
+"""Sample formats summed in float64 (float32 would round their values)."""
+
+
+def _mono(values: npt.NDArray[Any], sample_format: str, channels: int) -> npt.NDArray[np.float32]:
+    """The channels' mean of decoded samples (``[channels, frames]`` of a planar
+    ``sample_format``, else one plane of interleaved samples), float32 in [-1, 1)."""
+    base = sample_format.removesuffix("p")
+    wide = np.float64 if base in _WIDE else np.float32
+    planes = values if sample_format.endswith("p") else values.reshape(-1, channels).T
+    mixed = np.full(channels, 1.0 / channels, dtype=wide) @ planes.astype(wide)
+    offset, scale = _SCALES.get(base, (0.0, 1.0))
+    mono: npt.NDArray[np.float32] = ((mixed - offset) / scale).astype(np.float32)
+    return mono

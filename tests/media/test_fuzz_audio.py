@@ -94,13 +94,14 @@ CHILD = textwrap.dedent(
 
 def test_mutated_audio_decodes_or_gives_a_named_media_error() -> None:
     """Decoding in the guarded decoder process: a native crash or hang of FFmpeg is a counted
-    ``crashed`` / ``timeout``; a decode shorter than its header a ``corrupt``."""
+    ``crashed`` / ``timeout``; a decode shorter than its header a ``corrupt``. FFmpeg checks
+    every Ogg page's CRC, so no damaged Opus file decodes (each is ``corrupt``)."""
     count = DECODES_PER_FORMAT
     report = fuzz_report(CHILD, "1", str(count), "decode", str(SUPPORT), timeout=900)
     assert report["others"] == [], report["others"]
     for name, row in report["table"].items():
         assert sum(row.values()) == count, name
-        assert row["ok"] > 0, (name, row)
+        assert row["ok"] > 0 or name == "opus", (name, row)
         assert row.get("corrupt", 0) > 0, (name, row)
 
 
