@@ -20,6 +20,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 IGNORE = -100
+ZERO_GRADIENT = 1e-9
+"""A parameter whose gradient stays below this share of the largest one is compared on that
+scale: its gradient is zero in exact arithmetic, rounding noise in float64."""
 _SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -152,8 +155,11 @@ def packed_matches_alone(
     loss_error = float(abs(got_loss.double() - want_loss) / abs(want_loss))
     assert set(got) == set(want), sorted(set(got) ^ set(want))
     worst = 0.0
+    # a gradient that is zero in exact arithmetic (a key projection's bias: softmax ignores it)
+    # holds rounding noise only; it is measured against the largest gradient's rounding
+    floor = ZERO_GRADIENT * max(float(grad.abs().max()) for grad in want.values())
     for name, grad in want.items():
-        scale = float(grad.abs().max())
+        scale = max(float(grad.abs().max()), floor)
         error = float((got[name] - grad).abs().max()) / scale if scale > 0 else 0.0
         assert error <= tensor_rtol, (name, error)
         worst = max(worst, error)

@@ -39,6 +39,8 @@ PROCESSOR_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "idefics3": ("Idefics3Family", ("Idefics3Processor", "SmolVLMProcessor")),
     "kimi_k25": ("KimiK25Family", ("Kimi_K25Processor",)),
     "qwen2_audio": ("Qwen2AudioFamily", ("Qwen2AudioProcessor",)),
+    "qwen2_5_omni": ("Qwen25OmniFamily", ("Qwen2_5OmniProcessor",)),
+    "qwen3_omni": ("Qwen3OmniFamily", ("Qwen3OmniMoeProcessor",)),
 }
 """Family module name -> (its class, the transformers processor classes it serves)."""
 
