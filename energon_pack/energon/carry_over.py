@@ -106,8 +106,12 @@ class PackingStats:
     """Vision tokens per pack so far (as chosen, before any media failure)."""
     vision_tokens_max: int = 0
     media_mean: float = 0.0
-    """Images and videos per pack so far."""
+    """Images, videos and audios per pack so far."""
     media_max: int = 0
+    audio_tokens_mean: float = 0.0
+    """Audio encoder tokens per emitted pack so far (part of ``vision_tokens_mean``, the budget
+    every non-text encoder shares)."""
+    audio_tokens_max: int = 0
 
 
 class _SavablePacker(Savable):
@@ -137,9 +141,15 @@ class SampleSize:
     decoded_nbytes: int
     """The part of ``nbytes`` that is decoded media (for the memory monitor)."""
     vision_tokens: int = 0
-    """Image and video pad tokens among ``length`` (for the packer's vision budget)."""
+    """Encoder tokens among ``length``: image, video and audio (for the packer's budget)."""
     media: int = 0
-    """Images plus videos (for the packer's vision budget)."""
+    """Images, videos and audios (for the packer's vision budget)."""
+    audio_tokens: int = 0
+    """The audio part of ``vision_tokens`` (reported in the stats)."""
+
+
+_AUDIO_COUNTERS = {"audio_tokens": 0, "audio_tokens_max": 0}
+"""The audio counters in ``_counters`` (a state saved before them restores with these)."""
 
 
 FREE_ON_RESTORE = frozenset({"overlong"})
@@ -233,6 +243,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             "skipped": {},
             "in_a_row": 0,
             "in_a_row_kinds": {},
+            **_AUDIO_COUNTERS,
         }
         self._source_done = False
         """This pass's source ran dry: only the packs in ``_pending`` (and the flush) are left."""
@@ -254,6 +265,8 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         state = copy.deepcopy(state)
         state.setdefault("_source_done", False)  # saved before the field existed
         super().restore_state(state)
+        for name, value in _AUDIO_COUNTERS.items():  # saved before audio was counted
+            self._counters.setdefault(name, value)
         self._restored = True
 
     def check_state(self, state: object, *, what: str, global_worker: int) -> None:
@@ -483,7 +496,11 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         if result is None:
             return None
         (packed, pack_index), packed_samples = result
-        self._counters["samples"] += len(packed_samples)
+        counters = self._counters
+        counters["samples"] += len(packed_samples)
+        audio = sum(self._size(sample).audio_tokens for sample in packed_samples)
+        counters["audio_tokens"] += audio
+        counters["audio_tokens_max"] = max(counters["audio_tokens_max"], audio)
         return self._emit(packed, packed_samples, pack_index)
 
     def _emit(self, packed: T_pack, chosen: list[T_sample], pack_index: int) -> T_pack:
@@ -535,6 +552,8 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             vision_tokens_max=packer_stats.vision_tokens_max,
             media_mean=packer_stats.media_mean,
             media_max=packer_stats.media_max,
+            audio_tokens_mean=self._counters["audio_tokens"] / max(self._counters["packs"], 1),
+            audio_tokens_max=self._counters["audio_tokens_max"],
         )
 
     def restore_sample(self, restore_key: tuple[Any, ...]) -> T_pack:

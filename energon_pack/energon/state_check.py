@@ -294,10 +294,21 @@ class StateCheck:
 
     def counters(self, value: object) -> None:
         names = {"samples", "packs", "skipped", "in_a_row", "in_a_row_kinds"}
-        if not isinstance(value, Mapping) or set(value) != names:
-            self.fail("_counters", value, f"must be a dict with the keys {sorted(names)}")
-        for name in ("samples", "packs", "in_a_row"):
+        audio = {"audio_tokens", "audio_tokens_max"}  # absent from states saved before them
+        if not isinstance(value, Mapping) or set(value) not in (names, names | audio):
+            self.fail(
+                "_counters",
+                value,
+                f"must be a dict with the keys {sorted(names)} (and {sorted(audio)})",
+            )
+        for name in ("samples", "packs", "in_a_row", *sorted(audio & set(value))):
             self.int_field(f"_counters.{name}", value[name])
+        if audio <= set(value) and value["audio_tokens_max"] > value["audio_tokens"]:
+            self.fail(
+                "_counters.audio_tokens_max",
+                value["audio_tokens_max"],
+                f"must be at most _counters.audio_tokens ({value['audio_tokens']})",
+            )
         for name in ("skipped", "in_a_row_kinds"):
             counts = value[name]
             if not isinstance(counts, dict):

@@ -210,7 +210,12 @@ def _size(sample: PreparedSample) -> SampleSize:
     encoded = sample.encoded
     decoded = 0 if encoded.vision is None else encoded.vision.nbytes
     return SampleSize(
-        encoded.length, encoded.nbytes, decoded, encoded.vision_tokens, len(encoded.media)
+        encoded.length,
+        encoded.nbytes,
+        decoded,
+        encoded.vision_tokens,
+        len(encoded.media),
+        encoded.audio_tokens,
     )
 
 

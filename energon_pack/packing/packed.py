@@ -75,6 +75,11 @@ class EncodedSample:
         return sum(m.tokens for m in self.media)
 
     @property
+    def audio_tokens(self) -> int:
+        """The audio encoder's tokens among :attr:`vision_tokens`."""
+        return sum(m.tokens for m in self.media if m.kind == "audio")
+
+    @property
     def is_materialized(self) -> bool:
         return self.vision is not None or not self.media
 

@@ -134,7 +134,11 @@ class TuneResult:
     vision_tokens_max: int = 0
     """Most vision tokens in one pack."""
     media_max: int = 0
-    """Most images and videos in one pack."""
+    """Most images, videos and audios in one pack."""
+    audio_tokens_mean: float = 0.0
+    """Audio tokens per pack, over all workers (part of ``vision_tokens_mean``)."""
+    audio_tokens_max: int = 0
+    """Most audio tokens in one pack."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Skipped samples by kind (``overlong`` or a ``MediaError`` kind), over all workers."""
     unaccounted: int = 0
@@ -422,6 +426,7 @@ def run_once(
     timed = packs >= TIMED_PACKS and wall > 0
     worker_packs = sum(stats.packs for stats in worker_stats.values())
     vision_tokens = sum(s.vision_tokens_mean * s.packs for s in worker_stats.values())
+    audio_tokens = sum(s.audio_tokens_mean * s.packs for s in worker_stats.values())
     buffer_full = sum(s.left_buffer_full for s in worker_stats.values())
     return TuneResult(
         buffer_size=buffer_size,
@@ -442,6 +447,8 @@ def run_once(
         vision_tokens_mean=vision_tokens / worker_packs if worker_packs else 0.0,
         vision_tokens_max=max((s.vision_tokens_max for s in worker_stats.values()), default=0),
         media_max=max((s.media_max for s in worker_stats.values()), default=0),
+        audio_tokens_mean=audio_tokens / worker_packs if worker_packs else 0.0,
+        audio_tokens_max=max((s.audio_tokens_max for s in worker_stats.values()), default=0),
         skipped=dict(sorted(skipped.items())),
         unaccounted=len(dataset) - samples - sum(skipped.values()) if complete else 0,
         interrupted=interrupted,

@@ -25,6 +25,7 @@ TUNE_HEADERS = [
     "decoder MiB",
     "vision/pack",
     "vision max",
+    "audio/pack",
     "skipped",
     "status",
 ]
@@ -102,6 +103,7 @@ def tune_row(result: TuneResult, min_packs: int) -> list[object]:
         f"{result.peak_decoder_rss_mb:.0f}",
         f"{result.vision_tokens_mean:.0f}",
         result.vision_tokens_max,
+        f"{result.audio_tokens_mean:.0f}",
         skipped_cell(result),
         "interrupted" if result.interrupted else "ok",
     ]

@@ -70,12 +70,20 @@ def test_packs_equal_the_collators_and_every_sample_leaves_once(audio_dataset: P
         pad_to_multiple_of=SETTINGS["pad_to_multiple_of"],
         family=model_family(qwen2_audio.processor(2)),
     )
+    audio_id = qwen2_audio.processor(2).tokenizer.convert_tokens_to_ids("<|AUDIO|>")
     seen: list[str] = []
     skipped: dict[int, dict[str, int]] = {}  # each worker's running counts
+    audio: dict[int, list[int]] = {}  # each worker's audio tokens per pack
     for batch in batches(_dataset(audio_dataset)):
         keys = list(batch.__keys__)
         seen += keys
-        skipped[batch.packing_stats.worker] = dict(batch.packing_stats.skipped)
+        stats = batch.packing_stats
+        skipped[stats.worker] = dict(stats.skipped)
+        own = audio.setdefault(stats.worker, [])
+        own.append(int((batch.input_ids == audio_id).sum()))
+        assert stats.audio_tokens_mean * stats.packs == pytest.approx(sum(own))
+        assert stats.audio_tokens_max == max(own)
+        assert stats.vision_tokens_mean >= stats.audio_tokens_mean  # one encoder budget
         want = collator([{"__key__": key, **by_key[key]} for key in keys])
         assert batch.input_ids.tolist() == want.input_ids.tolist(), keys
         assert batch.labels.tolist() == want.labels.tolist(), keys
@@ -88,6 +96,36 @@ def test_packs_equal_the_collators_and_every_sample_leaves_once(audio_dataset: P
     assert len(seen) == len(set(seen))
     assert sum(sum(counts.values()) for counts in skipped.values()) == 1
     assert set(seen) == set(by_key) - {BROKEN}
+    assert min(max(own) for own in audio.values()) > 0
+
+
+@pytest.mark.filterwarnings("ignore:VLMPackingCollator got a micro-batch of 1 sample")
+def test_tune_reports_the_audio_tokens_per_pack(
+    audio_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune --family DIR`` over the audio dataset: its audio tokens per pack are those of the
+    packed samples over the packs, and the table prints them."""
+    from energon_pack.cli import main
+    from energon_pack.tune import TUNE_HEADERS
+
+    saved = tmp_path / "qwen2-audio"
+    qwen2_audio.processor(2).save_pretrained(saved)
+    command = ["tune", str(audio_dataset), "--family", str(saved), "--buffer-sizes", "8"]
+    command += ["--seq-length", "2048", "--num-workers", "1", "--one-epoch", "--min-rows", "none"]
+    assert main([*command, "--out", str(tmp_path / "tune")]) == 0
+    (run,) = json.loads((tmp_path / "tune" / "tune.json").read_text())["results"]
+    collator = VLMPackingCollator(seq_length=2048, family=model_family(qwen2_audio.processor(2)))
+    audio_id = qwen2_audio.processor(2).tokenizer.convert_tokens_to_ids("<|AUDIO|>")
+    total = 0
+    for key, members in samples():
+        if key != BROKEN:
+            alone = collator([{"__key__": key, **members}])
+            total += int((alone.input_ids == audio_id).sum())
+    assert run["skipped"] == {"corrupt": 1}
+    assert run["audio_tokens_mean"] * run["packs"] == pytest.approx(total)
+    assert 0 < run["audio_tokens_max"] <= run["vision_tokens_max"]
+    header = next(line for line in capsys.readouterr().out.splitlines() if "audio/pack" in line)
+    assert header.split()[:2] == TUNE_HEADERS[:2]
 
 
 class _Run:

@@ -522,6 +522,16 @@ STATE_TAMPERING = [
         r"_counters\.skipped\.overlong=None must be an int",
     ),
     (
+        "an audio counter without the other",
+        lambda p: p["_counters"].pop("audio_tokens_max"),
+        r"_counters=.* must be a dict with the keys",
+    ),
+    (
+        "a most audio tokens per pack above their total",
+        lambda p: p["_counters"].__setitem__("audio_tokens_max", 5),
+        r"_counters\.audio_tokens_max=5 must be at most _counters\.audio_tokens \(0\)",
+    ),
+    (
         "a next seq below the buffered ones",
         lambda p: p.__setitem__("_next_seq", 0),
         r"_next_seq=0 must be above every buffered seq",
@@ -609,6 +619,21 @@ def test_a_state_without_the_dataset_identity_restores_with_a_warning(
     warnings = [r for r in caplog.records if "without the dataset's identity" in r.getMessage()]
     assert len(warnings) == 1
     assert [resumed.step()[0] for _ in range(5)] == [expected.step()[0] for _ in range(5)]
+
+
+def test_a_state_saved_before_the_audio_counters_restores(
+    small_path: Path, carried_state: Any
+) -> None:
+    def drop_audio(packing: dict[str, Any]) -> None:
+        del packing["_counters"]["audio_tokens"], packing["_counters"]["audio_tokens_max"]
+
+    expected = LoaderRun(small_path, **PENDING)
+    expected.load(carried_state)
+    resumed = LoaderRun(small_path, **PENDING)
+    resumed.load(tampered(carried_state, drop_audio))
+    assert [resumed.step()[0] for _ in range(5)] == [expected.step()[0] for _ in range(5)]
+    (packing,) = packing_states(resumed.save())
+    assert packing["_counters"]["audio_tokens"] == packing["_counters"]["audio_tokens_max"] == 0
 
 
 @pytest.fixture(scope="module")
