@@ -5,10 +5,12 @@ bounded sandbox, as :class:`~energon_pack.TemplateEncoder` does), replaces each 
 placeholder the template rendered by the text the processor writes for that medium
 (:meth:`~energon_pack.encoding.families.ProcessorFamily.expansions` from the image's header
 size, :meth:`~energon_pack.encoding.families.ProcessorFamily.audio_expansions` from the audio's
-header probe), and tokenises the whole text as the processor does, so text next to a medium
-merges exactly as it does there. Nothing is decoded: the pixels and audio features come from
-the processor itself when the sample's pack is chosen (:meth:`ProcessorFamily.media_inputs`,
-:meth:`ProcessorFamily.audio_inputs`).
+header probe, :meth:`~energon_pack.encoding.families.ProcessorFamily.video_expansions` from the
+frames the video processor keeps of the video's header), and tokenises the whole text as the
+processor does, so text next to a medium merges exactly as it does there. Nothing is decoded:
+the pixels and audio features come from the processor itself when the sample's pack is chosen
+(:meth:`ProcessorFamily.media_inputs`, :meth:`ProcessorFamily.audio_inputs`,
+:meth:`ProcessorFamily.video_inputs`).
 
 The loss mask covers the assistant replies: the template's ``{% generation %}`` spans where it
 has them, else the family's own rule (:meth:`ProcessorFamily.assistant_spans`); tokens touching
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -38,7 +41,7 @@ from energon_pack.media import MediaError, MediaItem
 from energon_pack.media.audio import AudioProbe
 from energon_pack.media.audio_decode import Waveform, audio_probe
 from energon_pack.media.config import MediaKind
-from energon_pack.media.displayed import displayed_image_size
+from energon_pack.media.displayed import VideoHeader, displayed_image_size, displayed_video_header
 from energon_pack.media.probe import Frames
 from energon_pack.packing.packed import EncodedSample
 
@@ -47,8 +50,19 @@ __all__ = ["ProcessorEncoder"]
 Span = tuple[int, int]
 Placed = tuple[int, str]
 """Where a placeholder starts in the rendered text, and its text."""
-Measured = tuple[int, int] | AudioProbe
-"""What a medium's header gave: an image's displayed ``(height, width)``, an audio's probe."""
+
+
+@dataclass(frozen=True)
+class SampledVideo:
+    """A video's header and the source frames its family's video processor keeps."""
+
+    header: VideoHeader
+    frames: tuple[int, ...]
+
+
+Measured = tuple[int, int] | AudioProbe | SampledVideo
+"""What a medium's header gave: an image's displayed ``(height, width)``, an audio's probe, a
+video's header and kept frames."""
 
 
 class ProcessorEncoder(SampleEncoder):
@@ -98,11 +112,11 @@ class ProcessorEncoder(SampleEncoder):
         self._backend = family.tokenizer.backend_tokenizer
         special = getattr(family.tokenizer, "special_tokens_map", None)
         self._special: dict[str, Any] = dict(special) if isinstance(special, Mapping) else {}
-        media_ids = family.audio_token_ids | (
-            family.vision_token_ids if family.takes_images else frozenset()
-        )
+        media_ids = family.audio_token_ids | family.video_token_ids
+        if family.takes_images:
+            media_ids |= family.vision_token_ids
         self.media_ids_tensor = torch.tensor(sorted(media_ids), dtype=torch.long)
-        """The family's vision and audio token ids."""
+        """The family's image, video and audio token ids."""
 
     def settings(self) -> dict[str, Any]:
         """The family's settings, loss rule, template digest and template variables."""
@@ -119,8 +133,9 @@ class ProcessorEncoder(SampleEncoder):
         """Encode a parsed sample, reading only its media's headers (see the module docstring).
 
         Raises :class:`~energon_pack.media.MediaError`: ``unsupported`` for a medium the
-        family's processor does not take (a video; audio for a vision family, images for an
-        audio family), ``placeholder_mismatch`` when the rendered placeholders are not the
+        family's processor does not take (a video without a video processor; audio for a
+        vision family, images for an audio family) or a video its video processor cannot
+        sample, ``placeholder_mismatch`` when the rendered placeholders are not the
         sample's media, ``bad_sample`` when the template cannot render the conversation.
         """
         messages = self._messages(raw)
@@ -168,6 +183,7 @@ class ProcessorEncoder(SampleEncoder):
             for kind, placeholder in (
                 ("image", self.family.image_placeholder if self.family.takes_images else None),
                 ("audio", self.family.audio_placeholder),
+                ("video", self.family.video_placeholder),
             )
             if placeholder is not None
         }
@@ -190,42 +206,68 @@ class ProcessorEncoder(SampleEncoder):
     def _expansions(self, raw: RawSample, measured: list[Measured]) -> list[str]:
         """The family's expansions of the sample's media, in order; a medium its processor
         refuses (an aspect ratio over its limit, a side that resizes to nothing, audio too
-        short for the encoder) is ``unsupported``."""
+        short for the encoder, a video it cannot stack) is ``unsupported``."""
         sizes = [shape for shape in measured if isinstance(shape, tuple)]
         probes = [shape for shape in measured if isinstance(shape, AudioProbe)]
+        videos = [shape for shape in measured if isinstance(shape, SampledVideo)]
         try:
             images = iter(self.family.expansions(sizes) if sizes else [])
             audios = iter(self.family.audio_expansions(probes) if probes else [])
+            counts = [len(video.frames) for video in videos]
+            clips = iter(self.family.video_expansions(counts) if videos else [])
         except ValueError as error:
             members = [member for member, _, _ in raw.media]
-            shown = sizes if not probes else [*sizes, *[p.seconds for p in probes]]
             raise MediaError(
                 raw.key,
                 ",".join(members),
                 "unsupported",
-                f"the {self.family.name} processor cannot take the sample's media {shown} "
-                f"(images as (height, width), audio in seconds): {error}; drop or resize it",
+                f"the {self.family.name} processor cannot take the sample's media "
+                f"{[_shown(shape) for shape in measured]}: {error}; drop or resize it",
             ) from None
-        return [next(images) if isinstance(s, tuple) else next(audios) for s in measured]
+        return [
+            next(images if isinstance(s, tuple) else audios if isinstance(s, AudioProbe) else clips)
+            for s in measured
+        ]
 
     def _measure(
         self, key: str, member: str, kind: MediaKind, data: bytes | Frames | Waveform
     ) -> Measured:
-        """An image's displayed ``(height, width)`` or an audio's probe, from the header."""
+        """An image's displayed ``(height, width)``, an audio's probe or a video's header and
+        kept frames, from the header."""
         takes_audio = self.family.audio_placeholder is not None
+        takes_video = self.family.video_placeholder is not None
         if kind == "audio" and takes_audio and not isinstance(data, Frames):
             return audio_probe(data, key, member)
         if kind == "image" and self.family.takes_images and isinstance(data, bytes):
             return displayed_image_size(data, self.media, key=key, member=member)
-        takes = "encoded images" if self.family.takes_images else ""
-        if takes_audio:
-            takes = f"{takes} and audio" if takes else "audio"
+        if kind == "video" and takes_video and isinstance(data, bytes):
+            header = displayed_video_header(data, self.media, key=key, member=member)
+            try:
+                return SampledVideo(header, self.family.video_frames(header))
+            except ValueError as error:
+                raise MediaError(
+                    key,
+                    member,
+                    "unsupported",
+                    f"the {self.family.name} video processor cannot sample {header.frames} "
+                    f"frames at {header.fps:g} fps: {error}",
+                ) from None
+        takes = [
+            name
+            for name, taken in (
+                ("encoded images", self.family.takes_images),
+                ("encoded videos", takes_video),
+                ("audio", takes_audio),
+            )
+            if taken
+        ]
         raise MediaError(
             key,
             member,
             "unsupported",
-            f"family {self.family.name!r} takes {takes} only (videos and decoded frames are "
-            "supported for the Qwen families); drop the medium or use a model that takes it",
+            f"family {self.family.name!r} takes {' and '.join(takes)} only (decoded frames are "
+            "supported for the Qwen families; videos where the processor has a video "
+            "processor); drop the medium or use a model that takes it",
         )
 
     def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
@@ -264,10 +306,24 @@ class ProcessorEncoder(SampleEncoder):
 
 
 def _item(member: str, data: bytes | Frames | Waveform, shape: Measured, tokens: int) -> MediaItem:
-    """The encoded medium: an image with its displayed size, or an audio."""
+    """The encoded medium: an image with its displayed size, an audio, or a video with its
+    size and kept frames."""
     if isinstance(shape, AudioProbe):
         return MediaItem(member, "audio", data, (1, 1, tokens), tokens)
+    if isinstance(shape, SampledVideo):
+        size = (shape.header.height, shape.header.width)
+        grid = (len(shape.frames), *size)
+        return MediaItem(member, "video", data, grid, tokens, size=size, frame_indices=shape.frames)
     return MediaItem(member, "image", data, (1, *shape), tokens, size=shape)
+
+
+def _shown(shape: Measured) -> object:
+    """A measured medium in a message: ``(height, width)``, seconds, or frames kept."""
+    if isinstance(shape, AudioProbe):
+        return f"{shape.seconds:g} s"
+    if isinstance(shape, SampledVideo):
+        return f"{len(shape.frames)} frames"
+    return shape
 
 
 def _typed(message: dict[str, Any]) -> dict[str, Any]:

@@ -74,8 +74,10 @@ class MediaItem:
     """Seconds written before each temporal patch's vision block (``video_rule="qwen3_vl"``);
     None: the medium is one block (see :func:`energon_pack.media.vision_tokens`)."""
     size: tuple[int, int] | None = None
-    """``(height, width)`` as displayed, for a processor family's image (its processor resizes
-    it at materialisation; ``grid_thw`` is then ``(1, height, width)``)."""
+    """``(height, width)`` as displayed, for a processor family's image or video (its processor
+    resizes it at materialisation; ``grid_thw`` is then ``(frames, height, width)``)."""
+    frame_indices: tuple[int, ...] | None = None
+    """The source frames a processor family's video keeps (its video processor's sampling)."""
 
     @property
     def nbytes(self) -> int:

@@ -23,6 +23,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import decord
@@ -36,14 +37,17 @@ from energon_pack.media.sampling import padded, video_rule
 
 __all__ = [
     "IMAGE_FORMATS",
+    "VideoHeader",
     "decode_image_levels",
     "decode_levels",
+    "decode_video_frames",
     "decode_video_levels",
     "displayed_size",
     "exif_transpose_method",
     "level_bytes",
     "open_image",
     "patch_levels",
+    "read_video_header",
     "read_video_probe",
     "resized_frames",
     "to_rgb",
@@ -322,7 +326,60 @@ def _as_numpy(frames: Any) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return np.asarray(frames, dtype=np.uint8)
 
 
-def _video_plan(reader: Any, width: int, height: int, cfg: MediaConfig) -> VideoProbe:
+@dataclass(frozen=True)
+class VideoHeader:
+    """A video's frame count, average frame rate and upright frame size, within the limits of
+    a :class:`MediaConfig`."""
+
+    frames: int
+    fps: float
+    width: int
+    height: int
+
+    @property
+    def duration(self) -> float:
+        """Seconds played."""
+        return self.frames / self.fps
+
+
+def read_video_header(data: bytes, cfg: MediaConfig) -> VideoHeader:
+    """:class:`VideoHeader` of a video, nothing decoded but where the container has no MP4
+    sample entry (runs in the decoder process)."""
+    reader = _open_video(data)
+    width, height = _video_size(reader, data)
+    return _checked_header(reader, width, height, cfg)
+
+
+def decode_video_frames(
+    data: bytes, indices: Sequence[int], size: tuple[int, int], cfg: MediaConfig, alloc: Alloc
+) -> tuple[UInt8Array, None]:
+    """The frames at ``indices`` as ``[T, H, W, 3]`` uint8, upright, written into ``alloc``
+    (runs in the decoder process); frames of another ``(height, width)`` than ``size``, the
+    header's, are ``corrupt``; the limits of ``cfg`` hold as at the probe."""
+    reader = _open_video(data)
+    _checked_header(reader, size[1], size[0], cfg)
+    native: list[str] = []
+    try:
+        with _native_messages(native):
+            batch = _as_numpy(reader.get_batch(list(indices)))
+    except MemoryError:
+        raise
+    except Exception as exc:  # decord raises its own DECORDError and RuntimeErrors
+        raise MediaFailure("corrupt", f"cannot decode video frames: {exc}{_said(native)}") from exc
+    if batch.shape[1:3] != size:
+        raise MediaFailure(
+            "corrupt",
+            f"decoded frames are {batch.shape[2]}x{batch.shape[1]} but the header sizes them "
+            f"{size[1]}x{size[0]}",
+        )
+    frames = alloc(batch.shape)
+    np.copyto(frames, batch)
+    return frames, None
+
+
+def _checked_header(reader: Any, width: int, height: int, cfg: MediaConfig) -> VideoHeader:
+    """The header of an open video; ``unreadable``, ``too_long`` or ``too_large`` outside
+    ``cfg``'s limits."""
     total = len(reader)
     fps = float(reader.get_avg_fps())
     if not (math.isfinite(fps) and fps > 0) or total <= 0:
@@ -340,6 +397,12 @@ def _video_plan(reader: Any, width: int, height: int, cfg: MediaConfig) -> Video
             "too_large",
             f"frames of {width}x{height} pixels exceed max_image_pixels={cfg.max_image_pixels}",
         )
+    return VideoHeader(total, fps, width, height)
+
+
+def _video_plan(reader: Any, width: int, height: int, cfg: MediaConfig) -> VideoProbe:
+    header = _checked_header(reader, width, height, cfg)
+    total, fps, duration = header.frames, header.fps, header.duration
     rule = video_rule(cfg)
     sampled = rule.sample(total, fps, cfg)
     grid = rule.grid(height, width, len(sampled), cfg)

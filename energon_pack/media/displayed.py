@@ -1,6 +1,6 @@
-"""Images as displayed, for families whose processor does its own resizing: the upright size
-from the header (no pixel decoded) and the upright RGB pixels, decoded in the guarded helper
-process.
+"""Images and videos as displayed, for families whose processor does its own resizing: the
+upright size (and a video's frame count and rate) from the header, no pixel decoded, and the
+upright RGB pixels (a video's sampled frames), decoded in the guarded helper process.
 
 Upright means turned by the EXIF orientation as transformers' ``load_image`` (Pillow's
 ``exif_transpose``) turns it; RGB as transformers' ``convert_to_rgb`` makes it (transparency
@@ -15,15 +15,30 @@ import numpy as np
 
 from energon_pack.media.config import DEFAULT_CONFIG, MediaConfig
 from energon_pack.media.decode import (
+    VideoHeader,
+    decode_video_frames,
     displayed_size,
     exif_transpose_method,
     open_image,
+    read_video_header,
     upright_rgb,
 )
 from energon_pack.media.errors import MediaError, MediaFailure, media_errors
-from energon_pack.media.guard import Alloc, FramesJob, UInt8Array, guarded_decode_each
+from energon_pack.media.guard import (
+    Alloc,
+    FramesJob,
+    UInt8Array,
+    guarded_decode_each,
+    guarded_read,
+)
 
-__all__ = ["displayed_image_size", "displayed_images"]
+__all__ = [
+    "VideoHeader",
+    "displayed_image_size",
+    "displayed_images",
+    "displayed_video_header",
+    "displayed_videos",
+]
 
 
 def displayed_image_size(
@@ -86,3 +101,40 @@ def decode_displayed_into(data: bytes, cfg: MediaConfig, alloc: Alloc) -> tuple[
     block = alloc(pixels.shape)
     block[...] = pixels
     return block, None
+
+
+def displayed_video_header(
+    data: bytes, config: MediaConfig | None = None, *, key: str = "?", member: str = "?"
+) -> VideoHeader:
+    """A video's frame count, rate and upright size, read in the helper process; a
+    :class:`~energon_pack.media.MediaError` outside the config's limits."""
+    return guarded_read(read_video_header, data, config or DEFAULT_CONFIG, key=key, member=member)
+
+
+def displayed_videos(
+    videos: Sequence[tuple[str, str, bytes, tuple[int, ...], tuple[int, int], int]],
+    config: MediaConfig | None = None,
+) -> list[UInt8Array]:
+    """The sampled frames (``[T, height, width, 3]`` uint8) of ``videos``, each given as
+    ``(key, member, data, frame indices, (height, width) from its header, position)``,
+    decoded as :func:`displayed_images` decodes images.
+
+    Raises :class:`~energon_pack.media.MediaError` (with the video's ``position``) for the
+    first video whose frames cannot be decoded or decode to another size than its header gave.
+    """
+    cfg = config or DEFAULT_CONFIG
+    jobs = [
+        FramesJob(
+            (data, indices, size, cfg),
+            key,
+            member,
+            nbytes=len(indices) * size[0] * size[1] * 3,
+            position=position,
+        )
+        for key, member, data, indices, size, position in videos
+    ]
+    out: list[UInt8Array] = []
+    guarded_decode_each(
+        decode_video_frames, jobs, cfg, use=lambda _, frames, __: out.append(frames.copy())
+    )
+    return out

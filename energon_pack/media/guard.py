@@ -61,6 +61,7 @@ __all__ = [
     "guarded",
     "guarded_decode_each",
     "guarded_frames_each",
+    "guarded_read",
     "helper_pid",
     "shutdown_helper",
 ]
@@ -148,6 +149,23 @@ def guarded(
         request = _Request(fn.__module__, fn.__qualname__, args, f"{key}/{member}", kind, None)
         result: R = _helper().call(request, timeout_s)
         return result
+
+
+def guarded_read(
+    fn: Callable[[bytes, MediaConfig], R], data: bytes, cfg: MediaConfig, *, key: str, member: str
+) -> R:
+    """:func:`guarded` for a header reader ``fn(data, cfg)``, with ``cfg``'s decode isolation
+    and timeout, an unexpected failure being kind ``unreadable``."""
+    return guarded(
+        fn,
+        data,
+        cfg,
+        key=key,
+        member=member,
+        kind="unreadable",
+        isolation=cfg.decode_isolation,
+        timeout_s=cfg.decode_timeout_s,
+    )
 
 
 def guarded_frames_each(

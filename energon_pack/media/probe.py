@@ -34,7 +34,7 @@ from energon_pack.media.decode import (
     to_rgb,
 )
 from energon_pack.media.errors import MediaError, MediaFailure, media_errors, naming
-from energon_pack.media.guard import guarded
+from energon_pack.media.guard import guarded_read
 from energon_pack.media.sampling import video_rule
 
 __all__ = [
@@ -102,18 +102,7 @@ def probe_video(
     decord turns such frames upright (falls back to decoding one frame for containers without
     one). An MP4 with several video tracks is ``unsupported``.
     """
-    cfg = config or DEFAULT_CONFIG
-    probe: VideoProbe = guarded(
-        read_video_probe,
-        data,
-        cfg,
-        key=key,
-        member=member,
-        kind="unreadable",
-        isolation=cfg.decode_isolation,
-        timeout_s=cfg.decode_timeout_s,
-    )
-    return probe
+    return guarded_read(read_video_probe, data, config or DEFAULT_CONFIG, key=key, member=member)
 
 
 # --- decoded frames (datasets that store pixel arrays, e.g. Megatron-Bridge's Qwen-VL layout) --

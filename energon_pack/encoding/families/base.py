@@ -8,14 +8,16 @@ defaults). It
   text the processor writes in its place (:meth:`expansions`), computed from each image's
   displayed ``(height, width)`` alone, so a sample is tokenised before any decode; for an audio
   family the same for each audio (:attr:`audio_placeholder`, :meth:`audio_expansions`, from the
-  audio's header probe);
+  audio's header probe), and for a family that takes video for each video
+  (:attr:`video_placeholder`, :meth:`video_frames` sampled as its video processor samples
+  them, :meth:`video_expansions`);
 * names the token ids that count as vision tokens (:attr:`vision_token_ids`);
 * finds the assistant replies in a rendered conversation when the template has no generation
   markers (:meth:`assistant_spans`);
 * materialises one sample's media through the processor itself (:meth:`media_inputs`,
-  :meth:`audio_inputs`: exact by construction), derives the token-level model inputs from the
-  ids (:meth:`token_inputs`)
-  and joins the inputs of several samples into one packed row (:meth:`row_inputs`);
+  :meth:`audio_inputs`, :meth:`video_inputs`: exact by construction), derives the token-level
+  model inputs from the ids (:meth:`token_inputs`) and joins the inputs of several samples
+  into one packed row (:meth:`row_inputs`);
 * says how a packed row trains exactly (:attr:`packing`), or why it is refused.
 """
 
@@ -30,6 +32,7 @@ import torch
 from PIL import Image
 
 from energon_pack.media.audio import AudioProbe
+from energon_pack.media.decode import VideoHeader
 
 __all__ = ["TEXT_KEYS", "PackingRule", "ProcessorFamily", "delimited_spans", "jsonable"]
 
@@ -100,6 +103,7 @@ class ProcessorFamily(ABC):
         merge = getattr(processor, "_merge_kwargs", None)
         merged = merge(tokenizer_init_kwargs=self.tokenizer.init_kwargs) if merge else {}
         self._image_kwargs: dict[str, Any] = dict(merged.get("images_kwargs", {}))
+        self._video_kwargs: dict[str, Any] = dict(merged.get("videos_kwargs", {}))
 
     def image_setting(self, key: str) -> Any:
         """An image setting as the processor's call passes it: the processor's merged image
@@ -107,6 +111,11 @@ class ProcessorFamily(ABC):
         image processor's attribute (None without either)."""
         found = self._image_kwargs.get(key)
         return getattr(self.processor.image_processor, key, None) if found is None else found
+
+    def video_setting(self, key: str) -> Any:
+        """A video setting as the processor's call passes it (see :meth:`image_setting`)."""
+        found = self._video_kwargs.get(key)
+        return getattr(self.processor.video_processor, key, None) if found is None else found
 
     def image_processor_inputs(
         self, images: Sequence[np.ndarray[Any, Any]], *, drop: Sequence[str] = ()
@@ -139,7 +148,11 @@ class ProcessorFamily(ABC):
         and the processor's image-processor settings."""
         image_processor = getattr(self.processor, "image_processor", None)
         values = image_processor.to_dict() if image_processor is not None else {}
-        return {"family": self.name, "image_processor": jsonable(values)}
+        out = {"family": self.name, "image_processor": jsonable(values)}
+        if self.video_placeholder is not None:
+            video = self.processor.video_processor.to_dict()
+            out["video_processor"] = jsonable({**video, "call": self._video_kwargs})
+        return out
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]] | None:
         """Character spans of the assistant replies in a rendered conversation, for templates
@@ -221,6 +234,55 @@ class ProcessorFamily(ABC):
         """The processor's audio outputs for the audio of one sample (mono float32 at
         :attr:`audio_rate`), from the processor's own call."""
         raise NotImplementedError(f"the {self.name} family takes no audio")
+
+    @property
+    def video_placeholder(self) -> str | None:
+        """The text the chat template renders for each video; None: the family takes no
+        video (or its processor has no video processor)."""
+        return None
+
+    @property
+    def video_token_ids(self) -> frozenset[int]:
+        """Ids that count as video tokens (those the vision features of a video fill)."""
+        return frozenset()
+
+    def video_frames(self, header: VideoHeader) -> tuple[int, ...]:
+        """The source frames the video processor keeps of a video: its own ``sample_frames``
+        on the header's frame count and rate, with the settings its call passes it (the
+        processor's video kwargs over the video processor's attributes), every frame where it
+        does not sample. A ValueError where it cannot sample the video (too few frames)."""
+        video_processor = self.processor.video_processor
+        kwargs = {
+            name: self.video_setting(name) for name in video_processor.valid_kwargs.__annotations__
+        }
+        if not kwargs.pop("do_sample_frames"):
+            return tuple(range(header.frames))
+        for name in ("input_data_format", "do_convert_rgb", "device", "video_metadata"):
+            kwargs.pop(name, None)
+        from transformers.video_utils import VideoMetadata
+
+        metadata = VideoMetadata(
+            total_num_frames=header.frames,
+            fps=header.fps,
+            width=header.width,
+            height=header.height,
+            duration=header.duration,
+        )
+        return tuple(int(i) for i in video_processor.sample_frames(metadata=metadata, **kwargs))
+
+    def video_expansions(self, frame_counts: Sequence[int]) -> list[str]:
+        """The text the processor writes in place of each video's placeholder, from the count
+        of frames :meth:`video_frames` keeps of it, in order."""
+        raise NotImplementedError(f"the {self.name} family takes no video")
+
+    def video_inputs(self, videos: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
+        """The video processor's outputs for the videos of one sample, each its kept frames
+        (``[T, H, W, 3]`` uint8, sampled already), with the processor's video kwargs."""
+        kwargs = {**self._video_kwargs, "do_sample_frames": False, "return_tensors": "pt"}
+        kwargs.pop("num_frames", None)
+        kwargs.pop("fps", None)
+        out = self.processor.video_processor(videos=list(videos), **kwargs)
+        return dict(out.items())
 
     def image_tokens(self, sizes: Sequence[tuple[int, int]]) -> list[int]:
         """Vision tokens of each image (the :attr:`vision_token_ids` in its expansion)."""

@@ -5,6 +5,11 @@ with one image is tiled (anyres): base view ``num_image_tokens`` plus the unpadd
 best ``image_grid_pinpoints`` resolution (shrunk past ``anyres_max_N``) with one newline token
 per grid row. A sample with two or more images gives each ``num_image_tokens + 1`` (730 for
 the released 729), untiled. ``vision_feature_select_strategy="default"`` takes one off each.
+
+Each ``<video>`` becomes ``frames x ceil(side / 2)**2 + 1`` ``<video>`` tokens (each frame's
+patch grid pooled by 2, one newline per video). The model stacks a batch's videos into one
+``[videos, frames, 3, H, W]`` tensor, so every video must keep the same frame count: the video
+processor must sample a fixed ``num_frames``.
 """
 
 from __future__ import annotations
@@ -106,6 +111,34 @@ class LlavaOnevisionFamily(ProcessorFamily):
         each = int(self.processor.num_image_tokens) + 1 - drop
         return [token * each for _ in sizes]
 
+    @property
+    def video_placeholder(self) -> str | None:
+        """``processor.video_token`` where the processor has a video processor."""
+        if getattr(self.processor, "video_processor", None) is None:
+            return None
+        return str(self.processor.video_token)
+
+    @property
+    def video_token_ids(self) -> frozenset[int]:
+        if self.video_placeholder is None:
+            return frozenset()
+        return frozenset({int(self.tokenizer.convert_tokens_to_ids(self.video_placeholder))})
+
+    def video_expansions(self, frame_counts: Sequence[int]) -> list[str]:
+        """``<video>`` repeated ``frames x pooled**2 + 1`` times per video; a ValueError unless
+        the video processor samples a fixed ``num_frames`` (the model takes one frame count
+        per batch)."""
+        fixed = self.video_setting("do_sample_frames") and self.video_setting("num_frames")
+        if not fixed or self.video_setting("fps") is not None:
+            raise ValueError(
+                "LLaVA-OneVision stacks a row's videos into one tensor, so each must keep the "
+                "same frame count: set the video processor's do_sample_frames=True and "
+                "num_frames (not fps)"
+            )
+        side = math.ceil(int(math.sqrt(int(self.processor.num_image_tokens))) / 2)
+        token = str(self.processor.video_token)
+        return [token * (count * side * side + 1) for count in frame_counts]
+
     def assistant_spans(self, text: str) -> list[tuple[int, int]]:
         """From after each ``<|im_start|>assistant`` header (the released template writes
         ``assistant \\n`` in turns, the generation prompt ``assistant\\n``) through
@@ -125,15 +158,20 @@ class LlavaOnevisionFamily(ProcessorFamily):
         most patches in the row then joined on images (as the processor pads a batch),
         ``image_sizes`` joined, and ``batch_num_images`` one count per sample with images, so
         each sample keeps its own tiled / untiled rule."""
+        out: dict[str, torch.Tensor] = {}
+        videos = [s["pixel_values_videos"] for s in samples if "pixel_values_videos" in s]
+        if videos:
+            out["pixel_values_videos"] = torch.cat(videos)
         present = [sample for sample in samples if "pixel_values" in sample]
         if not present:
-            return {}
+            return out
         values = [sample["pixel_values"] for sample in present]
         most = max(int(value.shape[1]) for value in values)
         pixels = [
             functional.pad(value, (0, 0) * 3 + (0, most - value.shape[1])) for value in values
         ]
         return {
+            **out,
             "pixel_values": torch.cat(pixels),
             "image_sizes": torch.cat([sample["image_sizes"] for sample in present]),
             "batch_num_images": torch.cat([sample["batch_num_images"] for sample in present]),

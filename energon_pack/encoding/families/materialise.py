@@ -1,5 +1,5 @@
-"""The model inputs of a processor family's packed rows: each sample's images and audio decoded
-(in the guarded helper process) and run through the family's processor, joined in
+"""The model inputs of a processor family's packed rows: each sample's images, videos and audio
+decoded (in the guarded helper process) and run through the family's processor, joined in
 row-then-segment order, and the token-level inputs laid out like the rows' tokens."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from energon_pack.encoding.families import ProcessorFamily
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.media.audio_decode import audio_samples
-from energon_pack.media.displayed import displayed_images
+from energon_pack.media.displayed import displayed_images, displayed_videos
 from energon_pack.media.probe import Frames
 from energon_pack.packing.packed import EncodedSample, PackedSample, SkippedSample
 
@@ -110,7 +110,7 @@ def model_side_inputs(
 def sample_media(
     family: ProcessorFamily, sample: EncodedSample, media: MediaConfig, position: int = 0
 ) -> dict[str, torch.Tensor]:
-    """The processor's media outputs for ``sample``'s images and audio alone (see
+    """The processor's media outputs for ``sample``'s images, videos and audio alone (see
     :func:`decoded`)."""
     samples = [(position, sample)]
     rate = family.audio_rate if _has_audio(samples) else None
@@ -121,10 +121,11 @@ def decoded(
     samples: Sequence[tuple[int, EncodedSample]], media: MediaConfig, audio_rate: int | None = None
 ) -> list[np.ndarray[Any, Any]]:
     """The media of ``samples`` (each with its position in the micro-batch), in order: an
-    image's upright pixels (HWC uint8), an audio's mono float32 samples at ``audio_rate``.
-    Raises :class:`SkippedSample` at the position of a sample whose medium cannot be decoded
-    or decodes to another size than its header gave (its tokens would no longer match)."""
-    images = []
+    image's upright pixels (HWC uint8), a video's kept frames (THWC uint8), an audio's mono
+    float32 samples at ``audio_rate``. Raises :class:`SkippedSample` at the position of a
+    sample whose medium cannot be decoded or decodes to another size than its header gave (its
+    tokens would no longer match)."""
+    images, videos = [], []
     for position, sample in samples:
         for item in sample.media:
             if item.kind == "audio":
@@ -132,16 +133,21 @@ def decoded(
             if not isinstance(item.data, bytes) or item.size is None:
                 error = MediaError(sample.key, item.member, "unsupported", "not a probed image")
                 raise SkippedSample(position, error)
-            images.append((sample.key, item.member, item.data, item.size, position))
+            if item.kind == "video" and item.frame_indices is not None:
+                job = (sample.key, item.member, item.data, item.frame_indices, item.size, position)
+                videos.append(job)
+            else:
+                images.append((sample.key, item.member, item.data, item.size, position))
     try:
         pixels = iter(displayed_images(images, media))
+        clips = iter(displayed_videos(videos, media))
     except MediaError as error:
         raise SkippedSample(error.position or 0, error) from error
     out: list[np.ndarray[Any, Any]] = []
     for position, sample in samples:
         for item in sample.media:
             if item.kind != "audio":
-                out.append(next(pixels))
+                out.append(next(clips if item.kind == "video" else pixels))
                 continue
             if audio_rate is None or isinstance(item.data, Frames):
                 unprobed = MediaError(sample.key, item.member, "unsupported", "not a probed audio")
@@ -167,14 +173,17 @@ def _processed(
     position: int,
     arrays: list[np.ndarray[Any, Any]],
 ) -> dict[str, torch.Tensor]:
-    """The family's media outputs for one sample's decoded images and audio."""
+    """The family's media outputs for one sample's decoded images, videos and audio."""
     if not arrays:
         return {}
-    images = [a for item, a in zip(sample.media, arrays, strict=True) if item.kind != "audio"]
-    audios = [a for item, a in zip(sample.media, arrays, strict=True) if item.kind == "audio"]
+    by_kind: dict[str, list[np.ndarray[Any, Any]]] = {"image": [], "video": [], "audio": []}
+    for item, array in zip(sample.media, arrays, strict=True):
+        by_kind[item.kind].append(array)
     try:
-        out = family.media_inputs(images) if images else {}
-        return {**out, **(family.audio_inputs(audios) if audios else {})}
+        out = family.media_inputs(by_kind["image"]) if by_kind["image"] else {}
+        if by_kind["video"]:
+            out.update(family.video_inputs(by_kind["video"]))
+        return {**out, **(family.audio_inputs(by_kind["audio"]) if by_kind["audio"] else {})}
     except (ValueError, RuntimeError, OSError) as error:
         failure = MediaError(
             sample.key,

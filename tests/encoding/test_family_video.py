@@ -1,0 +1,408 @@
+"""Videos for the processor families: LLaVA-OneVision's ``<video>`` tokens from the video's
+header and the frames its video processor samples, ids, labels and ``pixel_values_videos``
+equal to transformers' own ``LlavaOnevisionProcessor``, and a packed row of videos, images and
+text trains on a tiny ``LlavaOnevisionForConditionalGeneration`` as its samples alone, and the
+Energon path (2 workers, a native WebDataset of MP4 members) packs what the collator packs and
+resumes exactly at three cut points.
+
+transformers' video processors exist only with torchvision, which this process never imports:
+:func:`llava_onevision_checks` runs in one child process (:mod:`torchvision_child`) and sends
+back plain values that the tests here assert on.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import traceback
+from fractions import Fraction
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+from energon_shards import write_dataset
+from family_kit import IGNORE, packed_matches_alone, png_bytes, seeded
+from family_kit import test_images as make_images
+from torchvision_child import available, run_in_child
+
+NUM_FRAMES = 4
+CLIPS = {  # member -> (width, height, frames, fps)
+    "a": (64, 48, 8, 4),
+    "b": (96, 64, 12, 6),
+    "c": (64, 64, 6, 3),
+    "d": (32, 64, 10, 5),
+    "short": (32, 32, 3, 3),
+}
+
+
+@cache
+def clip(name: str) -> bytes:
+    """An H.264 MP4 whose frames differ in space and time (seeded by ``name``)."""
+    width, height, frames, fps = CLIPS[name]
+    rng = np.random.default_rng(sum(map(ord, name)))
+    base = rng.integers(0, 256, (height // 8 + 1, width // 8 + 1, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.time_base = Fraction(1, fps)
+        for index in range(frames):
+            tiles = np.roll(base, index, axis=1).repeat(8, axis=0).repeat(8, axis=1)
+            frame = av.VideoFrame.from_ndarray(tiles[:height, :width].copy(), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return out.getvalue()
+
+
+SAMPLES: list[tuple[list[str], list[tuple[int, int]], str]] = [
+    (["a"], [], "A sliding pattern."),
+    (["b"], [(50, 90)], "An image, then a clip."),
+    ([], [], "Only text."),
+    (["c", "d"], [], "Two clips."),
+]
+"""Each sample's videos, image sizes and reply."""
+
+
+def conversation(videos: list[str], sizes: list[tuple[int, int]], reply: str) -> Any:
+    parts = [{"type": "image"}] * len(sizes) + [{"type": "video"}] * len(videos)
+    return [
+        {"role": "user", "content": [*parts, {"type": "text", "text": "What happens?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": reply}]},
+    ]
+
+
+# --- run in the torchvision child -----------------------------------------------------------
+
+
+def llava_processor(**video: Any) -> Any:
+    """The small LLaVA-OneVision processor of ``test_family_llava_onevision`` with its video
+    processor (32-pixel frames for the tiny model, ``NUM_FRAMES`` sampled by default)."""
+    import test_family_llava_onevision as llava
+    from transformers import (
+        LlavaOnevisionImageProcessorPil,
+        LlavaOnevisionProcessor,
+        LlavaOnevisionVideoProcessor,
+    )
+
+    settings = {"do_sample_frames": True, "num_frames": NUM_FRAMES, **video}
+    return LlavaOnevisionProcessor(
+        image_processor=LlavaOnevisionImageProcessorPil(
+            size={"height": 32, "width": 32}, image_grid_pinpoints=llava.SMALL_PINPOINTS
+        ),
+        video_processor=LlavaOnevisionVideoProcessor(size={"height": 32, "width": 32}, **settings),
+        tokenizer=llava.tokenizer(),
+        num_image_tokens=16,
+        vision_feature_select_strategy="full",
+        vision_aspect_ratio="anyres_max_1",
+        chat_template=llava.TEMPLATE,
+    )
+
+
+def _all_frames(data: bytes) -> np.ndarray[Any, Any]:
+    import decord
+
+    reader = decord.VideoReader(io.BytesIO(data), num_threads=1)
+    return np.asarray(reader.get_batch(list(range(len(reader)))).asnumpy())
+
+
+def _reference(processor: Any, index: int) -> dict[str, Any]:
+    """The processor's own outputs for sample ``index``: every decoded frame of each video
+    (the video processor samples them), the images as PIL."""
+    from PIL import Image
+
+    videos, sizes, reply = SAMPLES[index]
+    text = processor.apply_chat_template(conversation(videos, sizes, reply), tokenize=False)
+    images = [Image.fromarray(a) for a in make_images(index, sizes)]
+    return dict(
+        processor(
+            text=[text],
+            images=[images] if images else None,
+            videos=[_all_frames(clip(name)) for name in videos] or None,
+            return_tensors="pt",
+        )
+    )
+
+
+def _row(index: int) -> dict[str, Any]:
+    videos, sizes, reply = SAMPLES[index]
+    row: dict[str, Any] = {"id": f"s{index}", "messages": conversation(videos, sizes, reply)}
+    if videos:
+        row["videos"] = [clip(name) for name in videos]
+    if sizes:
+        row["images"] = [png_bytes(a) for a in make_images(index, sizes)]
+    return row
+
+
+def _labels(processor: Any, ids: Any) -> Any:
+    """The reply tokens (the family's assistant rule on the decoded text) as labels."""
+    import torch
+
+    from energon_pack import model_family
+
+    family = model_family(processor)
+    text = processor.tokenizer.decode(ids)
+    spans = family.assistant_spans(text)
+    offsets = processor.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
+    mask = torch.tensor([any(s < b and a < e for a, b in spans) for s, e in offsets])
+    labels = torch.where(mask, ids, IGNORE)
+    labels[0] = IGNORE
+    return labels
+
+
+def llava_onevision_checks(_: object) -> dict[str, Any]:
+    """Every check of LLaVA-OneVision videos, as plain values (an exception's traceback under
+    ``"error"``)."""
+    try:
+        return _llava_onevision_checks()
+    except Exception:
+        return {"error": traceback.format_exc()}
+
+
+def _llava_onevision_checks() -> dict[str, Any]:
+    import test_family_llava_onevision as llava
+    import torch
+
+    from energon_pack import MediaError, VLMPackingCollator, make_encoder, model_family
+    from energon_pack.encoding.families.materialise import sample_media
+
+    torch.set_num_threads(1)
+    processor = llava_processor()
+    family = model_family(processor)
+    encoder = make_encoder(family=processor)
+    video_id = processor.video_token_id
+    out: dict[str, Any] = {"samples": [], "placeholder": family.video_placeholder}
+    for index in range(len(SAMPLES)):
+        row = _row(index)
+        encoded = encoder.encode_sample(row["id"], row)
+        want = _reference(processor, index)
+        ids = want["input_ids"][0]
+        got = sample_media(family, encoded, encoder.media) if encoded.media else {}
+        videos = [m for m in encoded.media if m.kind == "video"]
+        result: dict[str, Any] = {
+            "ids_equal": encoded.input_ids.tolist() == ids.tolist(),
+            "mask_equal": encoded.loss_mask[1:].bool().tolist()
+            == (_labels(processor, ids) != IGNORE)[1:].tolist(),
+            "video_tokens": [m.tokens for m in videos],
+            "processor_video_tokens": int((ids == video_id).sum()),
+            "frames": [list(m.frame_indices or ()) for m in videos],
+            "keys": sorted(got),
+            "want_keys": sorted(k for k in want if k not in ("input_ids", "attention_mask")),
+        }
+        for name in ("pixel_values_videos", "pixel_values"):
+            if name in want:
+                result[f"{name}_error"] = float((got[name] - want[name]).abs().max())
+        out["samples"].append(result)
+    # a packed row of all four trains as they do alone
+    model = seeded(llava.tiny_model)
+    collator = VLMPackingCollator(seq_length=2048, family=family, output="hf", hf_model=model)
+    packed = collator([_row(index) for index in range(len(SAMPLES))])
+    packed.pop("use_cache", None)
+    out["packed_videos"] = list(packed["pixel_values_videos"].shape)
+    alone = []
+    for index in range(len(SAMPLES)):
+        want = _reference(processor, index)
+        want.pop("attention_mask")
+        alone.append({**want, "labels": _labels(processor, want["input_ids"][0])[None]})
+    out["loss_error"], out["grad_error"] = packed_matches_alone(model, alone, packed)
+    # what cannot be sampled or stacked is an unsupported skip that says why
+    out["refusals"] = {}
+    for name, proc, member in (
+        ("short", processor, "short"),
+        ("unfixed", llava_processor(do_sample_frames=False), "a"),
+        ("by_fps", llava_processor(num_frames=None, fps=2), "a"),
+    ):
+        row = {"id": name, "messages": conversation([member], [], "x"), "videos": [clip(member)]}
+        try:
+            make_encoder(family=proc).encode_sample(name, row)
+            out["refusals"][name] = "encoded"
+        except MediaError as error:
+            out["refusals"][name] = f"{error.kind}: {error}"
+    out["settings_differ"] = (
+        model_family(llava_processor(num_frames=2)).settings() != family.settings()
+    )
+    return out
+
+
+ENERGON = {"seq_length": 1024, "pad_to_multiple_of": 8, "tokenizer": None}
+SKIPPED = {"s005": "unsupported", "s010": "unreadable"}
+"""Samples the Energon path skips: a clip shorter than ``num_frames``, a cut MP4."""
+
+
+def energon_samples() -> list[tuple[str, dict[str, bytes]]]:
+    """18 native samples: every fourth text-only, the others one clip (every fifth with an
+    image before it); ``s005`` holds a 3-frame clip, ``s010`` a cut one."""
+    out = []
+    names = ["a", "b", "c", "d"]
+    for index in range(18):
+        key = f"s{index:03d}"
+        members: dict[str, bytes] = {}
+        text = f"What happens in {index}?"
+        if index % 4:
+            data = clip("short" if key == "s005" else names[index % 4])
+            members["0.mp4"] = data[: len(data) // 3] if key == "s010" else data
+            text = "<video>" + text
+            if index % 5 == 1:
+                members["1.png"] = png_bytes(make_images(index, [(40, 60)])[0])
+                text = "<image>" + text
+        media = sorted(name for name in members)[::-1]  # the image, then the clip
+        turns = [
+            {"from": "human", "value": text},
+            {"from": "gpt", "value": f"Something moves {index}."},
+        ]
+        members["json"] = json.dumps({"conversations": turns, "media": media}).encode()
+        out.append((key, members))
+    return out
+
+
+def llava_onevision_energon(path: str) -> dict[str, Any]:
+    """The Energon path over the dataset at ``path`` (see :func:`energon_samples`), as plain
+    values (an exception's traceback under ``"error"``)."""
+    try:
+        return _llava_onevision_energon(Path(path))
+    except Exception:
+        return {"error": traceback.format_exc()}
+
+
+def _llava_onevision_energon(path: Path) -> dict[str, Any]:
+    import torch
+    from helpers import assert_resume_equivalent, batches, savable_loader, train_dataset
+
+    from energon_pack import VLMPackingCollator, model_family
+
+    torch.set_num_threads(1)
+    processor = llava_processor()
+    by_key = dict(energon_samples())
+    collator = VLMPackingCollator(
+        seq_length=ENERGON["seq_length"],
+        pad_to_multiple_of=ENERGON["pad_to_multiple_of"],
+        family=model_family(processor),
+    )
+    out: dict[str, Any] = {"seen": [], "unequal": [], "skipped": {}, "resumed": {}}
+
+    def dataset(repeat: bool = False) -> Any:
+        return train_dataset(path, 6, workers=2, repeat=repeat, family=processor, **ENERGON)
+
+    for batch in batches(dataset()):
+        keys = list(batch.__keys__)
+        out["seen"] += keys
+        out["skipped"][batch.packing_stats.worker] = dict(batch.packing_stats.skipped)
+        want = collator([{"__key__": key, **by_key[key]} for key in keys])
+        same = batch.input_ids.tolist() == want.input_ids.tolist()
+        same &= batch.labels.tolist() == want.labels.tolist()
+        if batch.family_inputs is not None and want.family_inputs is not None:
+            got, expected = batch.family_inputs.tensors(), want.family_inputs.tensors()
+            same &= set(got) == set(expected)
+            same &= all(torch.equal(got[name], expected[name]) for name in expected)
+        if not same:
+            out["unequal"].append(keys)
+
+    class Run:
+        def __init__(self) -> None:
+            self.loader = savable_loader(
+                dataset(repeat=True), checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
+            )
+            self.iterator: Any = None
+
+        def step(self) -> tuple[Any, ...]:
+            if self.iterator is None:
+                self.iterator = iter(self.loader)
+            batch = next(self.iterator)
+            inputs = batch.family_inputs.tensors() if batch.family_inputs is not None else {}
+            pixels = float(sum(t.double().sum() for t in inputs.values()))
+            return tuple(batch.__keys__), batch.input_ids.tolist(), pixels
+
+    for at in (1, 4, 9):
+        try:
+            assert_resume_equivalent(
+                Run,
+                [Run.step] * 12,
+                at,
+                save=lambda run: run.loader.save_state_rank(),
+                load=lambda run, state: run.loader.restore_state_rank(state),
+                roundtrip=lambda state: state,
+            )
+            out["resumed"][at] = "exact"
+        except AssertionError as error:
+            out["resumed"][at] = str(error)
+    return out
+
+
+# --- the tests ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llava() -> dict[str, Any]:
+    """The child's results, skipped where the reference torchvision is not installed."""
+    if not available():
+        pytest.skip("the reference torchvision is not installed (scripts/venv.sh: .venv/reference)")
+    result = dict(run_in_child("test_family_video:llava_onevision_checks", timeout=500))
+    assert "error" not in result, result.get("error")
+    return result
+
+
+def test_llava_onevision_video_tokens_ids_and_labels_are_the_processors(
+    llava: dict[str, Any],
+) -> None:
+    assert llava["placeholder"] == "<video>"
+    for index, result in enumerate(llava["samples"]):
+        assert result["ids_equal"], index
+        assert result["mask_equal"], index
+        assert sum(result["video_tokens"]) == result["processor_video_tokens"], index
+        # 4 frames x a 4x4 patch grid pooled to 2x2, and one newline per video
+        assert result["video_tokens"] == [NUM_FRAMES * 4 + 1] * len(SAMPLES[index][0])
+
+
+def test_llava_onevision_frames_are_the_video_processors(llava: dict[str, Any]) -> None:
+    """The frames kept are the video processor's uniform sample of the header's count, and
+    the pixels equal its own on every decoded frame."""
+    for (videos, _, _), result in zip(SAMPLES, llava["samples"], strict=True):
+        assert result["frames"] == [
+            [i * CLIPS[name][2] // NUM_FRAMES for i in range(NUM_FRAMES)] for name in videos
+        ]
+        assert result["keys"] == result["want_keys"]
+        assert result.get("pixel_values_videos_error", 0.0) <= 1e-6
+        assert result.get("pixel_values_error", 0.0) <= 1e-6
+
+
+def test_llava_onevision_packed_row_of_videos_trains_as_its_samples_alone(
+    llava: dict[str, Any],
+) -> None:
+    assert llava["packed_videos"] == [4, NUM_FRAMES, 3, 32, 32]
+    # the loss is reduced in float32 by transformers (logits.float()); gradients stay float64
+    assert llava["loss_error"] < 1e-6
+    assert llava["grad_error"] < 1e-10
+
+
+def test_llava_onevision_videos_it_cannot_sample_or_stack_are_refused_by_name(
+    llava: dict[str, Any],
+) -> None:
+    refusals = llava["refusals"]
+    assert refusals["short"].startswith("unsupported")
+    assert "num_frames=4" in refusals["short"]
+    assert "total_num_frames=3" in refusals["short"]
+    for name in ("unfixed", "by_fps"):
+        assert refusals[name].startswith("unsupported"), refusals[name]
+        assert "do_sample_frames=True and num_frames" in refusals[name]
+    assert llava["settings_differ"]
+
+
+def test_llava_onevision_videos_on_the_energon_path_pack_as_the_collator_and_resume(
+    tmp_path: Path,
+) -> None:
+    if not available():
+        pytest.skip("the reference torchvision is not installed (scripts/venv.sh: .venv/reference)")
+    path = write_dataset(tmp_path / "videos", energon_samples())
+    result = run_in_child("test_family_video:llava_onevision_energon", str(path), timeout=500)
+    assert "error" not in result, result.get("error")
+    assert result["unequal"] == []
+    assert len(result["seen"]) == len(set(result["seen"]))
+    assert set(result["seen"]) == {key for key, _ in energon_samples()} - set(SKIPPED)
+    counted: dict[str, int] = {}
+    for counts in result["skipped"].values():
+        for kind, count in counts.items():
+            counted[kind] = counted.get(kind, 0) + count
+    assert counted == {"unsupported": 1, "unreadable": 1}
+    assert result["resumed"] == {1: "exact", 4: "exact", 9: "exact"}
