@@ -141,7 +141,9 @@ class ProcessorEncoder(SampleEncoder):
         messages = self._messages(raw)
         measured = [self._measure(raw.key, member, kind, data) for member, kind, data in raw.media]
         text, replies = self._render(raw.key, messages, raw.tools)
-        found = self._placeholders(raw.key, text, [kind for _, kind, _ in raw.media])
+        found, order = self._placeholders(raw.key, text, [kind for _, kind, _ in raw.media])
+        in_text = [raw.media[index] for index in order]
+        measured = [measured[index] for index in order]
         expanded, blocks, moved = _expand(text, found, self._expansions(raw, measured))
         found_ids, found_offsets = tokenise_text(
             self._backend, raw.key, expanded, add_special_tokens=self.family.add_special_tokens
@@ -157,7 +159,7 @@ class ProcessorEncoder(SampleEncoder):
         is_media = np.isin(ids, self.media_ids_tensor.numpy())
         media = tuple(
             _item(member, data, shape, int(is_media[_overlapping(offsets, [block])].sum()))
-            for (member, _, data), shape, block in zip(raw.media, measured, blocks, strict=True)
+            for (member, _, data), shape, block in zip(in_text, measured, blocks, strict=True)
         )
         stray = int(is_media.sum()) - sum(item.tokens for item in media)
         if stray:
@@ -175,9 +177,13 @@ class ProcessorEncoder(SampleEncoder):
             media=media,
         )
 
-    def _placeholders(self, key: str, text: str, kinds: list[MediaKind]) -> list[Placed]:
-        """Where the template rendered each medium's placeholder, in text order; a
-        ``placeholder_mismatch`` unless they are the sample's media, kind for kind, in order."""
+    def _placeholders(
+        self, key: str, text: str, kinds: list[MediaKind]
+    ) -> tuple[list[Placed], list[int]]:
+        """Where the template rendered each medium's placeholder, in text order, and which
+        medium each one takes (the next of its kind, as the processor assigns them: a template
+        may render a message's images before its videos); a ``placeholder_mismatch`` unless
+        there are as many of each kind as the sample has media."""
         texts = {
             kind: placeholder
             for kind, placeholder in (
@@ -192,7 +198,7 @@ class ProcessorEncoder(SampleEncoder):
             for kind, placeholder in texts.items()
             for start in _occurrences(text, placeholder)
         )
-        if [kind for _, _, kind in found] != kinds:
+        if sorted(kind for _, _, kind in found) != sorted(kinds):
             raise MediaError(
                 key,
                 "json",
@@ -201,7 +207,9 @@ class ProcessorEncoder(SampleEncoder):
                 f"{[placeholder for _, placeholder, _ in found]} for media of kinds {kinds}; a "
                 "literal placeholder in the text must be removed",
             )
-        return [(start, placeholder) for start, placeholder, _ in found]
+        of_kind = {kind: iter([i for i, k in enumerate(kinds) if k == kind]) for kind in texts}
+        order = [next(of_kind[kind]) for _, _, kind in found]
+        return [(start, placeholder) for start, placeholder, _ in found], order
 
     def _expansions(self, raw: RawSample, measured: list[Measured]) -> list[str]:
         """The family's expansions of the sample's media, in order; a medium its processor

@@ -1,9 +1,9 @@
-"""Videos for the processor families: LLaVA-OneVision's ``<video>`` tokens from the video's
-header and the frames its video processor samples, ids, labels and ``pixel_values_videos``
-equal to transformers' own ``LlavaOnevisionProcessor``, and a packed row of videos, images and
-text trains on a tiny ``LlavaOnevisionForConditionalGeneration`` as its samples alone, and the
-Energon path (2 workers, a native WebDataset of MP4 members) packs what the collator packs and
-resumes exactly at three cut points.
+"""Videos for the processor families (LLaVA-OneVision, InternVL): video tokens from the
+video's header and the frames its video processor samples, ids, labels and pixels equal to
+transformers' own processor, and a packed row of videos, images and text trains on a tiny
+model of the family as its samples alone; for LLaVA-OneVision the Energon path (2 workers, a
+native WebDataset of MP4 members) packs what the collator packs and resumes exactly at three
+cut points.
 
 transformers' video processors exist only with torchvision, which this process never imports:
 :func:`llava_onevision_checks` runs in one child process (:mod:`torchvision_child`) and sends
@@ -31,7 +31,7 @@ from torchvision_child import available, run_in_child
 NUM_FRAMES = 4
 CLIPS = {  # member -> (width, height, frames, fps)
     "a": (64, 48, 8, 4),
-    "b": (96, 64, 12, 6),
+    "b": (96, 64, 12, 3),
     "c": (64, 64, 6, 3),
     "d": (32, 64, 10, 5),
     "short": (32, 32, 3, 3),
@@ -62,12 +62,20 @@ SAMPLES: list[tuple[list[str], list[tuple[int, int]], str]] = [
     (["b"], [(50, 90)], "An image, then a clip."),
     ([], [], "Only text."),
     (["c", "d"], [], "Two clips."),
+    (["d"], [(40, 60)], "A clip, then an image."),
 ]
 """Each sample's videos, image sizes and reply."""
+VIDEO_FIRST = 4
+"""The sample whose message holds its clip before its image (LLaVA-OneVision's template
+renders a message's images first, InternVL's in order)."""
 
 
-def conversation(videos: list[str], sizes: list[tuple[int, int]], reply: str) -> Any:
+def conversation(
+    videos: list[str], sizes: list[tuple[int, int]], reply: str, video_first: bool = False
+) -> Any:
     parts = [{"type": "image"}] * len(sizes) + [{"type": "video"}] * len(videos)
+    if video_first:
+        parts.reverse()
     return [
         {"role": "user", "content": [*parts, {"type": "text", "text": "What happens?"}]},
         {"role": "assistant", "content": [{"type": "text", "text": reply}]},
@@ -75,6 +83,26 @@ def conversation(videos: list[str], sizes: list[tuple[int, int]], reply: str) ->
 
 
 # --- run in the torchvision child -----------------------------------------------------------
+
+VIDEO_FPS = 2
+"""InternVL's video processor samples 2 frames a second (frame counts differ between clips)."""
+
+
+def internvl_processor() -> Any:
+    """The InternVL processor of ``test_family_internvl`` with its video processor (32-pixel
+    frames for the tiny model, ``VIDEO_FPS`` frames a second from the middle of each span)."""
+    import test_family_internvl as internvl
+    from transformers import GotOcr2ImageProcessorPil, InternVLProcessor, InternVLVideoProcessor
+
+    return InternVLProcessor(
+        image_processor=GotOcr2ImageProcessorPil(size=internvl.TILE),
+        video_processor=InternVLVideoProcessor(
+            size=internvl.TILE, do_sample_frames=True, fps=VIDEO_FPS
+        ),
+        tokenizer=internvl.tokenizer(),
+        image_seq_length=internvl.SEQ,
+        chat_template=internvl.TEMPLATE,
+    )
 
 
 def llava_processor(**video: Any) -> Any:
@@ -101,34 +129,49 @@ def llava_processor(**video: Any) -> Any:
     )
 
 
-def _all_frames(data: bytes) -> np.ndarray[Any, Any]:
+def _decoded(data: bytes) -> tuple[np.ndarray[Any, Any], Any]:
+    """Every frame of a clip (decord) and its metadata (frame count, average rate)."""
     import decord
+    from transformers.video_utils import VideoMetadata
 
     reader = decord.VideoReader(io.BytesIO(data), num_threads=1)
-    return np.asarray(reader.get_batch(list(range(len(reader)))).asnumpy())
+    frames = np.asarray(reader.get_batch(list(range(len(reader)))).asnumpy())
+    return frames, VideoMetadata(total_num_frames=len(reader), fps=reader.get_avg_fps())
 
 
 def _reference(processor: Any, index: int) -> dict[str, Any]:
     """The processor's own outputs for sample ``index``: every decoded frame of each video
-    (the video processor samples them), the images as PIL."""
+    with its metadata (the video processor samples them), the images as PIL; and the frames
+    it sampled (``"sampled"``, from the video processor's own metadata)."""
     from PIL import Image
 
     videos, sizes, reply = SAMPLES[index]
-    text = processor.apply_chat_template(conversation(videos, sizes, reply), tokenize=False)
+    messages = conversation(videos, sizes, reply, index == VIDEO_FIRST)
+    text = processor.apply_chat_template(messages, tokenize=False)
     images = [Image.fromarray(a) for a in make_images(index, sizes)]
-    return dict(
+    decoded = [_decoded(clip(name)) for name in videos]
+    out = dict(
         processor(
             text=[text],
             images=[images] if images else None,
-            videos=[_all_frames(clip(name)) for name in videos] or None,
+            videos=[frames for frames, _ in decoded] or None,
+            video_metadata=[metadata for _, metadata in decoded] or None,
             return_tensors="pt",
         )
     )
+    sampled = []
+    for frames, metadata in decoded:
+        own = processor.video_processor(
+            videos=[frames], video_metadata=[metadata], return_metadata=True
+        )
+        sampled.append([int(i) for i in own["video_metadata"][0].frames_indices])
+    return {**out, "sampled": sampled}
 
 
 def _row(index: int) -> dict[str, Any]:
     videos, sizes, reply = SAMPLES[index]
-    row: dict[str, Any] = {"id": f"s{index}", "messages": conversation(videos, sizes, reply)}
+    messages = conversation(videos, sizes, reply, index == VIDEO_FIRST)
+    row: dict[str, Any] = {"id": f"s{index}", "messages": messages}
     if videos:
         row["videos"] = [clip(name) for name in videos]
     if sizes:
@@ -152,27 +195,37 @@ def _labels(processor: Any, ids: Any) -> Any:
     return labels
 
 
-def llava_onevision_checks(_: object) -> dict[str, Any]:
-    """Every check of LLaVA-OneVision videos, as plain values (an exception's traceback under
-    ``"error"``)."""
+FAMILIES = {
+    "llava_onevision": ("llava_processor", "test_family_llava_onevision", "pixel_values_videos"),
+    "internvl": ("internvl_processor", "test_family_internvl", "pixel_values"),
+}
+"""Per family: its processor builder here, the test module of its tiny model, and the input
+that holds its video frames."""
+
+
+def family_checks(name: str) -> dict[str, Any]:
+    """Every check of family ``name``'s videos, as plain values (an exception's traceback
+    under ``"error"``)."""
     try:
-        return _llava_onevision_checks()
+        return _family_checks(name)
     except Exception:
         return {"error": traceback.format_exc()}
 
 
-def _llava_onevision_checks() -> dict[str, Any]:
-    import test_family_llava_onevision as llava
+def _family_checks(name: str) -> dict[str, Any]:
+    import importlib
+
     import torch
 
-    from energon_pack import MediaError, VLMPackingCollator, make_encoder, model_family
+    from energon_pack import VLMPackingCollator, make_encoder, model_family
     from energon_pack.encoding.families.materialise import sample_media
 
     torch.set_num_threads(1)
-    processor = llava_processor()
+    builder, module, frames_key = FAMILIES[name]
+    processor = globals()[builder]()
     family = model_family(processor)
     encoder = make_encoder(family=processor)
-    video_id = processor.video_token_id
+    media_ids = [int(i) for i in encoder.media_ids_tensor]
     out: dict[str, Any] = {"samples": [], "placeholder": family.video_placeholder}
     for index in range(len(SAMPLES)):
         row = _row(index)
@@ -186,42 +239,51 @@ def _llava_onevision_checks() -> dict[str, Any]:
             "mask_equal": encoded.loss_mask[1:].bool().tolist()
             == (_labels(processor, ids) != IGNORE)[1:].tolist(),
             "video_tokens": [m.tokens for m in videos],
-            "processor_video_tokens": int((ids == video_id).sum()),
+            "media_tokens": sum(m.tokens for m in encoded.media),
+            "processor_media_tokens": int(torch.isin(ids, torch.tensor(media_ids)).sum()),
             "frames": [list(m.frame_indices or ()) for m in videos],
+            "sampled": want.pop("sampled"),
             "keys": sorted(got),
             "want_keys": sorted(k for k in want if k not in ("input_ids", "attention_mask")),
         }
-        for name in ("pixel_values_videos", "pixel_values"):
-            if name in want:
-                result[f"{name}_error"] = float((got[name] - want[name]).abs().max())
+        for key in ("pixel_values_videos", "pixel_values"):
+            if key in want:
+                result[f"{key}_error"] = float((got[key] - want[key]).abs().max())
         out["samples"].append(result)
     # a packed row of all four trains as they do alone
-    model = seeded(llava.tiny_model)
+    model = seeded(importlib.import_module(module).tiny_model)
     collator = VLMPackingCollator(seq_length=2048, family=family, output="hf", hf_model=model)
     packed = collator([_row(index) for index in range(len(SAMPLES))])
     packed.pop("use_cache", None)
-    out["packed_videos"] = list(packed["pixel_values_videos"].shape)
+    out["packed_frames"] = list(packed[frames_key].shape)
     alone = []
     for index in range(len(SAMPLES)):
         want = _reference(processor, index)
         want.pop("attention_mask")
+        want.pop("sampled")
         alone.append({**want, "labels": _labels(processor, want["input_ids"][0])[None]})
     out["loss_error"], out["grad_error"] = packed_matches_alone(model, alone, packed)
-    # what cannot be sampled or stacked is an unsupported skip that says why
-    out["refusals"] = {}
+    return out
+
+
+def llava_onevision_refusals(_: object) -> dict[str, Any]:
+    """What LLaVA-OneVision cannot sample or stack: each case's ``kind: message``."""
+    from energon_pack import MediaError, make_encoder, model_family
+
+    out: dict[str, Any] = {}
     for name, proc, member in (
-        ("short", processor, "short"),
+        ("short", llava_processor(), "short"),
         ("unfixed", llava_processor(do_sample_frames=False), "a"),
         ("by_fps", llava_processor(num_frames=None, fps=2), "a"),
     ):
         row = {"id": name, "messages": conversation([member], [], "x"), "videos": [clip(member)]}
         try:
             make_encoder(family=proc).encode_sample(name, row)
-            out["refusals"][name] = "encoded"
+            out[name] = "encoded"
         except MediaError as error:
-            out["refusals"][name] = f"{error.kind}: {error}"
-    out["settings_differ"] = (
-        model_family(llava_processor(num_frames=2)).settings() != family.settings()
+            out[name] = f"{error.kind}: {error}"
+    out["settings_differ"] = model_family(llava_processor(num_frames=2)).settings() != (
+        model_family(llava_processor()).settings()
     )
     return out
 
@@ -333,60 +395,82 @@ def _llava_onevision_energon(path: Path) -> dict[str, Any]:
 # --- the tests ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def llava() -> dict[str, Any]:
-    """The child's results, skipped where the reference torchvision is not installed."""
+def _child(target: str, payload: Any = None) -> dict[str, Any]:
+    """``target``'s results in the torchvision child, skipped where it is not installed."""
     if not available():
         pytest.skip("the reference torchvision is not installed (scripts/venv.sh: .venv/reference)")
-    result = dict(run_in_child("test_family_video:llava_onevision_checks", timeout=500))
+    result = dict(run_in_child(f"test_family_video:{target}", payload, timeout=500))
     assert "error" not in result, result.get("error")
     return result
 
 
-def test_llava_onevision_video_tokens_ids_and_labels_are_the_processors(
-    llava: dict[str, Any],
-) -> None:
-    assert llava["placeholder"] == "<video>"
-    for index, result in enumerate(llava["samples"]):
-        assert result["ids_equal"], index
-        assert result["mask_equal"], index
-        assert sum(result["video_tokens"]) == result["processor_video_tokens"], index
-        # 4 frames x a 4x4 patch grid pooled to 2x2, and one newline per video
-        assert result["video_tokens"] == [NUM_FRAMES * 4 + 1] * len(SAMPLES[index][0])
+@cache
+def checks(name: str) -> dict[str, Any]:
+    return _child("family_checks", name)
 
 
-def test_llava_onevision_frames_are_the_video_processors(llava: dict[str, Any]) -> None:
-    """The frames kept are the video processor's uniform sample of the header's count, and
-    the pixels equal its own on every decoded frame."""
-    for (videos, _, _), result in zip(SAMPLES, llava["samples"], strict=True):
-        assert result["frames"] == [
-            [i * CLIPS[name][2] // NUM_FRAMES for i in range(NUM_FRAMES)] for name in videos
-        ]
-        assert result["keys"] == result["want_keys"]
-        assert result.get("pixel_values_videos_error", 0.0) <= 1e-6
-        assert result.get("pixel_values_error", 0.0) <= 1e-6
+def expected_frames(name: str, member: str) -> list[int]:
+    """The frames the family's video processor samples of clip ``member``, by its rule."""
+    _, _, total, fps = CLIPS[member]
+    if name == "llava_onevision":  # NUM_FRAMES, uniform from the first frame
+        return [i * total // NUM_FRAMES for i in range(NUM_FRAMES)]
+    count = int(total / fps * VIDEO_FPS)  # InternVL: VIDEO_FPS a second, from each span's middle
+    step = total / count
+    return [int(step / 2 + i * step) for i in range(count)]
 
 
-def test_llava_onevision_packed_row_of_videos_trains_as_its_samples_alone(
-    llava: dict[str, Any],
-) -> None:
-    assert llava["packed_videos"] == [4, NUM_FRAMES, 3, 32, 32]
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_video_tokens_ids_and_labels_are_the_processors(name: str) -> None:
+    result = checks(name)
+    assert result["placeholder"] == "<video>"
+    for index, sample in enumerate(result["samples"]):
+        assert sample["ids_equal"], index
+        assert sample["mask_equal"], index
+        assert sample["media_tokens"] == sample["processor_media_tokens"], index
+        frames = [len(expected_frames(name, member)) for member in SAMPLES[index][0]]
+        per_frame = {"llava_onevision": 4, "internvl": 4}[name]  # 4x4 patches pooled / shuffled
+        newline = 1 if name == "llava_onevision" else 0
+        assert sample["video_tokens"] == [count * per_frame + newline for count in frames]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_frames_are_the_video_processors(name: str) -> None:
+    """The frames kept are those the video processor samples (its own metadata says which, and
+    its rule gives them), and the pixels equal its own on every decoded frame."""
+    for (videos, _, _), sample in zip(SAMPLES, checks(name)["samples"], strict=True):
+        assert sample["frames"] == sample["sampled"]
+        assert sample["frames"] == [expected_frames(name, member) for member in videos]
+        assert sample["keys"] == sample["want_keys"]
+        assert sample.get("pixel_values_videos_error", 0.0) <= 1e-6
+        assert sample.get("pixel_values_error", 0.0) <= 1e-6
+
+
+@pytest.mark.parametrize(
+    ("name", "frames"),
+    [
+        ("llava_onevision", [5, NUM_FRAMES, 3, 32, 32]),  # videos x frames
+        # frames and tiles in text order: 4 frames; the image's 4x2 tiles and thumbnail, 8
+        # frames; 4 and 4 frames; 4 frames, then the image's 3x2 tiles and thumbnail
+        ("internvl", [4 + 9 + 8 + 4 + 4 + 4 + 7, 3, 32, 32]),
+    ],
+)
+def test_a_packed_row_of_videos_trains_as_its_samples_alone(name: str, frames: list[int]) -> None:
+    result = checks(name)
+    assert result["packed_frames"] == frames
     # the loss is reduced in float32 by transformers (logits.float()); gradients stay float64
-    assert llava["loss_error"] < 1e-6
-    assert llava["grad_error"] < 1e-10
+    assert result["loss_error"] < 1e-6
+    assert result["grad_error"] < 1e-10
 
 
-def test_llava_onevision_videos_it_cannot_sample_or_stack_are_refused_by_name(
-    llava: dict[str, Any],
-) -> None:
-    refusals = llava["refusals"]
+def test_llava_onevision_videos_it_cannot_sample_or_stack_are_refused_by_name() -> None:
+    refusals = _child("llava_onevision_refusals")
     assert refusals["short"].startswith("unsupported")
     assert "num_frames=4" in refusals["short"]
     assert "total_num_frames=3" in refusals["short"]
     for name in ("unfixed", "by_fps"):
         assert refusals[name].startswith("unsupported"), refusals[name]
         assert "do_sample_frames=True and num_frames" in refusals[name]
-    assert llava["settings_differ"]
+    assert refusals["settings_differ"]
 
 
 def test_llava_onevision_videos_on_the_energon_path_pack_as_the_collator_and_resume(

@@ -32,6 +32,7 @@ import torch
 from PIL import Image
 
 from energon_pack.media.audio import AudioProbe
+from energon_pack.media.config import MediaKind
 from energon_pack.media.decode import VideoHeader
 
 __all__ = ["TEXT_KEYS", "PackingRule", "ProcessorFamily", "delimited_spans", "jsonable"]
@@ -277,12 +278,34 @@ class ProcessorFamily(ABC):
 
     def video_inputs(self, videos: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
         """The video processor's outputs for the videos of one sample, each its kept frames
-        (``[T, H, W, 3]`` uint8, sampled already), with the processor's video kwargs."""
+        (``[T, H, W, 3]`` uint8, sampled already), with the processor's video kwargs: one call
+        per video (their frame counts may differ), joined on the first dimension."""
         kwargs = {**self._video_kwargs, "do_sample_frames": False, "return_tensors": "pt"}
         kwargs.pop("num_frames", None)
         kwargs.pop("fps", None)
-        out = self.processor.video_processor(videos=list(videos), **kwargs)
-        return dict(out.items())
+        outs = [self.processor.video_processor(videos=[video], **kwargs) for video in videos]
+        return {key: torch.cat([out[key] for out in outs]) for key in outs[0]}
+
+    def sample_inputs(
+        self, media: Sequence[tuple[MediaKind, np.ndarray[Any, Any]]]
+    ) -> dict[str, torch.Tensor]:
+        """The processor's outputs for one sample's decoded media, in the sample's order
+        (images as :meth:`media_inputs` takes them, videos as :meth:`video_inputs`, audio as
+        :meth:`audio_inputs`); a family whose model reads images and video frames from one
+        tensor in text order overrides it."""
+        by_kind: dict[MediaKind, list[np.ndarray[Any, Any]]] = {
+            "image": [],
+            "video": [],
+            "audio": [],
+        }
+        for kind, array in media:
+            by_kind[kind].append(array)
+        out = self.media_inputs(by_kind["image"]) if by_kind["image"] else {}
+        if by_kind["video"]:
+            out.update(self.video_inputs(by_kind["video"]))
+        if by_kind["audio"]:
+            out.update(self.audio_inputs(by_kind["audio"]))
+        return out
 
     def image_tokens(self, sizes: Sequence[tuple[int, int]]) -> list[int]:
         """Vision tokens of each image (the :attr:`vision_token_ids` in its expansion)."""

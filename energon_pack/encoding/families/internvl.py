@@ -3,8 +3,10 @@
 Each image is tiled: the grid (columns x rows, ``min_patches``..``max_patches`` tiles) whose
 aspect ratio is closest to the image's, plus one thumbnail tile when the grid has more than one.
 The ``<IMG_CONTEXT>`` placeholder becomes ``<img>`` + ``<IMG_CONTEXT>`` x (``image_seq_length``
-x tiles) + ``</img>``; only ``<IMG_CONTEXT>`` takes vision features. ``pixel_values`` is
-``[tiles, 3, H, W]`` over all images of a row; positions restart per segment.
+x tiles) + ``</img>``; only ``<IMG_CONTEXT>`` takes vision features. A ``<video>`` becomes one
+line per frame its video processor keeps, ``Frame{i}: <img>`` + ``<IMG_CONTEXT>`` x
+``image_seq_length`` + ``</img>``, joined by newlines. ``pixel_values`` is ``[tiles, 3, H, W]``
+over all image tiles and video frames of a row, in text order; positions restart per segment.
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
+import torch
+
 from energon_pack.encoding.families.base import ProcessorFamily, delimited_spans
+from energon_pack.media.config import MediaKind
 
 __all__ = ["InternVLFamily", "tile_grid"]
 
@@ -115,6 +121,42 @@ class InternVLFamily(ProcessorFamily):
     def image_tokens(self, sizes: Sequence[tuple[int, int]]) -> list[int]:
         """``image_seq_length`` x tiles per image."""
         return [self.image_seq_length * tiles for tiles in self._tile_counts(sizes)]
+
+    @property
+    def video_placeholder(self) -> str | None:
+        """``processor.video_token`` where the processor has a video processor."""
+        if getattr(self.processor, "video_processor", None) is None:
+            return None
+        return str(self.processor.video_token)
+
+    @property
+    def video_token_ids(self) -> frozenset[int]:
+        """A video's frames fill ``<IMG_CONTEXT>`` tokens, as images do."""
+        return self.vision_token_ids if self.video_placeholder is not None else frozenset()
+
+    def video_expansions(self, frame_counts: Sequence[int]) -> list[str]:
+        """One ``Frame{i}: <img>...</img>`` line per kept frame, joined by newlines."""
+        block = self.start_token + self.context_token * self.image_seq_length + self.end_token
+        return ["\n".join(f"Frame{i + 1}: {block}" for i in range(count)) for count in frame_counts]
+
+    def sample_inputs(
+        self, media: Sequence[tuple[MediaKind, np.ndarray[Any, Any]]]
+    ) -> dict[str, torch.Tensor]:
+        """``pixel_values``: each image's tiles and each video's frames in the sample's order,
+        as the processor joins them (the model fills the ``<IMG_CONTEXT>`` tokens in order)."""
+        images = [array for kind, array in media if kind == "image"]
+        tiles: list[torch.Tensor] = []
+        if images:
+            out = self.image_processor_inputs(images)
+            counts = [int(n) for n in out["num_patches"]]
+            tiles = list(torch.split(out["pixel_values"], counts))
+        blocks, image = [], iter(tiles)
+        for kind, array in media:
+            if kind == "image":
+                blocks.append(next(image))
+            else:
+                blocks.append(self.video_inputs([array])["pixel_values_videos"].flatten(0, 1))
+        return {"pixel_values": torch.cat(blocks)} if blocks else {}
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]]:
         """ChatML: after each ``<|im_start|>assistant\\n`` through its ``<|im_end|>``."""

@@ -176,14 +176,10 @@ def _processed(
     """The family's media outputs for one sample's decoded images, videos and audio."""
     if not arrays:
         return {}
-    by_kind: dict[str, list[np.ndarray[Any, Any]]] = {"image": [], "video": [], "audio": []}
-    for item, array in zip(sample.media, arrays, strict=True):
-        by_kind[item.kind].append(array)
     try:
-        out = family.media_inputs(by_kind["image"]) if by_kind["image"] else {}
-        if by_kind["video"]:
-            out.update(family.video_inputs(by_kind["video"]))
-        return {**out, **(family.audio_inputs(by_kind["audio"]) if by_kind["audio"] else {})}
+        return family.sample_inputs(
+            [(item.kind, array) for item, array in zip(sample.media, arrays, strict=True)]
+        )
     except (ValueError, RuntimeError, OSError) as error:
         failure = MediaError(
             sample.key,
