@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -34,14 +33,14 @@ from energon_pack.encoding.bounded import (
     template_sha256,
 )
 from energon_pack.encoding.chatml import SampleEncoder, TurnOptions
-from energon_pack.encoding.families.base import ProcessorFamily
+from energon_pack.encoding.families.base import ProcessorFamily, SampledVideo
 from energon_pack.encoding.rendering import render_sample, tokenise_text, with_system
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import MediaError, MediaItem
 from energon_pack.media.audio import AudioProbe
 from energon_pack.media.audio_decode import Waveform, audio_probe
 from energon_pack.media.config import MediaKind
-from energon_pack.media.displayed import VideoHeader, displayed_image_size, displayed_video_header
+from energon_pack.media.displayed import displayed_image_size, displayed_video_header
 from energon_pack.media.probe import Frames
 from energon_pack.packing.packed import EncodedSample
 
@@ -50,14 +49,6 @@ __all__ = ["ProcessorEncoder"]
 Span = tuple[int, int]
 Placed = tuple[int, str]
 """Where a placeholder starts in the rendered text, and its text."""
-
-
-@dataclass(frozen=True)
-class SampledVideo:
-    """A video's header and the source frames its family's video processor keeps."""
-
-    header: VideoHeader
-    frames: tuple[int, ...]
 
 
 Measured = tuple[int, int] | AudioProbe | SampledVideo
@@ -221,8 +212,7 @@ class ProcessorEncoder(SampleEncoder):
         try:
             images = iter(self.family.expansions(sizes) if sizes else [])
             audios = iter(self.family.audio_expansions(probes) if probes else [])
-            counts = [len(video.frames) for video in videos]
-            clips = iter(self.family.video_expansions(counts) if videos else [])
+            clips = iter(self.family.video_expansions(videos) if videos else [])
         except ValueError as error:
             members = [member for member, _, _ in raw.media]
             raise MediaError(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -35,7 +36,14 @@ from energon_pack.media.audio import AudioProbe
 from energon_pack.media.config import MediaKind
 from energon_pack.media.decode import VideoHeader
 
-__all__ = ["TEXT_KEYS", "PackingRule", "ProcessorFamily", "delimited_spans", "jsonable"]
+__all__ = [
+    "TEXT_KEYS",
+    "PackingRule",
+    "ProcessorFamily",
+    "SampledVideo",
+    "delimited_spans",
+    "jsonable",
+]
 
 PackingRule = Literal["position_ids", "mrope", "block_mask", "refused"]
 """How a packed row trains exactly: ``"position_ids"`` (positions restart per segment; the
@@ -43,6 +51,21 @@ model derives its per-segment mask from them), ``"mrope"`` (positions from the m
 rope index, per segment: :meth:`ProcessorFamily.position_ids`), ``"block_mask"`` (4-D masks
 per layer type: :meth:`ProcessorFamily.attention_masks`) or ``"refused"``
 (:attr:`ProcessorFamily.refusal` says why)."""
+
+
+@dataclass(frozen=True)
+class SampledVideo:
+    """A video's header and the source frames its family's video processor keeps."""
+
+    header: VideoHeader
+    frames: tuple[int, ...]
+
+    @property
+    def timestamps(self) -> list[float]:
+        """Seconds of each kept frame (its index over the header's rate), as transformers'
+        ``VideoMetadata.timestamps``."""
+        return [index / self.header.fps for index in self.frames]
+
 
 TEXT_KEYS = frozenset({"input_ids", "attention_mask"})
 """Processor outputs that come from the text, not the media."""
@@ -236,16 +259,25 @@ class ProcessorFamily(ABC):
         :attr:`audio_rate`), from the processor's own call."""
         raise NotImplementedError(f"the {self.name} family takes no audio")
 
+    takes_videos: ClassVar[bool] = False
+    """Whether the family serves videos (where its processor has a video processor)."""
+
     @property
     def video_placeholder(self) -> str | None:
-        """The text the chat template renders for each video; None: the family takes no
-        video (or its processor has no video processor)."""
-        return None
+        """The text the chat template renders for each video, ``processor.video_token``;
+        None: the family takes no video (or its processor has no video processor)."""
+        if not self.takes_videos or getattr(self.processor, "video_processor", None) is None:
+            return None
+        return str(self.processor.video_token)
 
     @property
     def video_token_ids(self) -> frozenset[int]:
-        """Ids that count as video tokens (those the vision features of a video fill)."""
-        return frozenset()
+        """Ids that count as video tokens (those the vision features of a video fill): the
+        placeholder's id, which the processor repeats in its expansion."""
+        token = self.video_placeholder
+        if token is None:
+            return frozenset()
+        return frozenset({int(self.tokenizer.convert_tokens_to_ids(token))})
 
     def video_frames(self, header: VideoHeader) -> tuple[int, ...]:
         """The source frames the video processor keeps of a video: its own ``sample_frames``
@@ -271,9 +303,9 @@ class ProcessorFamily(ABC):
         )
         return tuple(int(i) for i in video_processor.sample_frames(metadata=metadata, **kwargs))
 
-    def video_expansions(self, frame_counts: Sequence[int]) -> list[str]:
-        """The text the processor writes in place of each video's placeholder, from the count
-        of frames :meth:`video_frames` keeps of it, in order."""
+    def video_expansions(self, videos: Sequence[SampledVideo]) -> list[str]:
+        """The text the processor writes in place of each video's placeholder, from its header
+        and the frames :meth:`video_frames` keeps of it, in order."""
         raise NotImplementedError(f"the {self.name} family takes no video")
 
     def video_inputs(self, videos: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from energon_pack.encoding.families.base import ProcessorFamily, delimited_spans
+from energon_pack.encoding.families.base import ProcessorFamily, SampledVideo, delimited_spans
 from energon_pack.media.config import MediaKind
 
 __all__ = ["InternVLFamily", "tile_grid"]
@@ -62,6 +62,7 @@ class InternVLFamily(ProcessorFamily):
 
     name: ClassVar[str] = "internvl"
     processor_classes: ClassVar[tuple[str, ...]] = ("InternVLProcessor",)
+    takes_videos: ClassVar[bool] = True
     image_processor_media: ClassVar[tuple[str, ...] | None] = ("num_patches",)
     """``pixel_values`` of the images (all their tiles, in order), as the processor's call
     makes them (a call it refuses on images without text)."""
@@ -123,21 +124,17 @@ class InternVLFamily(ProcessorFamily):
         return [self.image_seq_length * tiles for tiles in self._tile_counts(sizes)]
 
     @property
-    def video_placeholder(self) -> str | None:
-        """``processor.video_token`` where the processor has a video processor."""
-        if getattr(self.processor, "video_processor", None) is None:
-            return None
-        return str(self.processor.video_token)
-
-    @property
     def video_token_ids(self) -> frozenset[int]:
         """A video's frames fill ``<IMG_CONTEXT>`` tokens, as images do."""
         return self.vision_token_ids if self.video_placeholder is not None else frozenset()
 
-    def video_expansions(self, frame_counts: Sequence[int]) -> list[str]:
+    def video_expansions(self, videos: Sequence[SampledVideo]) -> list[str]:
         """One ``Frame{i}: <img>...</img>`` line per kept frame, joined by newlines."""
         block = self.start_token + self.context_token * self.image_seq_length + self.end_token
-        return ["\n".join(f"Frame{i + 1}: {block}" for i in range(count)) for count in frame_counts]
+        return [
+            "\n".join(f"Frame{i + 1}: {block}" for i in range(len(video.frames)))
+            for video in videos
+        ]
 
     def sample_inputs(
         self, media: Sequence[tuple[MediaKind, np.ndarray[Any, Any]]]

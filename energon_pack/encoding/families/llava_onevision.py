@@ -23,7 +23,7 @@ import torch
 from torch.nn import functional
 from transformers.image_processing_utils import select_best_resolution
 
-from energon_pack.encoding.families.base import ProcessorFamily, jsonable
+from energon_pack.encoding.families.base import ProcessorFamily, SampledVideo, jsonable
 
 __all__ = ["LlavaOnevisionFamily"]
 
@@ -45,6 +45,7 @@ class LlavaOnevisionFamily(ProcessorFamily):
 
     name: ClassVar[str] = "llava_onevision"
     processor_classes: ClassVar[tuple[str, ...]] = ("LlavaOnevisionProcessor",)
+    takes_videos: ClassVar[bool] = True
 
     def __init__(self, processor: Any) -> None:
         super().__init__(processor)
@@ -111,20 +112,7 @@ class LlavaOnevisionFamily(ProcessorFamily):
         each = int(self.processor.num_image_tokens) + 1 - drop
         return [token * each for _ in sizes]
 
-    @property
-    def video_placeholder(self) -> str | None:
-        """``processor.video_token`` where the processor has a video processor."""
-        if getattr(self.processor, "video_processor", None) is None:
-            return None
-        return str(self.processor.video_token)
-
-    @property
-    def video_token_ids(self) -> frozenset[int]:
-        if self.video_placeholder is None:
-            return frozenset()
-        return frozenset({int(self.tokenizer.convert_tokens_to_ids(self.video_placeholder))})
-
-    def video_expansions(self, frame_counts: Sequence[int]) -> list[str]:
+    def video_expansions(self, videos: Sequence[SampledVideo]) -> list[str]:
         """``<video>`` repeated ``frames x pooled**2 + 1`` times per video; a ValueError unless
         the video processor samples a fixed ``num_frames`` (the model takes one frame count
         per batch)."""
@@ -137,7 +125,7 @@ class LlavaOnevisionFamily(ProcessorFamily):
             )
         side = math.ceil(int(math.sqrt(int(self.processor.num_image_tokens))) / 2)
         token = str(self.processor.video_token)
-        return [token * (count * side * side + 1) for count in frame_counts]
+        return [token * (len(video.frames) * side * side + 1) for video in videos]
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]]:
         """From after each ``<|im_start|>assistant`` header (the released template writes
