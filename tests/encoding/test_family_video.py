@@ -1,13 +1,13 @@
-"""Videos for the processor families (LLaVA-OneVision, InternVL): video tokens from the
-video's header and the frames its video processor samples, ids, labels and pixels equal to
-transformers' own processor, and a packed row of videos, images and text trains on a tiny
-model of the family as its samples alone; for LLaVA-OneVision the Energon path (2 workers, a
-native WebDataset of MP4 members) packs what the collator packs and resumes exactly at three
-cut points.
+"""Videos for the processor families (LLaVA-OneVision, InternVL, Qwen2.5-Omni's thinker): video
+tokens from the video's header and the frames its video processor samples, ids, labels and
+pixels equal to transformers' own processor, and a packed row of videos, images and text trains
+on a tiny model of the family as its samples alone; for LLaVA-OneVision the Energon path (2
+workers, a native WebDataset of MP4 members) packs what the collator packs and resumes exactly
+at three cut points.
 
 transformers' video processors exist only with torchvision, which this process never imports:
-:func:`llava_onevision_checks` runs in one child process (:mod:`torchvision_child`) and sends
-back plain values that the tests here assert on.
+:func:`family_checks` and the other checks run in a child process (:mod:`torchvision_child`)
+and send back plain values that the tests here assert on.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ CLIPS = {  # member -> (width, height, frames, fps)
     "c": (64, 64, 6, 3),
     "d": (32, 64, 10, 5),
     "short": (32, 32, 3, 3),
+    "big": (448, 336, 8, 4),
 }
 
 
@@ -195,9 +196,33 @@ def _labels(processor: Any, ids: Any) -> Any:
     return labels
 
 
+def omni_processor(**video: Any) -> Any:
+    """The Qwen2.5-Omni processor of ``test_family_omni`` with its Qwen2-VL video processor
+    (``VIDEO_FPS`` frames a second, at least 4)."""
+    import test_family_omni as omni
+    from transformers import Qwen2_5OmniProcessor, Qwen2VLVideoProcessor
+
+    built = omni.processor("qwen2_5_omni")
+    settings = {"do_sample_frames": True, "fps": VIDEO_FPS, "cap_pixels_per_frame": False}
+    return Qwen2_5OmniProcessor(
+        image_processor=built.image_processor,
+        video_processor=Qwen2VLVideoProcessor(**{**settings, **video}),
+        feature_extractor=built.feature_extractor,
+        tokenizer=built.tokenizer,
+        chat_template=built.chat_template,
+    )
+
+
+def omni_model() -> Any:
+    import test_family_omni as omni
+
+    return omni.tiny_model("qwen2_5_omni", omni_processor())
+
+
 FAMILIES = {
     "llava_onevision": ("llava_processor", "test_family_llava_onevision", "pixel_values_videos"),
     "internvl": ("internvl_processor", "test_family_internvl", "pixel_values"),
+    "qwen2_5_omni": ("omni_processor", "test_family_video:omni_model", "pixel_values_videos"),
 }
 """Per family: its processor builder here, the test module of its tiny model, and the input
 that holds its video frames."""
@@ -251,7 +276,8 @@ def _family_checks(name: str) -> dict[str, Any]:
                 result[f"{key}_error"] = float((got[key] - want[key]).abs().max())
         out["samples"].append(result)
     # a packed row of all four trains as they do alone
-    model = seeded(importlib.import_module(module).tiny_model)
+    module_name, _, model_name = module.partition(":")
+    model = seeded(getattr(importlib.import_module(module_name), model_name or "tiny_model"))
     collator = VLMPackingCollator(seq_length=2048, family=family, output="hf", hf_model=model)
     packed = collator([_row(index) for index in range(len(SAMPLES))])
     packed.pop("use_cache", None)
@@ -259,10 +285,36 @@ def _family_checks(name: str) -> dict[str, Any]:
     alone = []
     for index in range(len(SAMPLES)):
         want = _reference(processor, index)
-        want.pop("attention_mask")
         want.pop("sampled")
         alone.append({**want, "labels": _labels(processor, want["input_ids"][0])[None]})
     out["loss_error"], out["grad_error"] = packed_matches_alone(model, alone, packed)
+    return out
+
+
+def omni_capped_ids(_: object) -> list[bool]:
+    """Whether each sample's ids equal the processor's when its video processor shares a
+    pixel budget of 300 tokens over each video's frames (``cap_pixels_per_frame``)."""
+    from energon_pack import make_encoder
+
+    processor = omni_processor(cap_pixels_per_frame=True, max_video_tokens=300)
+    encoder = make_encoder(family=processor)
+    out = []
+    for index in range(len(SAMPLES)):
+        row = _row(index)
+        ids = _reference(processor, index)["input_ids"][0].tolist()
+        out.append(encoder.encode_sample(row["id"], row).input_ids.tolist() == ids)
+    # a clip over the per-frame share of the budget: resized below the uncapped size
+    frames, metadata = _decoded(clip("big"))
+    messages = conversation(["big"], [], "Big.")
+    row = {"id": "big", "messages": messages, "videos": [clip("big")]}
+    counts = []
+    for proc in (processor, omni_processor()):
+        text = proc.apply_chat_template(messages, tokenize=False)
+        ids = proc(text=[text], videos=[frames], video_metadata=[metadata], return_tensors="pt")
+        ids = ids["input_ids"][0].tolist()
+        out.append(make_encoder(family=proc).encode_sample("big", row).input_ids.tolist() == ids)
+        counts.append(ids.count(proc.video_token_id))
+    out.append(counts[0] < counts[1])
     return out
 
 
@@ -414,21 +466,26 @@ def expected_frames(name: str, member: str) -> list[int]:
     _, _, total, fps = CLIPS[member]
     if name == "llava_onevision":  # NUM_FRAMES, uniform from the first frame
         return [i * total // NUM_FRAMES for i in range(NUM_FRAMES)]
-    count = int(total / fps * VIDEO_FPS)  # InternVL: VIDEO_FPS a second, from each span's middle
-    step = total / count
+    count = int(total / fps * VIDEO_FPS)  # VIDEO_FPS a second
+    if name == "qwen2_5_omni":  # at least 4, whole temporal patches of 2, from the first frame
+        count = min(max(count, 4), total // 2 * 2) // 2 * 2
+        return [int(i * (total / count)) for i in range(count)]
+    step = total / count  # InternVL: from the middle of each span
     return [int(step / 2 + i * step) for i in range(count)]
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_video_tokens_ids_and_labels_are_the_processors(name: str) -> None:
     result = checks(name)
-    assert result["placeholder"] == "<video>"
+    assert result["placeholder"] == ("<|VIDEO|>" if name == "qwen2_5_omni" else "<video>")
     for index, sample in enumerate(result["samples"]):
         assert sample["ids_equal"], index
         assert sample["mask_equal"], index
         assert sample["media_tokens"] == sample["processor_media_tokens"], index
+        if name == "qwen2_5_omni":  # sized per clip: the ids and counts above are the check
+            continue
         frames = [len(expected_frames(name, member)) for member in SAMPLES[index][0]]
-        per_frame = {"llava_onevision": 4, "internvl": 4}[name]  # 4x4 patches pooled / shuffled
+        per_frame = 4  # 4x4 patches pooled (LLaVA-OneVision) or pixel-shuffled (InternVL) to 4
         newline = 1 if name == "llava_onevision" else 0
         assert sample["video_tokens"] == [count * per_frame + newline for count in frames]
 
@@ -452,6 +509,8 @@ def test_frames_are_the_video_processors(name: str) -> None:
         # frames and tiles in text order: 4 frames; the image's 4x2 tiles and thumbnail, 8
         # frames; 4 and 4 frames; 4 frames, then the image's 3x2 tiles and thumbnail
         ("internvl", [4 + 9 + 8 + 4 + 4 + 4 + 7, 3, 32, 32]),
+        # 2x2 merged patches of each video's tokens, each patch 2 frames x 3 x 14 x 14
+        ("qwen2_5_omni", [4 * (280 + 560 + 288 + 256 + 256), 2 * 3 * 14 * 14]),
     ],
 )
 def test_a_packed_row_of_videos_trains_as_its_samples_alone(name: str, frames: list[int]) -> None:
@@ -460,6 +519,12 @@ def test_a_packed_row_of_videos_trains_as_its_samples_alone(name: str, frames: l
     # the loss is reduced in float32 by transformers (logits.float()); gradients stay float64
     assert result["loss_error"] < 1e-6
     assert result["grad_error"] < 1e-10
+
+
+def test_omni_video_tokens_under_a_shared_pixel_budget_are_the_processors() -> None:
+    if not available():
+        pytest.skip("the reference torchvision is not installed (scripts/venv.sh: .venv/reference)")
+    assert run_in_child("test_family_video:omni_capped_ids", timeout=500) == [True] * 8
 
 
 def test_llava_onevision_videos_it_cannot_sample_or_stack_are_refused_by_name() -> None:

@@ -31,6 +31,8 @@ class Qwen3OmniFamily(Qwen25OmniFamily):
 
     name: ClassVar[str] = "qwen3_omni_moe"
     processor_classes: ClassVar[tuple[str, ...]] = ("Qwen3OmniMoeProcessor",)
+    takes_videos: ClassVar[bool] = False
+    """Its videos are timed and placed otherwise; not served yet."""
 
     def audio_tokens(self, probe: AudioProbe) -> int:
         """``<|AUDIO|>`` tokens of an audio alone in its sample."""
