@@ -64,8 +64,12 @@ SAMPLES: list[tuple[list[str], list[tuple[int, int]], str]] = [
     ([], [], "Only text."),
     (["c", "d"], [], "Two clips."),
     (["d"], [(40, 60)], "A clip, then an image."),
+    ([], [(30, 70)], "Only an image."),
 ]
 """Each sample's videos, image sizes and reply."""
+MIXED = {1, 4}
+"""The samples holding an image and a video: GLM-4V's model takes no such sample alone (its
+forward counts video pads as image pads), so its checks leave them out."""
 VIDEO_FIRST = 4
 """The sample whose message holds its clip before its image (LLaVA-OneVision's template
 renders a message's images first, InternVL's in order)."""
@@ -131,13 +135,16 @@ def llava_processor(**video: Any) -> Any:
 
 
 def _decoded(data: bytes) -> tuple[np.ndarray[Any, Any], Any]:
-    """Every frame of a clip (decord) and its metadata (frame count, average rate)."""
+    """Every frame of a clip (decord) and its metadata as transformers' decord loader writes
+    it (frame count, average rate, duration)."""
     import decord
     from transformers.video_utils import VideoMetadata
 
     reader = decord.VideoReader(io.BytesIO(data), num_threads=1)
     frames = np.asarray(reader.get_batch(list(range(len(reader)))).asnumpy())
-    return frames, VideoMetadata(total_num_frames=len(reader), fps=reader.get_avg_fps())
+    fps = float(reader.get_avg_fps())
+    metadata = VideoMetadata(total_num_frames=len(reader), fps=fps, duration=len(reader) / fps)
+    return frames, metadata
 
 
 def _reference(processor: Any, index: int) -> dict[str, Any]:
@@ -213,6 +220,21 @@ def omni_processor(**video: Any) -> Any:
     )
 
 
+def glm4v_processor() -> Any:
+    """The GLM-4V processor of ``test_family_glm4v`` with its video processor (2 frames a
+    second, at most 8 for the tiny model; frames of 56 to 112 pixels a side)."""
+    import test_family_glm4v as glm4v
+    from transformers import Glm4vImageProcessorPil, Glm4vProcessor, Glm4vVideoProcessor
+
+    budget = {"shortest_edge": 2 * 56 * 56, "longest_edge": 8 * 112 * 112}
+    return Glm4vProcessor(
+        image_processor=Glm4vImageProcessorPil(),
+        video_processor=Glm4vVideoProcessor(do_sample_frames=True, fps=VIDEO_FPS, size=budget),
+        tokenizer=glm4v.TOKENIZER,
+        chat_template=glm4v.TEMPLATE,
+    )
+
+
 def omni_model() -> Any:
     import test_family_omni as omni
 
@@ -223,6 +245,7 @@ FAMILIES = {
     "llava_onevision": ("llava_processor", "test_family_llava_onevision", "pixel_values_videos"),
     "internvl": ("internvl_processor", "test_family_internvl", "pixel_values"),
     "qwen2_5_omni": ("omni_processor", "test_family_video:omni_model", "pixel_values_videos"),
+    "glm4v": ("glm4v_processor", "test_family_glm4v", "pixel_values"),
 }
 """Per family: its processor builder here, the test module of its tiny model, and the input
 that holds its video frames."""
@@ -252,14 +275,18 @@ def _family_checks(name: str) -> dict[str, Any]:
     encoder = make_encoder(family=processor)
     media_ids = [int(i) for i in encoder.media_ids_tensor]
     out: dict[str, Any] = {"samples": [], "placeholder": family.video_placeholder}
-    for index in range(len(SAMPLES)):
+    indices = [i for i in range(len(SAMPLES)) if name != "glm4v" or i not in MIXED]
+    for index in indices:
         row = _row(index)
         encoded = encoder.encode_sample(row["id"], row)
         want = _reference(processor, index)
         ids = want["input_ids"][0]
         got = sample_media(family, encoded, encoder.media) if encoded.media else {}
+        if name == "glm4v":
+            want = _as_images(want)
         videos = [m for m in encoded.media if m.kind == "video"]
         result: dict[str, Any] = {
+            "index": index,
             "ids_equal": encoded.input_ids.tolist() == ids.tolist(),
             "mask_equal": encoded.loss_mask[1:].bool().tolist()
             == (_labels(processor, ids) != IGNORE)[1:].tolist(),
@@ -269,7 +296,9 @@ def _family_checks(name: str) -> dict[str, Any]:
             "frames": [list(m.frame_indices or ()) for m in videos],
             "sampled": want.pop("sampled"),
             "keys": sorted(got),
-            "want_keys": sorted(k for k in want if k not in ("input_ids", "attention_mask")),
+            "want_keys": sorted(
+                k for k in want if k not in {"input_ids", "attention_mask", *family.token_keys}
+            ),
         }
         for key in ("pixel_values_videos", "pixel_values"):
             if key in want:
@@ -279,16 +308,51 @@ def _family_checks(name: str) -> dict[str, Any]:
     module_name, _, model_name = module.partition(":")
     model = seeded(getattr(importlib.import_module(module_name), model_name or "tiny_model"))
     collator = VLMPackingCollator(seq_length=2048, family=family, output="hf", hf_model=model)
-    packed = collator([_row(index) for index in range(len(SAMPLES))])
+    packed = collator([_row(index) for index in indices])
     packed.pop("use_cache", None)
     out["packed_frames"] = list(packed[frames_key].shape)
     alone = []
-    for index in range(len(SAMPLES)):
+    for index in indices:
         want = _reference(processor, index)
         want.pop("sampled")
-        alone.append({**want, "labels": _labels(processor, want["input_ids"][0])[None]})
+        ids = want["input_ids"][0]
+        tokens = {key: value[None] for key, value in family.token_inputs(ids).items()}
+        alone.append({**want, **tokens, "labels": _labels(processor, ids)[None]})
     out["loss_error"], out["grad_error"] = packed_matches_alone(model, alone, packed)
+    if name == "glm4v":  # a sample of both kinds: its positions are the model's rope index's
+        out["mixed_positions"] = [_glm4v_positions_equal(processor, model, i) for i in MIXED]
     return out
+
+
+def _glm4v_positions_equal(processor: Any, model: Any, index: int) -> bool:
+    """Whether the GLM-4V family's positions of sample ``index`` (its videos' patches among
+    its images) equal the model's rope index on the processor's own grids, and its pixels the
+    processor's images and videos in text order."""
+    import torch
+
+    from energon_pack import make_encoder, model_family
+    from energon_pack.encoding.families.materialise import sample_media
+
+    family = model_family(processor)
+    encoder = make_encoder(family=processor)
+    row = _row(index)
+    encoded = encoder.encode_sample(row["id"], row)
+    media = sample_media(family, encoded, encoder.media)
+    ours = family.position_ids(model, encoded.input_ids, media)
+    want = _reference(processor, index)
+    ids = want["input_ids"]
+    types = family.token_inputs(ids[0])["mm_token_type_ids"][None]
+    positions, _ = model.model.get_rope_index(
+        ids,
+        mm_token_type_ids=types,
+        image_grid_thw=want["image_grid_thw"],
+        video_grid_thw=want["video_grid_thw"],
+    )
+    parts = [want["pixel_values"], want["pixel_values_videos"]]
+    pixels = torch.cat(parts[::-1] if index == VIDEO_FIRST else parts)  # in text order
+    return bool(torch.equal(ours[1:], positions)) and bool(
+        torch.equal(media["pixel_values"], pixels)
+    )
 
 
 def omni_capped_ids(_: object) -> list[bool]:
@@ -315,6 +379,20 @@ def omni_capped_ids(_: object) -> list[bool]:
         out.append(make_encoder(family=proc).encode_sample("big", row).input_ids.tolist() == ids)
         counts.append(ids.count(proc.video_token_id))
     out.append(counts[0] < counts[1])
+    return out
+
+
+def _as_images(outputs: dict[str, Any]) -> dict[str, Any]:
+    """GLM-4V's processor outputs for a sample of one kind with its video patches given as
+    images, one per temporal patch, as its model's ``get_video_features`` flattens them (and
+    as the family gives them; ``video_grid_thw`` kept)."""
+    if "pixel_values_videos" not in outputs:
+        return outputs
+    out = dict(outputs)
+    grid = out["video_grid_thw"]
+    out["pixel_values"] = out.pop("pixel_values_videos")
+    hw = grid[:, 1:].repeat_interleave(grid[:, 0], dim=0)
+    out["image_grid_thw"] = np.concatenate([np.ones((len(hw), 1), dtype=np.int64), hw], axis=1)
     return out
 
 
@@ -470,6 +548,10 @@ def expected_frames(name: str, member: str) -> list[int]:
     if name == "qwen2_5_omni":  # at least 4, whole temporal patches of 2, from the first frame
         count = min(max(count, 4), total // 2 * 2) // 2 * 2
         return [int(i * (total / count)) for i in range(count)]
+    if name == "glm4v":  # the frame at each half second, an odd count's last one twice
+        times = max(int(total / fps * VIDEO_FPS), 1)
+        picked = list(dict.fromkeys(min(total - 1, -(-i * fps // VIDEO_FPS)) for i in range(times)))
+        return picked + picked[-1:] * (len(picked) % 2)
     step = total / count  # InternVL: from the middle of each span
     return [int(step / 2 + i * step) for i in range(count)]
 
@@ -477,12 +559,14 @@ def expected_frames(name: str, member: str) -> list[int]:
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_video_tokens_ids_and_labels_are_the_processors(name: str) -> None:
     result = checks(name)
-    assert result["placeholder"] == ("<|VIDEO|>" if name == "qwen2_5_omni" else "<video>")
-    for index, sample in enumerate(result["samples"]):
+    placeholders = {"qwen2_5_omni": "<|VIDEO|>", "glm4v": "<|video|>"}
+    assert result["placeholder"] == placeholders.get(name, "<video>")
+    for sample in result["samples"]:
+        index = sample["index"]
         assert sample["ids_equal"], index
         assert sample["mask_equal"], index
         assert sample["media_tokens"] == sample["processor_media_tokens"], index
-        if name == "qwen2_5_omni":  # sized per clip: the ids and counts above are the check
+        if name in placeholders:  # sized per clip: the ids and counts above are the check
             continue
         frames = [len(expected_frames(name, member)) for member in SAMPLES[index][0]]
         per_frame = 4  # 4x4 patches pooled (LLaVA-OneVision) or pixel-shuffled (InternVL) to 4
@@ -494,7 +578,8 @@ def test_video_tokens_ids_and_labels_are_the_processors(name: str) -> None:
 def test_frames_are_the_video_processors(name: str) -> None:
     """The frames kept are those the video processor samples (its own metadata says which, and
     its rule gives them), and the pixels equal its own on every decoded frame."""
-    for (videos, _, _), sample in zip(SAMPLES, checks(name)["samples"], strict=True):
+    for sample in checks(name)["samples"]:
+        videos = SAMPLES[sample["index"]][0]
         assert sample["frames"] == sample["sampled"]
         assert sample["frames"] == [expected_frames(name, member) for member in videos]
         assert sample["keys"] == sample["want_keys"]
@@ -507,24 +592,32 @@ def test_frames_are_the_video_processors(name: str) -> None:
     [
         ("llava_onevision", [5, NUM_FRAMES, 3, 32, 32]),  # videos x frames
         # frames and tiles in text order: 4 frames; the image's 4x2 tiles and thumbnail, 8
-        # frames; 4 and 4 frames; 4 frames, then the image's 3x2 tiles and thumbnail
-        ("internvl", [4 + 9 + 8 + 4 + 4 + 4 + 7, 3, 32, 32]),
+        # frames; 4 and 4 frames; 4 frames, then the image's 3x2 tiles and thumbnail; the last
+        # image's 5x2 tiles and thumbnail
+        ("internvl", [4 + 9 + 8 + 4 + 4 + 4 + 7 + 11, 3, 32, 32]),
         # 2x2 merged patches of each video's tokens, each patch 2 frames x 3 x 14 x 14
         ("qwen2_5_omni", [4 * (280 + 560 + 288 + 256 + 256), 2 * 3 * 14 * 14]),
+        # the videos' temporal patches given as images (8, 8 + 4 tokens), then the image's 10
+        # (s1 and s4 hold both kinds, which GLM-4V's model takes in no sample)
+        ("glm4v", [4 * (8 + 8 + 4 + 10), 2 * 3 * 14 * 14]),
     ],
 )
 def test_a_packed_row_of_videos_trains_as_its_samples_alone(name: str, frames: list[int]) -> None:
     result = checks(name)
     assert result["packed_frames"] == frames
-    # the loss is reduced in float32 by transformers (logits.float()); gradients stay float64
+    # the loss is reduced in float32 by transformers (logits.float()); gradients stay float64,
+    # but for GLM-4V's vision tower, which interpolates its position table (grid_sample) and
+    # normalises in float32, in image rows as in video rows
     assert result["loss_error"] < 1e-6
-    assert result["grad_error"] < 1e-10
+    assert result["grad_error"] < (1e-6 if name == "glm4v" else 1e-10)
+    if name == "glm4v":
+        assert result["mixed_positions"] == [True] * len(MIXED)
 
 
 def test_omni_video_tokens_under_a_shared_pixel_budget_are_the_processors() -> None:
     if not available():
         pytest.skip("the reference torchvision is not installed (scripts/venv.sh: .venv/reference)")
-    assert run_in_child("test_family_video:omni_capped_ids", timeout=500) == [True] * 8
+    assert run_in_child("test_family_video:omni_capped_ids", timeout=500) == [True] * 9
 
 
 def test_llava_onevision_videos_it_cannot_sample_or_stack_are_refused_by_name() -> None:

@@ -316,7 +316,8 @@ class ProcessorFamily(ABC):
         kwargs.pop("num_frames", None)
         kwargs.pop("fps", None)
         outs = [self.processor.video_processor(videos=[video], **kwargs) for video in videos]
-        return {key: torch.cat([out[key] for out in outs]) for key in outs[0]}
+        keys = [key for key, value in outs[0].items() if isinstance(value, torch.Tensor)]
+        return {key: torch.cat([out[key] for out in outs]) for key in keys}
 
     def sample_inputs(
         self, media: Sequence[tuple[MediaKind, np.ndarray[Any, Any]]]

@@ -2,19 +2,29 @@
 per image; the processor widens ``<|image|>`` to ``(h/14)*(w/14)/2**2`` pads, on the size smart-
 resized to multiples of ``patch * merge = 28`` within the pixel budget (over 2 temporal copies).
 Inputs: ``pixel_values [sum h*w/196, 1176]``, ``image_grid_thw [images, 3]``,
-``mm_token_type_ids [1, L]`` (1 on image pads). Packed rows: ``[4, 1, T]`` positions, a text row
-restarting per segment over the model's own per-segment mRoPE rows (``get_rope_index``).
+``mm_token_type_ids [1, L]`` (1 on image pads). A video (where the processor has its video
+processor) renders ``<|begin_of_video|><|video|><|end_of_video|>``; ``<|video|>`` becomes, per
+temporal patch of the frames its video processor samples, ``<|begin_of_image|>`` + ``<|image|>``
+x ``(h/14)*(w/14)/2**2`` + ``<|end_of_image|>`` + the whole second of the patch's first frame,
+the size smart-resized over all the frames (type 2 in ``mm_token_type_ids``). A video's patches
+join ``pixel_values`` and ``image_grid_thw`` as one image per temporal patch, in text order, as
+the model's own ``get_video_features`` flattens them (its forward takes no row holding image and
+video pads together); ``video_grid_thw`` stays for the positions. Packed rows: ``[4, 1, T]``
+positions, a text row restarting per segment over the model's own per-segment mRoPE rows
+(``get_rope_index``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
-from energon_pack.encoding.families.base import PackingRule, ProcessorFamily
-from energon_pack.media.config import smart_resize_video
+from energon_pack.encoding.families.base import PackingRule, ProcessorFamily, SampledVideo
+from energon_pack.media.config import MediaKind, smart_resize_video
 
 __all__ = ["Glm4vFamily"]
 
@@ -33,8 +43,52 @@ class Glm4vFamily(ProcessorFamily):
     name: ClassVar[str] = "glm4v"
     processor_classes: ClassVar[tuple[str, ...]] = ("Glm4vProcessor",)
     packing: ClassVar[PackingRule] = "mrope"
-    segment_keys: ClassVar[frozenset[str]] = frozenset({"image_grid_thw"})
+    segment_keys: ClassVar[frozenset[str]] = frozenset({"image_grid_thw", "video_grid_thw"})
     token_keys: ClassVar[frozenset[str]] = frozenset({"mm_token_type_ids"})
+    takes_videos: ClassVar[bool] = True
+
+    def __init__(self, processor: Any) -> None:
+        super().__init__(processor)
+        self._begin_of_image = int(self.tokenizer.convert_tokens_to_ids("<|begin_of_image|>"))
+
+    @property
+    def video_token_ids(self) -> frozenset[int]:
+        """A video's frames fill ``<|image|>`` pads, as images do."""
+        return self.vision_token_ids if self.video_placeholder is not None else frozenset()
+
+    def video_expansions(self, videos: Sequence[SampledVideo]) -> list[str]:
+        """Per temporal patch of the kept frames: ``<|begin_of_image|>`` + ``<|image|>`` x
+        ``grid_h * grid_w / merge**2`` + ``<|end_of_image|>`` + ``int(seconds)`` of the patch's
+        first frame (the last time repeated where the patches outnumber the times)."""
+        setting = self.video_setting
+        patch, merge = int(setting("patch_size")), int(setting("merge_size"))
+        temporal = int(setting("temporal_patch_size"))
+        size = setting("size")
+        if isinstance(size, Mapping):
+            least, most = int(size["shortest_edge"]), int(size["longest_edge"])
+        else:
+            least, most = int(size.shortest_edge), int(size.longest_edge)
+        out = []
+        for video in videos:
+            frames = len(video.frames)
+            height, width = video.header.height, video.header.width
+            if setting("do_resize"):
+                height, width = smart_resize_video(
+                    frames,
+                    height,
+                    width,
+                    temporal_factor=temporal,
+                    factor=patch * merge,
+                    min_pixels=least,
+                    max_pixels=most,
+                )
+            tokens = (height // patch) * (width // patch) // merge**2
+            patches = math.ceil(frames / temporal)
+            times = video.timestamps[::2][:patches] or [0.0]
+            times += [times[-1]] * (patches - len(times))
+            frame = f"<|begin_of_image|>{self.image_placeholder * tokens}<|end_of_image|>"
+            out.append("".join(f"{frame}{int(seconds)}" for seconds in times))
+        return out
 
     def expansions(self, sizes: Sequence[tuple[int, int]]) -> list[str]:
         """``<|image|>`` repeated ``grid_h * grid_w / merge**2`` times per image."""
@@ -72,6 +126,45 @@ class Glm4vFamily(ProcessorFamily):
             min_pixels=min_pixels,
             max_pixels=max_pixels,
         )
+
+    def sample_inputs(
+        self, media: Sequence[tuple[MediaKind, np.ndarray[Any, Any]]]
+    ) -> dict[str, torch.Tensor]:
+        """The processor's outputs with each video given as images, one per temporal patch,
+        in text order (``pixel_values``, ``image_grid_thw``), as the model's own
+        ``get_video_features`` flattens a video's grid: its forward cannot take a row's image
+        and video pads together (it counts both kinds as images). ``video_grid_thw`` stays
+        for the positions."""
+        images = [array for kind, array in media if kind == "image"]
+        found = self.media_inputs(images) if images else {}
+        image = iter(
+            zip(
+                torch.split(found["pixel_values"], found["image_grid_thw"].prod(-1).tolist()),
+                found["image_grid_thw"],
+                strict=True,
+            )
+            if images
+            else ()
+        )
+        pixels, grids, videos = [], [], []
+        for kind, array in media:
+            if kind == "image":
+                patches, grid = next(image)
+                pixels.append(patches)
+                grids.append(grid[None])
+                continue
+            out = self.video_inputs([array])
+            video = out["video_grid_thw"]
+            slices = int(video[0, 0])
+            pixels.append(out["pixel_values_videos"])
+            grids.append(torch.cat([video.new_ones(slices, 1), video[:, 1:].repeat(slices, 1)], 1))
+            videos.append(video)
+        if not pixels:
+            return {}
+        out = {"pixel_values": torch.cat(pixels), "image_grid_thw": torch.cat(grids)}
+        if videos:
+            out["video_grid_thw"] = torch.cat(videos)
+        return out
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]] | None:
         """Replies of GLM's turn format ``[gMASK]<sop><|system|>\\n...<|user|>\\n...
@@ -124,11 +217,17 @@ class Glm4vFamily(ProcessorFamily):
         if rope is None:
             rope = model.model.get_rope_index
         types = self.token_inputs(input_ids)["mm_token_type_ids"].reshape(1, -1)
+        images = media.get("image_grid_thw")
+        if images is not None and media.get("video_grid_thw") is not None:
+            # the images only: a video's patches are among them (see sample_inputs), one per
+            # <|begin_of_image|> block, whose pads are type 2
+            begins = torch.nonzero(ids[0] == self._begin_of_image).flatten()
+            images = images[types[0, begins + 1].cpu() == 1]
         with torch.no_grad():
             positions, _ = rope(
                 ids,
                 mm_token_type_ids=types.to(ids.device),
-                image_grid_thw=media.get("image_grid_thw"),
+                image_grid_thw=images if images is None or len(images) else None,
                 video_grid_thw=media.get("video_grid_thw"),
             )
         text = torch.arange(ids.shape[1], device=positions.device, dtype=positions.dtype)
