@@ -42,6 +42,7 @@ __all__ = [
     "ProcessorFamily",
     "SampledVideo",
     "delimited_spans",
+    "joined",
     "jsonable",
 ]
 
@@ -212,7 +213,7 @@ class ProcessorFamily(ABC):
         (each key concatenated along dim 0, in sample order)."""
         keys = [k for sample in samples for k in sample]
         return {
-            key: torch.cat([sample[key] for sample in samples if key in sample])
+            key: joined([sample[key] for sample in samples if key in sample])
             for key in dict.fromkeys(keys)
         }
 
@@ -317,7 +318,7 @@ class ProcessorFamily(ABC):
         kwargs.pop("fps", None)
         outs = [self.processor.video_processor(videos=[video], **kwargs) for video in videos]
         keys = [key for key, value in outs[0].items() if isinstance(value, torch.Tensor)]
-        return {key: torch.cat([out[key] for out in outs]) for key in keys}
+        return {key: joined([out[key] for out in outs]) for key in keys}
 
     def sample_inputs(
         self, media: Sequence[tuple[MediaKind, np.ndarray[Any, Any]]]
@@ -347,6 +348,12 @@ class ProcessorFamily(ABC):
             sum(i in vision for i in self.tokenizer.encode(text, add_special_tokens=False))
             for text in self.expansions(sizes)
         ]
+
+
+def joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(tensors)``, or the tensor itself where it is the only one (a video's
+    pixels are large: no copy)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(list(tensors))
 
 
 def jsonable(value: Any) -> Any:

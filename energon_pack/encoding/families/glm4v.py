@@ -23,7 +23,12 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from energon_pack.encoding.families.base import PackingRule, ProcessorFamily, SampledVideo
+from energon_pack.encoding.families.base import (
+    PackingRule,
+    ProcessorFamily,
+    SampledVideo,
+    joined,
+)
 from energon_pack.media.config import MediaKind, smart_resize_video
 
 __all__ = ["Glm4vFamily"]
@@ -161,9 +166,9 @@ class Glm4vFamily(ProcessorFamily):
             videos.append(video)
         if not pixels:
             return {}
-        out = {"pixel_values": torch.cat(pixels), "image_grid_thw": torch.cat(grids)}
+        out = {"pixel_values": joined(pixels), "image_grid_thw": joined(grids)}
         if videos:
-            out["video_grid_thw"] = torch.cat(videos)
+            out["video_grid_thw"] = joined(videos)
         return out
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]] | None:

@@ -17,7 +17,12 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from energon_pack.encoding.families.base import ProcessorFamily, SampledVideo, delimited_spans
+from energon_pack.encoding.families.base import (
+    ProcessorFamily,
+    SampledVideo,
+    delimited_spans,
+    joined,
+)
 from energon_pack.media.config import MediaKind
 
 __all__ = ["InternVLFamily", "tile_grid"]
@@ -153,7 +158,7 @@ class InternVLFamily(ProcessorFamily):
                 blocks.append(next(image))
             else:
                 blocks.append(self.video_inputs([array])["pixel_values_videos"].flatten(0, 1))
-        return {"pixel_values": torch.cat(blocks)} if blocks else {}
+        return {"pixel_values": joined(blocks)} if blocks else {}
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]]:
         """ChatML: after each ``<|im_start|>assistant\\n`` through its ``<|im_end|>``."""

@@ -23,7 +23,7 @@ import torch
 from torch.nn import functional
 from transformers.image_processing_utils import select_best_resolution
 
-from energon_pack.encoding.families.base import ProcessorFamily, SampledVideo, jsonable
+from energon_pack.encoding.families.base import ProcessorFamily, SampledVideo, joined, jsonable
 
 __all__ = ["LlavaOnevisionFamily"]
 
@@ -149,7 +149,7 @@ class LlavaOnevisionFamily(ProcessorFamily):
         out: dict[str, torch.Tensor] = {}
         videos = [s["pixel_values_videos"] for s in samples if "pixel_values_videos" in s]
         if videos:
-            out["pixel_values_videos"] = torch.cat(videos)
+            out["pixel_values_videos"] = joined(videos)
         present = [sample for sample in samples if "pixel_values" in sample]
         if not present:
             return out
