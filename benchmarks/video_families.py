@@ -1,11 +1,11 @@
 """Video families: what serving a video sample through energon_pack costs against the family's
 own pipeline, and what the header probe costs against a decode.
 
-For LLaVA-OneVision, InternVL, the Qwen2.5-Omni thinker and GLM-4V, a processor with its video
-processor at the released video settings (LLaVA-OneVision and InternVL 8 frames, Qwen2.5-Omni
-and GLM-4V 2 frames a second) and the test suite's small tokenizers and templates
-(``tests/encoding/``); H.264 MP4 clips of three sizes and lengths. Per clip, interleaved in
-each round:
+For LLaVA-OneVision, InternVL, the Qwen2.5-Omni thinker, GLM-4V and Gemma 4, a processor with its
+video processor at the released video settings (LLaVA-OneVision and InternVL 8 frames,
+Qwen2.5-Omni and GLM-4V 2 frames a second, Gemma 4 32 frames of 70 soft tokens) and the test
+suite's small tokenizers and templates (``tests/encoding/``); H.264 MP4 clips of three sizes
+and lengths. Per clip, interleaved in each round:
 
 * processor: the chat template rendered, the calls of transformers' decord loader
   (``read_video_decord``: the clip opened, its metadata, the frames the video processor
@@ -47,7 +47,7 @@ from energon_pack.cli.tables import format_table  # noqa: E402
 
 CLIPS = [(320, 240, 20, 15), (640, 352, 8, 30), (1280, 720, 4, 25)]
 """(width, height, seconds, fps) of each clip."""
-FAMILIES = ("llava_onevision", "internvl", "qwen2_5_omni", "glm4v")
+FAMILIES = ("llava_onevision", "internvl", "qwen2_5_omni", "glm4v", "gemma4")
 
 
 def clip_bytes(width: int, height: int, seconds: int, fps: int) -> bytes:
@@ -105,6 +105,17 @@ def processor(name: str) -> Any:
                 do_sample_frames=True, fps=2, cap_pixels_per_frame=False
             ),
             feature_extractor=tf.WhisperFeatureExtractor(),
+            tokenizer=built.tokenizer,
+            chat_template=built.chat_template,
+        )
+    if name == "gemma4":
+        from test_family_video import gemma4_processor
+
+        built = gemma4_processor()  # its template and tokenizer; the released video settings
+        return tf.Gemma4Processor(
+            feature_extractor=built.feature_extractor,
+            image_processor=built.image_processor,
+            video_processor=tf.Gemma4VideoProcessor(),
             tokenizer=built.tokenizer,
             chat_template=built.chat_template,
         )

@@ -1,9 +1,9 @@
-"""Videos for the processor families (LLaVA-OneVision, InternVL, Qwen2.5-Omni's thinker): video
-tokens from the video's header and the frames its video processor samples, ids, labels and
-pixels equal to transformers' own processor, and a packed row of videos, images and text trains
-on a tiny model of the family as its samples alone; for LLaVA-OneVision the Energon path (2
-workers, a native WebDataset of MP4 members) packs what the collator packs and resumes exactly
-at three cut points.
+"""Videos for the processor families (LLaVA-OneVision, InternVL, Qwen2.5-Omni's thinker, GLM-4V,
+Gemma 4): video tokens from the video's header and the frames its video processor samples, ids,
+labels and pixels equal to transformers' own processor, and a packed row of videos, images and
+text trains on a tiny model of the family as its samples alone; for LLaVA-OneVision the Energon
+path (2 workers, a native WebDataset of MP4 members) packs what the collator packs and resumes
+exactly at three cut points.
 
 transformers' video processors exist only with torchvision, which this process never imports:
 :func:`family_checks` and the other checks run in a child process (:mod:`torchvision_child`)
@@ -196,7 +196,9 @@ def _labels(processor: Any, ids: Any) -> Any:
     family = model_family(processor)
     text = processor.tokenizer.decode(ids)
     spans = family.assistant_spans(text)
-    offsets = processor.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
+    offsets = processor.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)[
+        "offset_mapping"
+    ]
     mask = torch.tensor([any(s < b and a < e for a, b in spans) for s, e in offsets])
     labels = torch.where(mask, ids, IGNORE)
     labels[0] = IGNORE
@@ -235,6 +237,46 @@ def glm4v_processor() -> Any:
     )
 
 
+def gemma4_processor() -> Any:
+    """The Gemma 4 processor of ``test_family_gemma4`` with its video processor (``NUM_FRAMES``
+    frames, 70 soft tokens a frame) and its template writing ``<|video|>`` for a video part."""
+    import test_family_gemma4 as gemma4
+    from transformers import (
+        Gemma4AudioFeatureExtractor,
+        Gemma4ImageProcessorPil,
+        Gemma4Processor,
+        Gemma4VideoProcessor,
+    )
+
+    template = gemma4.TEMPLATE.replace(
+        "{%- elif item['type'] == 'image' -%}{{- '<|image|>' -}}",
+        "{%- elif item['type'] == 'image' -%}{{- '<|image|>' -}}"
+        "{%- elif item['type'] == 'video' -%}{{- '<|video|>' -}}",
+    )
+    tokenizer = gemma4.tiny_tokenizer(
+        gemma4.SPECIAL,
+        template,
+        bos="<bos>",
+        eos="<eos>",
+        pad="<pad>",
+        add_bos=True,
+        extra=gemma4.NAMED,
+    )
+    return Gemma4Processor(
+        feature_extractor=Gemma4AudioFeatureExtractor(),
+        image_processor=Gemma4ImageProcessorPil(),
+        video_processor=Gemma4VideoProcessor(num_frames=NUM_FRAMES, max_soft_tokens=70),
+        tokenizer=tokenizer,
+        chat_template=template,
+    )
+
+
+def gemma4_model() -> Any:
+    import test_family_gemma4 as gemma4
+
+    return gemma4.tiny_model(gemma4_processor(), "vision")
+
+
 def omni_model() -> Any:
     import test_family_omni as omni
 
@@ -246,6 +288,7 @@ FAMILIES = {
     "internvl": ("internvl_processor", "test_family_internvl", "pixel_values"),
     "qwen2_5_omni": ("omni_processor", "test_family_video:omni_model", "pixel_values_videos"),
     "glm4v": ("glm4v_processor", "test_family_glm4v", "pixel_values"),
+    "gemma4": ("gemma4_processor", "test_family_video:gemma4_model", "pixel_values_videos"),
 }
 """Per family: its processor builder here, the test module of its tiny model, and the input
 that holds its video frames."""
@@ -542,7 +585,7 @@ def checks(name: str) -> dict[str, Any]:
 def expected_frames(name: str, member: str) -> list[int]:
     """The frames the family's video processor samples of clip ``member``, by its rule."""
     _, _, total, fps = CLIPS[member]
-    if name == "llava_onevision":  # NUM_FRAMES, uniform from the first frame
+    if name in ("llava_onevision", "gemma4"):  # NUM_FRAMES, uniform from the first frame
         return [i * total // NUM_FRAMES for i in range(NUM_FRAMES)]
     count = int(total / fps * VIDEO_FPS)  # VIDEO_FPS a second
     if name == "qwen2_5_omni":  # at least 4, whole temporal patches of 2, from the first frame
@@ -559,7 +602,7 @@ def expected_frames(name: str, member: str) -> list[int]:
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_video_tokens_ids_and_labels_are_the_processors(name: str) -> None:
     result = checks(name)
-    placeholders = {"qwen2_5_omni": "<|VIDEO|>", "glm4v": "<|video|>"}
+    placeholders = {"qwen2_5_omni": "<|VIDEO|>", "glm4v": "<|video|>", "gemma4": "<|video|>"}
     assert result["placeholder"] == placeholders.get(name, "<video>")
     for sample in result["samples"]:
         index = sample["index"]
@@ -600,6 +643,8 @@ def test_frames_are_the_video_processors(name: str) -> None:
         # the videos' temporal patches given as images (8, 8 + 4 tokens), then the image's 10
         # (s1 and s4 hold both kinds, which GLM-4V's model takes in no sample)
         ("glm4v", [4 * (8 + 8 + 4 + 10), 2 * 3 * 14 * 14]),
+        # every video's frames, each padded to 70 soft tokens of 3x3 patches of 16 px
+        ("gemma4", [4 * 5, 70 * 9, 3 * 16 * 16]),
     ],
 )
 def test_a_packed_row_of_videos_trains_as_its_samples_alone(name: str, frames: list[int]) -> None:
@@ -607,9 +652,10 @@ def test_a_packed_row_of_videos_trains_as_its_samples_alone(name: str, frames: l
     assert result["packed_frames"] == frames
     # the loss is reduced in float32 by transformers (logits.float()); gradients stay float64,
     # but for GLM-4V's vision tower, which interpolates its position table (grid_sample) and
-    # normalises in float32, in image rows as in video rows
+    # normalises in float32, and Gemma 4, whose RMSNorm and attention run in float32, in image
+    # rows as in video rows
     assert result["loss_error"] < 1e-6
-    assert result["grad_error"] < (1e-6 if name == "glm4v" else 1e-10)
+    assert result["grad_error"] < (1e-6 if name in ("glm4v", "gemma4") else 1e-10)
     if name == "glm4v":
         assert result["mixed_positions"] == [True] * len(MIXED)
 

@@ -6,6 +6,10 @@ placeholder becomes ``<|image>`` + ``<|image|>`` x (patches / ``pooling_kernel_s
 ``<image|>``; only ``<|image|>`` takes vision features. ``pixel_values`` is ``[images,
 max_patches, 3 x patch_size**2]`` and ``image_position_ids`` ``[images, max_patches, 2]`` (padded
 with -1); positions restart per segment, with per-segment 4-D masks (:meth:`attention_masks`).
+A video (where the processor has its video processor) becomes, per frame its video processor
+samples, ``mm:ss <|image>`` + ``<|video|>`` x soft tokens + ``<image|>``, joined by spaces, each
+frame resized as an image is under the video processor's settings (``pixel_values_videos``,
+``video_position_ids``, ``num_frames_per_video``).
 """
 
 from __future__ import annotations
@@ -14,9 +18,15 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
-from energon_pack.encoding.families.base import PackingRule, ProcessorFamily, delimited_spans
+from energon_pack.encoding.families.base import (
+    PackingRule,
+    ProcessorFamily,
+    SampledVideo,
+    delimited_spans,
+)
 from energon_pack.encoding.families.masks import segment_masks
 
 __all__ = ["Gemma4Family", "resized_size"]
@@ -74,6 +84,7 @@ class Gemma4Family(ProcessorFamily):
     image_processor_media: ClassVar[tuple[str, ...] | None] = ("num_soft_tokens_per_image",)
     """``pixel_values`` and ``image_position_ids``, as the processor's call makes them (without
     tokenising the text it writes for the images)."""
+    takes_videos: ClassVar[bool] = True
 
     def __init__(self, processor: Any) -> None:
         super().__init__(processor)
@@ -92,10 +103,16 @@ class Gemma4Family(ProcessorFamily):
             int(value("pooling_kernel_size")),
         )
 
-    def soft_tokens(self, height: int, width: int) -> int:
-        """``<|image|>`` tokens of one ``height`` x ``width`` image: its patches after the
-        resize, over ``pooling_kernel_size**2``."""
-        do_resize, patch, max_soft, kernel = self._image_settings()
+    def soft_tokens(self, height: int, width: int, *, video: bool = False) -> int:
+        """``<|image|>`` tokens of one ``height`` x ``width`` image (``<|video|>`` tokens of
+        one frame of a video): its patches after the resize, over ``pooling_kernel_size**2``,
+        under the image (video) processor's settings."""
+        if video:
+            value = self.video_setting
+            do_resize, patch = bool(value("do_resize")), int(value("patch_size"))
+            max_soft, kernel = int(value("max_soft_tokens")), int(value("pooling_kernel_size"))
+        else:
+            do_resize, patch, max_soft, kernel = self._image_settings()
         if do_resize:
             height, width = resized_size(height, width, patch, max_soft * kernel**2, kernel)
         return (height // patch) * (width // patch) // kernel**2
@@ -110,6 +127,26 @@ class Gemma4Family(ProcessorFamily):
     def image_tokens(self, sizes: Sequence[tuple[int, int]]) -> list[int]:
         """Soft tokens per image."""
         return [self.soft_tokens(height, width) for height, width in sizes]
+
+    def video_expansions(self, videos: Sequence[SampledVideo]) -> list[str]:
+        """Per kept frame ``mm:ss <|image>`` + ``<|video|>`` x soft tokens + ``<image|>``,
+        joined by spaces (the frame's whole minutes and seconds from its index and the
+        header's rate)."""
+        token = str(self.video_placeholder)
+        out = []
+        for video in videos:
+            count = self.soft_tokens(video.header.height, video.header.width, video=True)
+            block = self.boi_token + token * count + self.eoi_token
+            stamps = [f"{int(t // 60):02d}:{int(t % 60):02d}" for t in video.timestamps]
+            out.append(" ".join(f"{stamp} {block}" for stamp in stamps))
+        return out
+
+    def video_inputs(self, videos: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
+        """The video processor's outputs without ``num_soft_tokens_per_video``, which the
+        processor does not return."""
+        out = super().video_inputs(videos)
+        out.pop("num_soft_tokens_per_video", None)
+        return out
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]]:
         """After each ``<|turn>model\\n`` (and a pre-filled empty thought channel right after
