@@ -1,9 +1,9 @@
-"""Videos for the processor families (LLaVA-OneVision, InternVL, Qwen2.5-Omni's thinker, GLM-4V,
-Gemma 4): video tokens from the video's header and the frames its video processor samples, ids,
-labels and pixels equal to transformers' own processor, and a packed row of videos, images and
-text trains on a tiny model of the family as its samples alone; for LLaVA-OneVision the Energon
-path (2 workers, a native WebDataset of MP4 members) packs what the collator packs and resumes
-exactly at three cut points.
+"""Videos for the processor families (LLaVA-OneVision, InternVL, the Qwen2.5-Omni and Qwen3-Omni
+thinkers, GLM-4V, Gemma 4): video tokens from the video's header and the frames its video
+processor samples, ids, labels and pixels equal to transformers' own processor, and a packed
+row of videos, images and text trains on a tiny model of the family as its samples alone; for
+LLaVA-OneVision the Energon path (2 workers, a native WebDataset of MP4 members) packs what the
+collator packs and resumes exactly at three cut points.
 
 transformers' video processors exist only with torchvision, which this process never imports:
 :func:`family_checks` and the other checks run in a child process (:mod:`torchvision_child`)
@@ -205,15 +205,16 @@ def _labels(processor: Any, ids: Any) -> Any:
     return labels
 
 
-def omni_processor(**video: Any) -> Any:
-    """The Qwen2.5-Omni processor of ``test_family_omni`` with its Qwen2-VL video processor
-    (``VIDEO_FPS`` frames a second, at least 4)."""
+def omni_processor(kind: str = "qwen2_5_omni", **video: Any) -> Any:
+    """The Omni processor of ``test_family_omni`` (``kind``) with its Qwen2-VL video processor
+    (``VIDEO_FPS`` frames a second, at least 4; the family's patch size)."""
     import test_family_omni as omni
-    from transformers import Qwen2_5OmniProcessor, Qwen2VLVideoProcessor
+    from transformers import Qwen2VLVideoProcessor
 
-    built = omni.processor("qwen2_5_omni")
+    built = omni.processor(kind)
     settings = {"do_sample_frames": True, "fps": VIDEO_FPS, "cap_pixels_per_frame": False}
-    return Qwen2_5OmniProcessor(
+    settings["patch_size"] = omni.PATCH[kind]
+    return omni.PROCESSORS[kind](
         image_processor=built.image_processor,
         video_processor=Qwen2VLVideoProcessor(**{**settings, **video}),
         feature_extractor=built.feature_extractor,
@@ -283,12 +284,27 @@ def omni_model() -> Any:
     return omni.tiny_model("qwen2_5_omni", omni_processor())
 
 
+def qwen3_omni_processor() -> Any:
+    return omni_processor("qwen3_omni")
+
+
+def qwen3_omni_model() -> Any:
+    import test_family_omni as omni
+
+    return omni.tiny_model("qwen3_omni", qwen3_omni_processor())
+
+
 FAMILIES = {
     "llava_onevision": ("llava_processor", "test_family_llava_onevision", "pixel_values_videos"),
     "internvl": ("internvl_processor", "test_family_internvl", "pixel_values"),
     "qwen2_5_omni": ("omni_processor", "test_family_video:omni_model", "pixel_values_videos"),
     "glm4v": ("glm4v_processor", "test_family_glm4v", "pixel_values"),
     "gemma4": ("gemma4_processor", "test_family_video:gemma4_model", "pixel_values_videos"),
+    "qwen3_omni": (
+        "qwen3_omni_processor",
+        "test_family_video:qwen3_omni_model",
+        "pixel_values_videos",
+    ),
 }
 """Per family: its processor builder here, the test module of its tiny model, and the input
 that holds its video frames."""
@@ -588,7 +604,7 @@ def expected_frames(name: str, member: str) -> list[int]:
     if name in ("llava_onevision", "gemma4"):  # NUM_FRAMES, uniform from the first frame
         return [i * total // NUM_FRAMES for i in range(NUM_FRAMES)]
     count = int(total / fps * VIDEO_FPS)  # VIDEO_FPS a second
-    if name == "qwen2_5_omni":  # at least 4, whole temporal patches of 2, from the first frame
+    if name.endswith("omni"):  # at least 4, whole temporal patches of 2, from the first frame
         count = min(max(count, 4), total // 2 * 2) // 2 * 2
         return [int(i * (total / count)) for i in range(count)]
     if name == "glm4v":  # the frame at each half second, an odd count's last one twice
@@ -602,7 +618,8 @@ def expected_frames(name: str, member: str) -> list[int]:
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_video_tokens_ids_and_labels_are_the_processors(name: str) -> None:
     result = checks(name)
-    placeholders = {"qwen2_5_omni": "<|VIDEO|>", "glm4v": "<|video|>", "gemma4": "<|video|>"}
+    placeholders = {"glm4v": "<|video|>", "gemma4": "<|video|>"}
+    placeholders |= {"qwen2_5_omni": "<|VIDEO|>", "qwen3_omni": "<|VIDEO|>"}
     assert result["placeholder"] == placeholders.get(name, "<video>")
     for sample in result["samples"]:
         index = sample["index"]
@@ -645,6 +662,7 @@ def test_frames_are_the_video_processors(name: str) -> None:
         ("glm4v", [4 * (8 + 8 + 4 + 10), 2 * 3 * 14 * 14]),
         # every video's frames, each padded to 70 soft tokens of 3x3 patches of 16 px
         ("gemma4", [4 * 5, 70 * 9, 3 * 16 * 16]),
+        ("qwen3_omni", [4 * (280 + 560 + 288 + 256 + 256), 2 * 3 * 16 * 16]),  # 16 px patches
     ],
 )
 def test_a_packed_row_of_videos_trains_as_its_samples_alone(name: str, frames: list[int]) -> None:

@@ -1,5 +1,6 @@
-"""Qwen3-Omni's thinker (``Qwen3OmniMoeProcessor``): images and audio, as Qwen2.5-Omni's
-(:mod:`~energon_pack.encoding.families.qwen2_5_omni`) but for its audio.
+"""Qwen3-Omni's thinker (``Qwen3OmniMoeProcessor``): images, videos and audio, as Qwen2.5-Omni's
+(:mod:`~energon_pack.encoding.families.qwen2_5_omni`) but for its audio (and a video's grids
+timed by an ``fps`` of 1 where the call gives none).
 
 The processor pads the audio of one call only to its longest, ``P`` samples (no 30-second
 window, nothing cut). Whisper's feature extractor then gives an audio of ``n`` samples
@@ -31,8 +32,7 @@ class Qwen3OmniFamily(Qwen25OmniFamily):
 
     name: ClassVar[str] = "qwen3_omni_moe"
     processor_classes: ClassVar[tuple[str, ...]] = ("Qwen3OmniMoeProcessor",)
-    takes_videos: ClassVar[bool] = False
-    """Its videos are timed and placed otherwise; not served yet."""
+    default_video_fps: ClassVar[float] = 1.0
 
     def audio_tokens(self, probe: AudioProbe) -> int:
         """``<|AUDIO|>`` tokens of an audio alone in its sample."""
