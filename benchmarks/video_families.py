@@ -1,11 +1,12 @@
 """Video families: what serving a video sample through energon_pack costs against the family's
 own pipeline, and what the header probe costs against a decode.
 
-For LLaVA-OneVision, InternVL, the Qwen2.5-Omni thinker, GLM-4V and Gemma 4, a processor with its
-video processor at the released video settings (LLaVA-OneVision and InternVL 8 frames,
-Qwen2.5-Omni and GLM-4V 2 frames a second, Gemma 4 32 frames of 70 soft tokens) and the test
-suite's small tokenizers and templates (``tests/encoding/``); H.264 MP4 clips of three sizes
-and lengths. Per clip, interleaved in each round:
+For LLaVA-OneVision, InternVL, the Qwen2.5-Omni and Qwen3-Omni thinkers, GLM-4V, Gemma 4 and
+SmolVLM, a processor with its video processor at the released video settings (LLaVA-OneVision
+and InternVL 8 frames, the Omni thinkers and GLM-4V 2 frames a second, Gemma 4 32 frames of 70
+soft tokens, SmolVLM at most 64 frames, 1 a second) and the test suite's small tokenizers and
+templates (``tests/encoding/``); H.264 MP4 clips of three sizes and lengths. Per clip,
+interleaved in each round:
 
 * processor: the chat template rendered, the calls of transformers' decord loader
   (``read_video_decord``: the clip opened, its metadata, the frames the video processor
@@ -47,7 +48,8 @@ from energon_pack.cli.tables import format_table  # noqa: E402
 
 CLIPS = [(320, 240, 20, 15), (640, 352, 8, 30), (1280, 720, 4, 25)]
 """(width, height, seconds, fps) of each clip."""
-FAMILIES = ("llava_onevision", "internvl", "qwen2_5_omni", "glm4v", "gemma4")
+FAMILIES = ("llava_onevision", "internvl", "qwen2_5_omni", "qwen3_omni", "glm4v", "gemma4")
+FAMILIES += ("smolvlm",)
 
 
 def clip_bytes(width: int, height: int, seconds: int, fps: int) -> bytes:
@@ -97,15 +99,27 @@ def processor(name: str) -> Any:
             image_seq_length=256,
             chat_template=internvl.TEMPLATE,
         )
-    if name == "qwen2_5_omni":
-        built = omni.processor("qwen2_5_omni")
-        return tf.Qwen2_5OmniProcessor(
-            image_processor=tf.Qwen2VLImageProcessorPil(),
+    if name.endswith("omni"):
+        built = omni.processor(name)
+        patch = omni.PATCH[name]
+        return omni.PROCESSORS[name](
+            image_processor=tf.Qwen2VLImageProcessorPil(patch_size=patch),
             video_processor=tf.Qwen2VLVideoProcessor(
-                do_sample_frames=True, fps=2, cap_pixels_per_frame=False
+                do_sample_frames=True, fps=2, cap_pixels_per_frame=False, patch_size=patch
             ),
             feature_extractor=tf.WhisperFeatureExtractor(),
             tokenizer=built.tokenizer,
+            chat_template=built.chat_template,
+        )
+    if name == "smolvlm":
+        from test_family_video import smolvlm_processor
+
+        built = smolvlm_processor()  # its template and tokenizer; the released video settings
+        return tf.SmolVLMProcessor(
+            image_processor=tf.SmolVLMImageProcessorPil(),
+            video_processor=tf.SmolVLMVideoProcessor(do_sample_frames=True),
+            tokenizer=built.tokenizer,
+            image_seq_len=64,
             chat_template=built.chat_template,
         )
     if name == "gemma4":

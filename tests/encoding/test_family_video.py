@@ -1,5 +1,5 @@
 """Videos for the processor families (LLaVA-OneVision, InternVL, the Qwen2.5-Omni and Qwen3-Omni
-thinkers, GLM-4V, Gemma 4): video tokens from the video's header and the frames its video
+thinkers, GLM-4V, Gemma 4, SmolVLM): video tokens from the video's header and the frames its video
 processor samples, ids, labels and pixels equal to transformers' own processor, and a packed
 row of videos, images and text trains on a tiny model of the family as its samples alone; for
 LLaVA-OneVision the Energon path (2 workers, a native WebDataset of MP4 members) packs what the
@@ -68,8 +68,11 @@ SAMPLES: list[tuple[list[str], list[tuple[int, int]], str]] = [
 ]
 """Each sample's videos, image sizes and reply."""
 MIXED = {1, 4}
-"""The samples holding an image and a video: GLM-4V's model takes no such sample alone (its
-forward counts video pads as image pads), so its checks leave them out."""
+"""The samples holding an image and a video."""
+ONE_KIND = {"glm4v", "smolvlm"}
+"""Families whose transformers code takes no sample of both kinds (GLM-4V's forward counts
+video pads as image pads; SmolVLM's processor writes both into one ``pixel_values``): their
+checks leave the mixed samples out."""
 VIDEO_FIRST = 4
 """The sample whose message holds its clip before its image (LLaVA-OneVision's template
 renders a message's images first, InternVL's in order)."""
@@ -278,6 +281,36 @@ def gemma4_model() -> Any:
     return gemma4.tiny_model(gemma4_processor(), "vision")
 
 
+def smolvlm_processor() -> Any:
+    """The small SmolVLM processor of ``test_family_idefics3`` with its video processor (at most
+    ``NUM_FRAMES`` frames, ``VIDEO_FPS`` a second, squared to the 28 px tiles) and the
+    processor's own video template (its ``apply_chat_template`` takes it for a video)."""
+    import test_family_idefics3 as idefics3
+    from transformers import SmolVLMImageProcessorPil, SmolVLMProcessor, SmolVLMVideoProcessor
+    from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
+
+    tile = idefics3.SMALL["max_image_size"]
+    return SmolVLMProcessor(
+        image_processor=SmolVLMImageProcessorPil(**idefics3.SMALL),
+        video_processor=SmolVLMVideoProcessor(
+            size=tile,
+            max_image_size=tile,
+            do_sample_frames=True,
+            num_frames=NUM_FRAMES,
+            fps=VIDEO_FPS,
+        ),
+        tokenizer=idefics3.tokenizer_for("smolvlm"),
+        image_seq_len=idefics3.SMALL_SEQ,
+        chat_template=DEFAULT_CHAT_TEMPLATE,
+    )
+
+
+def smolvlm_model() -> Any:
+    import test_family_idefics3 as idefics3
+
+    return idefics3.tiny_model("smolvlm", smolvlm_processor())
+
+
 def omni_model() -> Any:
     import test_family_omni as omni
 
@@ -300,6 +333,7 @@ FAMILIES = {
     "qwen2_5_omni": ("omni_processor", "test_family_video:omni_model", "pixel_values_videos"),
     "glm4v": ("glm4v_processor", "test_family_glm4v", "pixel_values"),
     "gemma4": ("gemma4_processor", "test_family_video:gemma4_model", "pixel_values_videos"),
+    "smolvlm": ("smolvlm_processor", "test_family_video:smolvlm_model", "pixel_values"),
     "qwen3_omni": (
         "qwen3_omni_processor",
         "test_family_video:qwen3_omni_model",
@@ -334,7 +368,7 @@ def _family_checks(name: str) -> dict[str, Any]:
     encoder = make_encoder(family=processor)
     media_ids = [int(i) for i in encoder.media_ids_tensor]
     out: dict[str, Any] = {"samples": [], "placeholder": family.video_placeholder}
-    indices = [i for i in range(len(SAMPLES)) if name != "glm4v" or i not in MIXED]
+    indices = [i for i in range(len(SAMPLES)) if name not in ONE_KIND or i not in MIXED]
     for index in indices:
         row = _row(index)
         encoded = encoder.encode_sample(row["id"], row)
@@ -361,7 +395,10 @@ def _family_checks(name: str) -> dict[str, Any]:
         }
         for key in ("pixel_values_videos", "pixel_values"):
             if key in want:
-                result[f"{key}_error"] = float((got[key] - want[key]).abs().max())
+                mine, theirs = got[key], want[key]
+                if name == "smolvlm":  # the processor stacks a sample's videos on the batch
+                    mine, theirs = mine.flatten(0, 1), theirs.flatten(0, 1)  # dim: the model too
+                result[f"{key}_error"] = float((mine - theirs).abs().max())
         out["samples"].append(result)
     # a packed row of all four trains as they do alone
     module_name, _, model_name = module.partition(":")
@@ -607,6 +644,9 @@ def expected_frames(name: str, member: str) -> list[int]:
     if name.endswith("omni"):  # at least 4, whole temporal patches of 2, from the first frame
         count = min(max(count, 4), total // 2 * 2) // 2 * 2
         return [int(i * (total / count)) for i in range(count)]
+    if name == "smolvlm":  # VIDEO_FPS a second, at most NUM_FRAMES, evenly from first to last
+        count = min(round(total / fps * VIDEO_FPS), NUM_FRAMES)
+        return sorted({int(i * (total - 1) / (count - 1)) for i in range(count)})
     if name == "glm4v":  # the frame at each half second, an odd count's last one twice
         times = max(int(total / fps * VIDEO_FPS), 1)
         picked = list(dict.fromkeys(min(total - 1, -(-i * fps // VIDEO_FPS)) for i in range(times)))
@@ -663,6 +703,8 @@ def test_frames_are_the_video_processors(name: str) -> None:
         # every video's frames, each padded to 70 soft tokens of 3x3 patches of 16 px
         ("gemma4", [4 * 5, 70 * 9, 3 * 16 * 16]),
         ("qwen3_omni", [4 * (280 + 560 + 288 + 256 + 256), 2 * 3 * 16 * 16]),  # 16 px patches
+        # one batch row: 4, 4 + 4 frames and the image's 9 tiles, squared to 28 px
+        ("smolvlm", [1, 4 + 8 + 9, 3, 28, 28]),
     ],
 )
 def test_a_packed_row_of_videos_trains_as_its_samples_alone(name: str, frames: list[int]) -> None:

@@ -4,6 +4,11 @@
 ``\\n``, then ``\\n<fake_token_around_image><global-img>`` + ``<image>`` x ``image_seq_len`` +
 ``<fake_token_around_image>`` (an unsplit image is the global part alone, without the newlines).
 Media: ``pixel_values`` ``[1, tiles, 3, M, M]`` and ``pixel_attention_mask`` ``[1, tiles, M, M]``.
+
+A SmolVLM video (where the processor has its video processor) becomes an intro naming its frame
+count in words and its whole duration, then per frame its video processor samples ``\nFrame
+from mm:ss:`` and the global view of one image; its frames join the sample's tiles in text
+order.
 """
 
 from __future__ import annotations
@@ -11,11 +16,14 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
-from energon_pack.encoding.families.base import ProcessorFamily
+from energon_pack.encoding.families.base import ProcessorFamily, SampledVideo
+from energon_pack.media.config import MediaKind
 
 __all__ = ["Idefics3Family"]
 
@@ -41,6 +49,8 @@ class Idefics3Family(ProcessorFamily):
 
     name: ClassVar[str] = "idefics3"
     processor_classes: ClassVar[tuple[str, ...]] = ("Idefics3Processor", "SmolVLMProcessor")
+    takes_videos: ClassVar[bool] = True
+    """SmolVLM's processor has a video processor; Idefics3's has none."""
 
     @property
     def _global_token(self) -> str:
@@ -130,6 +140,50 @@ class Idefics3Family(ProcessorFamily):
             )
             out.append(f"{text}\n{global_view}")
         return out
+
+    @property
+    def video_token_ids(self) -> frozenset[int]:
+        """A video's frames fill ``<image>`` tokens, as images do."""
+        return self.vision_token_ids if self.video_placeholder is not None else frozenset()
+
+    def video_expansions(self, videos: Sequence[SampledVideo]) -> list[str]:
+        """Per video: ``You are provided the following series of {count in words} frames from
+        a {H:MM:SS} [H:MM:SS] video.\n``, per kept frame ``\nFrame from mm:ss:`` and the
+        global view of one image, then ``\n\n``. A ValueError without ``num2words``, which
+        spells the count."""
+        try:
+            from num2words import num2words
+        except ImportError:
+            raise ValueError(
+                "SmolVLM spells a video's frame count in words: pip install num2words"
+            ) from None
+        fake = str(self.processor.fake_image_token)
+        image = self.image_placeholder * int(self.processor.image_seq_len)
+        view = f"{fake}{self._global_token}{image}{fake}"
+        out = []
+        for video in videos:
+            duration = timedelta(seconds=int(video.header.duration))
+            text = (
+                f"You are provided the following series of {num2words(len(video.frames))} "
+                f"frames from a {duration} [H:MM:SS] video.\n"
+            )
+            for seconds in video.timestamps:
+                text += f"\nFrame from {int(seconds // 60):02d}:{int(seconds % 60):02d}:{view}"
+            out.append(text + "\n\n")
+        return out
+
+    def sample_inputs(
+        self, media: Sequence[tuple[MediaKind, np.ndarray[Any, Any]]]
+    ) -> dict[str, torch.Tensor]:
+        """As the base class for images alone; with a video, each image's tiles and each
+        video's frames in text order, joined as :meth:`row_inputs` joins samples."""
+        if all(kind != "video" for kind, _ in media):
+            return super().sample_inputs(media)
+        parts = [
+            self.video_inputs([array]) if kind == "video" else self.media_inputs([array])
+            for kind, array in media
+        ]
+        return self.row_inputs(parts)
 
     def assistant_spans(self, text: str) -> list[tuple[int, int]] | None:
         """Each ``Assistant:`` turn (one that opens the text, after an optional special token,
