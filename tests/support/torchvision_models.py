@@ -65,7 +65,9 @@ def model_dir(directory: Path, name: str) -> Path:
 def _give_missing_video_processor(processor: Any, model_type: str) -> None:
     """A processor built without its video processor (the family tests build them, as
     ``ImageOnly*`` subclasses, where torchvision is absent) becomes transformers' own class
-    with the default video processor of its model type, as a released checkpoint saves it."""
+    with the default video processor of its model type, as a released checkpoint saves it
+    (InternVL's at the image tile size: its model reads tiles and frames from one tensor, and a
+    released checkpoint's two sizes are equal)."""
     from transformers.models.auto.video_processing_auto import (
         VIDEO_PROCESSOR_MAPPING_NAMES,
         video_processor_class_from_name,
@@ -73,7 +75,11 @@ def _give_missing_video_processor(processor: Any, model_type: str) -> None:
 
     if "video_processor" in processor.get_attributes() and processor.video_processor is None:
         name = VIDEO_PROCESSOR_MAPPING_NAMES[model_type]["torchvision"]
-        processor.video_processor = video_processor_class_from_name(name)()
+        settings: dict[str, Any] = {}
+        if model_type == "internvl":
+            size = processor.image_processor.size
+            settings["size"] = {"height": int(size["height"]), "width": int(size["width"])}
+        processor.video_processor = video_processor_class_from_name(name)(**settings)
     if type(processor).__name__.startswith("ImageOnly"):
         processor.__class__ = type(processor).__mro__[1]
 
