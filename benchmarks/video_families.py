@@ -117,7 +117,7 @@ def processor(name: str) -> Any:
         built = smolvlm_processor()  # its template and tokenizer; the released video settings
         return tf.SmolVLMProcessor(
             image_processor=tf.SmolVLMImageProcessorPil(),
-            video_processor=tf.SmolVLMVideoProcessor(do_sample_frames=True),
+            video_processor=tf.SmolVLMVideoProcessor(do_sample_frames=True, num_frames=64, fps=1),
             tokenizer=built.tokenizer,
             image_seq_len=64,
             chat_template=built.chat_template,

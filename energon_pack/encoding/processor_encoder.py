@@ -242,13 +242,14 @@ class ProcessorEncoder(SampleEncoder):
             header = displayed_video_header(data, self.media, key=key, member=member)
             try:
                 return SampledVideo(header, self.family.video_frames(header))
-            except ValueError as error:
+            except (ValueError, TypeError) as error:  # TypeError: a setting it needs is unset
                 raise MediaError(
                     key,
                     member,
                     "unsupported",
                     f"the {self.family.name} video processor cannot sample {header.frames} "
-                    f"frames at {header.fps:g} fps: {error}",
+                    f"frames at {header.fps:g} fps: {type(error).__name__}: {error}; check its "
+                    "sampling settings (num_frames, fps)",
                 ) from None
         takes = [
             name

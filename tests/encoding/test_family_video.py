@@ -492,8 +492,8 @@ def _as_images(outputs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def llava_onevision_refusals(_: object) -> dict[str, Any]:
-    """What LLaVA-OneVision cannot sample or stack: each case's ``kind: message``."""
+def video_refusals(_: object) -> dict[str, Any]:
+    """What a video processor cannot sample (LLaVA-OneVision: or stack): ``kind: message``."""
     from energon_pack import MediaError, make_encoder, model_family
 
     out: dict[str, Any] = {}
@@ -508,6 +508,15 @@ def llava_onevision_refusals(_: object) -> dict[str, Any]:
             out[name] = "encoded"
         except MediaError as error:
             out[name] = f"{error.kind}: {error}"
+    # a video processor without the rate its sampling needs: named, not a crash
+    proc = smolvlm_processor()
+    proc.video_processor.fps = None
+    row = {"id": "no_fps", "messages": conversation(["a"], [], "x"), "videos": [clip("a")]}
+    try:
+        make_encoder(family=proc).encode_sample("no_fps", row)
+        out["no_fps"] = "encoded"
+    except MediaError as error:
+        out["no_fps"] = f"{error.kind}: {error}"
     out["settings_differ"] = model_family(llava_processor(num_frames=2)).settings() != (
         model_family(llava_processor()).settings()
     )
@@ -726,8 +735,8 @@ def test_omni_video_tokens_under_a_shared_pixel_budget_are_the_processors() -> N
     assert run_in_child("test_family_video:omni_capped_ids", timeout=500) == [True] * 9
 
 
-def test_llava_onevision_videos_it_cannot_sample_or_stack_are_refused_by_name() -> None:
-    refusals = _child("llava_onevision_refusals")
+def test_videos_a_video_processor_cannot_sample_or_stack_are_refused_by_name() -> None:
+    refusals = _child("video_refusals")
     assert refusals["short"].startswith("unsupported")
     assert "num_frames=4" in refusals["short"]
     assert "total_num_frames=3" in refusals["short"]
@@ -735,6 +744,9 @@ def test_llava_onevision_videos_it_cannot_sample_or_stack_are_refused_by_name() 
         assert refusals[name].startswith("unsupported"), refusals[name]
         assert "do_sample_frames=True and num_frames" in refusals[name]
     assert refusals["settings_differ"]
+    assert refusals["no_fps"].startswith("unsupported")
+    assert "TypeError" in refusals["no_fps"]
+    assert "check its sampling settings (num_frames, fps)" in refusals["no_fps"]
 
 
 def test_llava_onevision_videos_on_the_energon_path_pack_as_the_collator_and_resume(
