@@ -28,18 +28,14 @@ Usage: python benchmarks/video_families.py [--rounds 5] [--out results/video_fam
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests" / "encoding"), str(ROOT / "tests" / "support")]
@@ -53,22 +49,10 @@ FAMILIES += ("smolvlm",)
 
 
 def clip_bytes(width: int, height: int, seconds: int, fps: int) -> bytes:
-    """An H.264 MP4 of rolling random tiles."""
-    import av
+    """An H.264 MP4 of rolling random 16-pixel tiles."""
+    from test_family_video import tiles_mp4
 
-    rng = np.random.default_rng(width)
-    base = rng.integers(0, 256, (height // 16 + 1, width // 16 + 1, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    with av.open(out, mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.time_base = Fraction(1, fps)
-        for index in range(seconds * fps):
-            tiles = np.roll(base, index, axis=1).repeat(16, axis=0).repeat(16, axis=1)
-            frame = av.VideoFrame.from_ndarray(tiles[:height, :width].copy(), format="rgb24")
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-    return out.getvalue()
+    return tiles_mp4(width, height, seconds * fps, fps, seed=width, tile=16)
 
 
 def processor(name: str) -> Any:

@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 import torch
 from audio_files import encode_audio
-from family_kit import IGNORE, packed_matches_alone, png_bytes, seeded, tiny_tokenizer
+from family_kit import (
+    IGNORE,
+    chatml_reply_mask,
+    packed_matches_alone,
+    png_bytes,
+    seeded,
+    tiny_tokenizer,
+)
 from family_kit import test_images as make_images
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -178,22 +185,6 @@ def reference(
     )
 
 
-def reply_mask(proc: Any, ids: list[int]) -> list[bool]:
-    """True on each reply token: after ``<|im_start|>assistant\\n`` through its ``<|im_end|>``."""
-    header = proc.tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
-    end = proc.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    mask, inside, at = [False] * len(ids), False, 0
-    while at < len(ids):
-        if not inside and ids[at : at + len(header)] == header:
-            inside, at = True, at + len(header)
-            continue
-        if inside:
-            mask[at] = True
-            inside = ids[at] != end
-        at += 1
-    return mask
-
-
 def cases() -> list[tuple[Any, ...]]:
     return [row_of(seed, media, turns) for seed, (media, turns) in enumerate(CASES)]
 
@@ -208,7 +199,7 @@ def test_encoder_equals_the_processor(kind: str) -> None:
         want = reference(proc, messages, images, audios)
         ids = want["input_ids"][0].tolist()
         assert encoded.input_ids.tolist() == ids
-        assert encoded.loss_mask.bool().tolist() == reply_mask(proc, ids)
+        assert encoded.loss_mask.bool().tolist() == chatml_reply_mask(proc, ids)
         assert sum(m.tokens for m in encoded.media) == sum(
             int((want["input_ids"] == token).sum())
             for token in (proc.image_token_id, proc.audio_token_id)
@@ -299,7 +290,7 @@ def test_collated_row_trains_like_its_samples(kind: str) -> None:
     for messages, _, images, audios in batch:
         want = dict(reference(proc, messages, images, audios))
         ids = want["input_ids"][0]
-        labels = torch.where(torch.tensor(reply_mask(proc, ids.tolist())), ids, IGNORE)
+        labels = torch.where(torch.tensor(chatml_reply_mask(proc, ids.tolist())), ids, IGNORE)
         labels[0] = IGNORE
         alone.append({**want, "labels": labels[None]})
     loss_error, worst = packed_matches_alone(model, alone, packed)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from audio_files import encode_audio
-from family_kit import IGNORE, packed_matches_alone, seeded, tiny_tokenizer
+from family_kit import IGNORE, chatml_reply_mask, packed_matches_alone, seeded, tiny_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import (
@@ -71,23 +71,6 @@ def reference(proc: Qwen2AudioProcessor, messages: list[dict[str, Any]], audios:
     return proc(
         text=[text], audio=audios or None, sampling_rate=RATE, return_tensors="pt", padding=True
     )
-
-
-def reply_mask(proc: Qwen2AudioProcessor, ids: list[int]) -> list[bool]:
-    """True on each reply token: after ``<|im_start|>assistant\\n`` through its ``<|im_end|>``."""
-    tok = proc.tokenizer
-    header = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
-    end = tok.convert_tokens_to_ids("<|im_end|>")
-    mask, inside, at = [False] * len(ids), False, 0
-    while at < len(ids):
-        if not inside and ids[at : at + len(header)] == header:
-            inside, at = True, at + len(header)
-            continue
-        if inside:
-            mask[at] = True
-            inside = ids[at] != end
-        at += 1
-    return mask
 
 
 def conversation(audios: int, turns: int, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -189,7 +172,7 @@ def test_encoder_equals_the_processor() -> None:
         encoded = encoder.encode_sample(row["id"], row)
         want = reference(processor(), messages, [waveform_of(item) for item in items])
         assert encoded.input_ids.tolist() == want["input_ids"][0].tolist()
-        assert encoded.loss_mask.bool().tolist() == reply_mask(
+        assert encoded.loss_mask.bool().tolist() == chatml_reply_mask(
             processor(), want["input_ids"][0].tolist()
         )
         assert [m.kind for m in encoded.media] == ["audio"] * len(items)
@@ -246,7 +229,7 @@ def test_collated_row_trains_like_its_samples() -> None:
     alone = []
     for messages, _, items in batch:
         want = dict(reference(proc, messages, [waveform_of(item) for item in items]))
-        mask = reply_mask(proc, want["input_ids"][0].tolist())
+        mask = chatml_reply_mask(proc, want["input_ids"][0].tolist())
         labels = torch.where(torch.tensor(mask), want["input_ids"][0], IGNORE)
         labels[0] = IGNORE
         want.pop("attention_mask")

@@ -39,23 +39,28 @@ CLIPS = {  # member -> (width, height, frames, fps)
 }
 
 
-@cache
-def clip(name: str) -> bytes:
-    """An H.264 MP4 whose frames differ in space and time (seeded by ``name``)."""
-    width, height, frames, fps = CLIPS[name]
-    rng = np.random.default_rng(sum(map(ord, name)))
-    base = rng.integers(0, 256, (height // 8 + 1, width // 8 + 1, 3), dtype=np.uint8)
+def tiles_mp4(width: int, height: int, frames: int, fps: int, seed: int, tile: int = 8) -> bytes:
+    """An H.264 MP4 of random ``tile``-pixel tiles that roll one tile a frame (so its frames
+    differ in space and time), seeded by ``seed``."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (height // tile + 1, width // tile + 1, 3), dtype=np.uint8)
     out = io.BytesIO()
     with av.open(out, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.time_base = Fraction(1, fps)
         for index in range(frames):
-            tiles = np.roll(base, index, axis=1).repeat(8, axis=0).repeat(8, axis=1)
+            tiles = np.roll(base, index, axis=1).repeat(tile, axis=0).repeat(tile, axis=1)
             frame = av.VideoFrame.from_ndarray(tiles[:height, :width].copy(), format="rgb24")
             container.mux(stream.encode(frame))
         container.mux(stream.encode())
     return out.getvalue()
+
+
+@cache
+def clip(name: str) -> bytes:
+    """Clip ``name`` of :data:`CLIPS` (:func:`tiles_mp4` seeded by the name)."""
+    return tiles_mp4(*CLIPS[name], seed=sum(map(ord, name)))
 
 
 SAMPLES: list[tuple[list[str], list[tuple[int, int]], str]] = [

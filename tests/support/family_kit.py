@@ -171,3 +171,20 @@ def seeded(build: Callable[[], PreTrainedModel], seed: int = 0) -> PreTrainedMod
     """``build()`` under a fixed torch seed, in float64 and training mode."""
     torch.manual_seed(seed)
     return build().double().train()
+
+
+def chatml_reply_mask(processor: Any, ids: list[int]) -> list[bool]:
+    """True on each reply token of ChatML ids: after ``<|im_start|>assistant\n`` through its
+    ``<|im_end|>`` (the processor's tokenizer gives both)."""
+    header = processor.tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    mask, inside, at = [False] * len(ids), False, 0
+    while at < len(ids):
+        if not inside and ids[at : at + len(header)] == header:
+            inside, at = True, at + len(header)
+            continue
+        if inside:
+            mask[at] = True
+            inside = ids[at] != end
+        at += 1
+    return mask
