@@ -6,7 +6,9 @@ placeholder the template rendered by the text the processor writes for that medi
 (:meth:`~energon_pack.encoding.families.ProcessorFamily.expansions` from the image's header
 size, :meth:`~energon_pack.encoding.families.ProcessorFamily.audio_expansions` from the audio's
 header probe, :meth:`~energon_pack.encoding.families.ProcessorFamily.video_expansions` from the
-frames the video processor keeps of the video's header), and tokenises the whole text as the
+frames the video processor keeps of the video's header, and its audio track's header where the
+family reads it: :meth:`~energon_pack.encoding.families.ProcessorFamily.media_expansions`), and
+tokenises the whole text as the
 processor does, so text next to a medium merges exactly as it does there. Nothing is decoded:
 the pixels and audio features come from the processor itself when the sample's pack is chosen
 (:meth:`ProcessorFamily.media_inputs`, :meth:`ProcessorFamily.audio_inputs`,
@@ -33,11 +35,11 @@ from energon_pack.encoding.bounded import (
     template_sha256,
 )
 from energon_pack.encoding.chatml import SampleEncoder, TurnOptions
-from energon_pack.encoding.families.base import ProcessorFamily, SampledVideo
+from energon_pack.encoding.families.base import Measured, ProcessorFamily, SampledVideo
 from energon_pack.encoding.rendering import render_sample, tokenise_text, with_system
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import MediaError, MediaItem
-from energon_pack.media.audio import AudioProbe
+from energon_pack.media.audio import AudioProbe, probe_video_audio
 from energon_pack.media.audio_decode import Waveform, audio_probe
 from energon_pack.media.config import MediaKind
 from energon_pack.media.displayed import displayed_image_size, displayed_video_header
@@ -49,11 +51,6 @@ __all__ = ["ProcessorEncoder"]
 Span = tuple[int, int]
 Placed = tuple[int, str]
 """Where a placeholder starts in the rendered text, and its text."""
-
-
-Measured = tuple[int, int] | AudioProbe | SampledVideo
-"""What a medium's header gave: an image's displayed ``(height, width)``, an audio's probe, a
-video's header and kept frames."""
 
 
 class ProcessorEncoder(SampleEncoder):
@@ -148,9 +145,11 @@ class ProcessorEncoder(SampleEncoder):
             mask = _overlapping(offsets, [(moved(a), moved(b)) for a, b in replies])
         mask &= ~in_media
         is_media = np.isin(ids, self.media_ids_tensor.numpy())
+        is_audio = np.isin(ids, list(self.family.audio_token_ids))
+        within = [_overlapping(offsets, [block]) for block in blocks]
         media = tuple(
-            _item(member, data, shape, int(is_media[_overlapping(offsets, [block])].sum()))
-            for (member, _, data), shape, block in zip(in_text, measured, blocks, strict=True)
+            _item(member, data, shape, int(is_media[inside].sum()), int(is_audio[inside].sum()))
+            for (member, _, data), shape, inside in zip(in_text, measured, within, strict=True)
         )
         stray = int(is_media.sum()) - sum(item.tokens for item in media)
         if stray:
@@ -206,13 +205,8 @@ class ProcessorEncoder(SampleEncoder):
         """The family's expansions of the sample's media, in order; a medium its processor
         refuses (an aspect ratio over its limit, a side that resizes to nothing, audio too
         short for the encoder, a video it cannot stack) is ``unsupported``."""
-        sizes = [shape for shape in measured if isinstance(shape, tuple)]
-        probes = [shape for shape in measured if isinstance(shape, AudioProbe)]
-        videos = [shape for shape in measured if isinstance(shape, SampledVideo)]
         try:
-            images = iter(self.family.expansions(sizes) if sizes else [])
-            audios = iter(self.family.audio_expansions(probes) if probes else [])
-            clips = iter(self.family.video_expansions(videos) if videos else [])
+            return self.family.media_expansions(measured)
         except ValueError as error:
             members = [member for member, _, _ in raw.media]
             raise MediaError(
@@ -222,10 +216,6 @@ class ProcessorEncoder(SampleEncoder):
                 f"the {self.family.name} processor cannot take the sample's media "
                 f"{[_shown(shape) for shape in measured]}: {error}; drop or resize it",
             ) from None
-        return [
-            next(images if isinstance(s, tuple) else audios if isinstance(s, AudioProbe) else clips)
-            for s in measured
-        ]
 
     def _measure(
         self, key: str, member: str, kind: MediaKind, data: bytes | Frames | Waveform
@@ -240,8 +230,9 @@ class ProcessorEncoder(SampleEncoder):
             return displayed_image_size(data, self.media, key=key, member=member)
         if kind == "video" and takes_video and isinstance(data, bytes):
             header = displayed_video_header(data, self.media, key=key, member=member)
+            audio = probe_video_audio(data, key, member) if self.family.loads_video_audio else None
             try:
-                return SampledVideo(header, self.family.video_frames(header))
+                return SampledVideo(header, self.family.video_frames(header), audio)
             except (ValueError, TypeError) as error:  # TypeError: a setting it needs is unset
                 raise MediaError(
                     key,
@@ -304,15 +295,27 @@ class ProcessorEncoder(SampleEncoder):
         return text, spans
 
 
-def _item(member: str, data: bytes | Frames | Waveform, shape: Measured, tokens: int) -> MediaItem:
+def _item(
+    member: str, data: bytes | Frames | Waveform, shape: Measured, tokens: int, audio: int
+) -> MediaItem:
     """The encoded medium: an image with its displayed size, an audio, or a video with its
-    size and kept frames."""
+    size, kept frames and the ``audio`` tokens of its own audio track."""
     if isinstance(shape, AudioProbe):
         return MediaItem(member, "audio", data, (1, 1, tokens), tokens)
     if isinstance(shape, SampledVideo):
         size = (shape.header.height, shape.header.width)
         grid = (len(shape.frames), *size)
-        return MediaItem(member, "video", data, grid, tokens, size=size, frame_indices=shape.frames)
+        track = audio if shape.audio is not None else 0
+        return MediaItem(
+            member,
+            "video",
+            data,
+            grid,
+            tokens,
+            size=size,
+            frame_indices=shape.frames,
+            audio_tokens=track,
+        )
     return MediaItem(member, "image", data, (1, *shape), tokens, size=shape)
 
 
@@ -321,7 +324,8 @@ def _shown(shape: Measured) -> object:
     if isinstance(shape, AudioProbe):
         return f"{shape.seconds:g} s"
     if isinstance(shape, SampledVideo):
-        return f"{len(shape.frames)} frames"
+        sound = "" if shape.audio is None else f" and {shape.audio.seconds:g} s of audio"
+        return f"{len(shape.frames)} frames{sound}"
     return shape
 
 

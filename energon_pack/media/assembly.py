@@ -78,6 +78,9 @@ class MediaItem:
     resizes it at materialisation; ``grid_thw`` is then ``(frames, height, width)``)."""
     frame_indices: tuple[int, ...] | None = None
     """The source frames a processor family's video keeps (its video processor's sampling)."""
+    audio_tokens: int = 0
+    """Tokens of a video's own audio track among ``tokens`` (a processor family that loads
+    the audio of videos); 0: none read."""
 
     @property
     def nbytes(self) -> int:

@@ -20,7 +20,7 @@ from typing import Literal
 
 from energon_pack.media.errors import MediaFailure, naming
 
-__all__ = ["AUDIO_EXTENSIONS", "AudioFormat", "AudioProbe", "probe_audio"]
+__all__ = ["AUDIO_EXTENSIONS", "AudioFormat", "AudioProbe", "probe_audio", "probe_video_audio"]
 
 AudioFormat = Literal["wav", "flac", "mp3", "opus", "m4a", "array"]
 """A file format probed from its header, or ``"array"``: decoded samples a dataset holds."""
@@ -68,6 +68,28 @@ def probe_audio(data: bytes, key: str = "?", member: str = "audio") -> AudioProb
         except (struct.error, IndexError, ValueError) as error:  # a read past the data
             raise MediaFailure("corrupt", f"audio header cut short or damaged ({error})") from None
         _check(probe)
+        return probe
+
+
+def probe_video_audio(data: bytes, key: str = "?", member: str = "video") -> AudioProbe | None:
+    """The :class:`AudioProbe` of the audio track of ``data`` (a whole MP4 or QuickTime video),
+    from its headers alone; None where the video has no audio track. A
+    :class:`~energon_pack.media.MediaError` names ``key`` and ``member`` where the track cannot
+    be read, and is ``unsupported`` for another container (only MP4/MOV audio tracks are
+    read)."""
+    with naming(key, member):
+        if bytes(data[4:8]) != b"ftyp":
+            raise MediaFailure(
+                "unsupported",
+                "the audio of a video is read from MP4 or QuickTime (MOV) files only; remux "
+                "the video to MP4, or take its audio as a separate audio member",
+            )
+        try:
+            probe = _m4a_or_none(memoryview(data))
+        except (struct.error, IndexError, ValueError) as error:
+            raise MediaFailure("corrupt", f"MP4 header cut short or damaged ({error})") from None
+        if probe is not None:
+            _check(probe)
         return probe
 
 
@@ -301,6 +323,14 @@ def _need(boxes: dict[bytes, tuple[int, int]], name: bytes, parent: str) -> tupl
 
 
 def _m4a(data: memoryview) -> AudioProbe:
+    probe = _m4a_or_none(data)
+    if probe is None:
+        raise MediaFailure("unsupported", "MP4 file without an audio track")
+    return probe
+
+
+def _m4a_or_none(data: memoryview) -> AudioProbe | None:
+    """The probe of the first audio track of an MP4 file; None where it has none."""
     top = _boxes(data, 0, len(data))
     if b"moov" not in top:
         raise MediaFailure("corrupt", "MP4 file without a moov box")
@@ -314,7 +344,7 @@ def _m4a(data: memoryview) -> AudioProbe:
         if handler != b"soun":
             continue
         return _m4a_track(data, trak, mdia, movie_scale)
-    raise MediaFailure("unsupported", "MP4 file without an audio track")
+    return None
 
 
 def _all_boxes(

@@ -76,8 +76,9 @@ class EncodedSample:
 
     @property
     def audio_tokens(self) -> int:
-        """The audio encoder's tokens among :attr:`vision_tokens`."""
-        return sum(m.tokens for m in self.media if m.kind == "audio")
+        """The audio encoder's tokens among :attr:`vision_tokens` (a video's audio track's
+        too)."""
+        return sum(m.tokens if m.kind == "audio" else m.audio_tokens for m in self.media)
 
     @property
     def is_materialized(self) -> bool:

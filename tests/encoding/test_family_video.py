@@ -39,9 +39,18 @@ CLIPS = {  # member -> (width, height, frames, fps)
 }
 
 
-def tiles_mp4(width: int, height: int, frames: int, fps: int, seed: int, tile: int = 8) -> bytes:
+def tiles_mp4(
+    width: int,
+    height: int,
+    frames: int,
+    fps: int,
+    seed: int,
+    tile: int = 8,
+    audio_seconds: float = 0.0,
+) -> bytes:
     """An H.264 MP4 of random ``tile``-pixel tiles that roll one tile a frame (so its frames
-    differ in space and time), seeded by ``seed``."""
+    differ in space and time), seeded by ``seed``; with ``audio_seconds``, an AAC track of a
+    gliding tone that long (16 kHz, mono)."""
     rng = np.random.default_rng(seed)
     base = rng.integers(0, 256, (height // tile + 1, width // tile + 1, 3), dtype=np.uint8)
     out = io.BytesIO()
@@ -49,11 +58,21 @@ def tiles_mp4(width: int, height: int, frames: int, fps: int, seed: int, tile: i
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.time_base = Fraction(1, fps)
+        rate = 16_000
+        track = container.add_stream("aac", rate=rate, layout="mono") if audio_seconds else None
         for index in range(frames):
             tiles = np.roll(base, index, axis=1).repeat(tile, axis=0).repeat(tile, axis=1)
             frame = av.VideoFrame.from_ndarray(tiles[:height, :width].copy(), format="rgb24")
             container.mux(stream.encode(frame))
         container.mux(stream.encode())
+        if track is not None:
+            t = np.arange(int(audio_seconds * rate)) / rate
+            pitch = rng.uniform(200, 600) * (1 + t / max(audio_seconds, 1e-9))
+            wave = (0.3 * np.sin(2 * np.pi * pitch * t)).astype(np.float32)[None]
+            sound = av.AudioFrame.from_ndarray(wave, format="fltp", layout="mono")
+            sound.sample_rate = rate
+            for packet in [*track.encode(sound), *track.encode(None)]:
+                container.mux(packet)
     return out.getvalue()
 
 

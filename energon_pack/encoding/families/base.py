@@ -38,6 +38,7 @@ from energon_pack.media.decode import VideoHeader
 
 __all__ = [
     "TEXT_KEYS",
+    "Measured",
     "PackingRule",
     "ProcessorFamily",
     "SampledVideo",
@@ -60,6 +61,9 @@ class SampledVideo:
 
     header: VideoHeader
     frames: tuple[int, ...]
+    audio: AudioProbe | None = None
+    """Its audio track's probe, where the family reads the audio of videos
+    (:attr:`ProcessorFamily.loads_video_audio`) and the video has one."""
 
     @property
     def timestamps(self) -> list[float]:
@@ -67,6 +71,10 @@ class SampledVideo:
         ``VideoMetadata.timestamps``."""
         return [index / self.header.fps for index in self.frames]
 
+
+Measured = tuple[int, int] | AudioProbe | SampledVideo
+"""What a medium's header gave: an image's displayed ``(height, width)``, an audio's probe, a
+video's header and kept frames."""
 
 TEXT_KEYS = frozenset({"input_ids", "attention_mask"})
 """Processor outputs that come from the text, not the media."""
@@ -129,6 +137,10 @@ class ProcessorFamily(ABC):
         merged = merge(tokenizer_init_kwargs=self.tokenizer.init_kwargs) if merge else {}
         self._image_kwargs: dict[str, Any] = dict(merged.get("images_kwargs", {}))
         self._video_kwargs: dict[str, Any] = dict(merged.get("videos_kwargs", {}))
+        self._call_kwargs: dict[str, Any] = {
+            key: value for key, value in merged.items() if not isinstance(value, dict)
+        }
+        """The processor call's own settings (not of one medium's processor)."""
 
     def image_setting(self, key: str) -> Any:
         """An image setting as the processor's call passes it: the processor's merged image
@@ -303,6 +315,27 @@ class ProcessorFamily(ABC):
             duration=header.duration,
         )
         return tuple(int(i) for i in video_processor.sample_frames(metadata=metadata, **kwargs))
+
+    loads_video_audio: bool = False
+    """Whether a video's own audio track is read with it (the Omni processors'
+    ``load_audio_from_video``): probed with its header, expanded among its frames' tokens
+    (:meth:`media_expansions`) and decoded for the audio encoder after the video's frames."""
+
+    def media_expansions(self, measured: Sequence[Measured]) -> list[str]:
+        """The text the processor writes in place of each medium's placeholder, in the
+        sample's order: :meth:`expansions` of the images, :meth:`audio_expansions` of the
+        audio and :meth:`video_expansions` of the videos (each called once for the sample's
+        media of its kind); a ValueError where the processor refuses a medium."""
+        sizes = [shape for shape in measured if isinstance(shape, tuple)]
+        probes = [shape for shape in measured if isinstance(shape, AudioProbe)]
+        videos = [shape for shape in measured if isinstance(shape, SampledVideo)]
+        images = iter(self.expansions(sizes) if sizes else [])
+        audios = iter(self.audio_expansions(probes) if probes else [])
+        clips = iter(self.video_expansions(videos) if videos else [])
+        return [
+            next(images if isinstance(s, tuple) else audios if isinstance(s, AudioProbe) else clips)
+            for s in measured
+        ]
 
     def video_expansions(self, videos: Sequence[SampledVideo]) -> list[str]:
         """The text the processor writes in place of each video's placeholder, from its header

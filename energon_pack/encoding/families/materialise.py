@@ -15,11 +15,22 @@ import torch
 from energon_pack.encoding.families import ProcessorFamily
 from energon_pack.media import MediaConfig, MediaError
 from energon_pack.media.audio_decode import audio_samples
+from energon_pack.media.config import MediaKind
 from energon_pack.media.displayed import displayed_images, displayed_videos
 from energon_pack.media.probe import Frames
 from energon_pack.packing.packed import EncodedSample, PackedSample, SkippedSample
 
-__all__ = ["FamilyInputs", "decoded", "family_inputs", "model_side_inputs", "sample_media"]
+__all__ = [
+    "Decoded",
+    "FamilyInputs",
+    "decoded",
+    "family_inputs",
+    "model_side_inputs",
+    "sample_media",
+]
+
+Decoded = tuple[MediaKind, np.ndarray[Any, Any]]
+"""A decoded medium and its kind (a video's audio track comes as ``"audio"``)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,9 @@ def family_inputs(
     flat = [(position, sample) for row in rows for position, sample in row]
     arrays = iter(decoded(flat, media, family.audio_rate if _has_audio(flat) else None))
     by_position = {
-        position: _processed(family, sample, position, [next(arrays) for _ in sample.media])
+        position: _processed(
+            family, sample, position, [next(arrays) for _ in _decoded_kinds(sample)]
+        )
         for position, sample in flat
     }
     outputs = [[by_position[position] for position, _ in row] for row in rows]
@@ -119,12 +132,13 @@ def sample_media(
 
 def decoded(
     samples: Sequence[tuple[int, EncodedSample]], media: MediaConfig, audio_rate: int | None = None
-) -> list[np.ndarray[Any, Any]]:
-    """The media of ``samples`` (each with its position in the micro-batch), in order: an
-    image's upright pixels (HWC uint8), a video's kept frames (THWC uint8), an audio's mono
-    float32 samples at ``audio_rate``. Raises :class:`SkippedSample` at the position of a
-    sample whose medium cannot be decoded or decodes to another size than its header gave (its
-    tokens would no longer match)."""
+) -> list[Decoded]:
+    """The media of ``samples`` (each with its position in the micro-batch), in order, each
+    with its kind: an image's upright pixels (HWC uint8), a video's kept frames (THWC uint8)
+    followed by its audio track where the video's expansion holds one (``audio_tokens``), an
+    audio's mono float32 samples at ``audio_rate``. Raises :class:`SkippedSample` at the
+    position of a sample whose medium cannot be decoded or decodes to another size than its
+    header gave (its tokens would no longer match)."""
     images, videos = [], []
     for position, sample in samples:
         for item in sample.media:
@@ -143,19 +157,23 @@ def decoded(
         clips = iter(displayed_videos(videos, media))
     except MediaError as error:
         raise SkippedSample(error.position or 0, error) from error
-    out: list[np.ndarray[Any, Any]] = []
+    out: list[Decoded] = []
     for position, sample in samples:
         for item in sample.media:
             if item.kind != "audio":
-                out.append(next(clips if item.kind == "video" else pixels))
-                continue
+                out.append((item.kind, next(clips if item.kind == "video" else pixels)))
+                if not item.audio_tokens:
+                    continue
             if audio_rate is None or isinstance(item.data, Frames):
                 unprobed = MediaError(sample.key, item.member, "unsupported", "not a probed audio")
                 raise SkippedSample(position, unprobed)
             try:
                 out.append(
-                    audio_samples(
-                        item.data, audio_rate, key=sample.key, member=item.member, config=media
+                    (
+                        "audio",
+                        audio_samples(
+                            item.data, audio_rate, key=sample.key, member=item.member, config=media
+                        ),
                     )
                 )
             except MediaError as error:
@@ -163,23 +181,31 @@ def decoded(
     return out
 
 
+def _decoded_kinds(sample: EncodedSample) -> list[MediaKind]:
+    """The kinds :func:`decoded` gives for ``sample``, in order."""
+    kinds: list[MediaKind] = []
+    for item in sample.media:
+        kinds.append(item.kind)
+        if item.audio_tokens:
+            kinds.append("audio")
+    return kinds
+
+
 def _has_audio(samples: Sequence[tuple[int, EncodedSample]]) -> bool:
-    return any(item.kind == "audio" for _, sample in samples for item in sample.media)
+    return any(sample.audio_tokens for _, sample in samples)
 
 
 def _processed(
     family: ProcessorFamily,
     sample: EncodedSample,
     position: int,
-    arrays: list[np.ndarray[Any, Any]],
+    arrays: list[Decoded],
 ) -> dict[str, torch.Tensor]:
     """The family's media outputs for one sample's decoded images, videos and audio."""
     if not arrays:
         return {}
     try:
-        return family.sample_inputs(
-            [(item.kind, array) for item, array in zip(sample.media, arrays, strict=True)]
-        )
+        return family.sample_inputs(arrays)
     except (ValueError, RuntimeError, OSError) as error:
         failure = MediaError(
             sample.key,

@@ -51,8 +51,12 @@ class WhisperAudioFamily(ProcessorFamily):
         )
 
     def audio_expansions(self, probes: Sequence[AudioProbe]) -> list[str]:
-        """The audio token repeated :meth:`audio_tokens` times per audio; an audio that gives
-        fewer than :attr:`min_audio_tokens` is a ValueError (too short for the encoder)."""
+        """The audio token repeated :meth:`audio_counts` times per audio."""
+        return [self.audio_placeholder * count for count in self.audio_counts(probes)]
+
+    def audio_counts(self, probes: Sequence[AudioProbe]) -> list[int]:
+        """:meth:`audio_tokens` of each of a sample's audios; an audio that gives fewer than
+        :attr:`min_audio_tokens` is a ValueError (too short for the encoder)."""
         counts = [self.audio_tokens(probe) for probe in probes]
         least = self.min_audio_tokens
         short = [p.seconds for p, n in zip(probes, counts, strict=True) if n < least]
@@ -63,7 +67,7 @@ class WhisperAudioFamily(ProcessorFamily):
                 f"audio of {short} s gives fewer than {least} audio tokens "
                 f"({(frames - 1) * hop + 1} samples at {self.audio_rate} Hz at least)"
             )
-        return [self.audio_placeholder * count for count in counts]
+        return counts
 
     def audio_inputs(self, waveforms: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
         """``input_features`` and ``feature_attention_mask`` from the processor's own call (its
