@@ -1,6 +1,8 @@
-"""Seeded media fuzzer: mutated MP4 (H.264, MPEG-4), JPEG, PNG, WebP and audio (WAV, FLAC, MP3,
-Ogg Opus, M4A) through probe + decode (images also through the processor families' header size
-and upright decode; audio through ``probe_audio`` and ``decode_audio``).
+"""Seeded media fuzzer: mutated MP4 (H.264, MPEG-4, H.264 with an AAC track), JPEG, PNG, WebP and
+audio (WAV, FLAC, MP3, Ogg Opus, M4A) through probe + decode (images also through the processor
+families' header size and upright decode; videos also through the processor families' header
+and sampled-frame decode and the audio track's probe and decode; audio through ``probe_audio``
+and ``decode_audio``). Each path of a file runs to its own end or first error.
 
 Small seed files are written with PyAV / Pillow, then every file ``i`` of a format is mutated
 by its own generator ``(seed, format, i)``: random bytes flipped, truncation, bytes overwritten
@@ -52,22 +54,29 @@ from energon_pack.media import (
     process_image,
     process_video,
 )
-from energon_pack.media.audio import probe_audio
+from energon_pack.media.audio import probe_audio, probe_video_audio
 from energon_pack.media.audio_decode import decode_audio
-from energon_pack.media.displayed import displayed_image_size, displayed_images
+from energon_pack.media.displayed import (
+    displayed_image_size,
+    displayed_images,
+    displayed_video_header,
+    displayed_videos,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 from audio_files import encode_audio  # noqa: E402  (the tests' audio writer)
+from audio_files import signal as audio_signal  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "fuzz_media.json"
 CORPUS = ROOT / "fixtures" / "crash_corpus"
 SEED = 12
-VIDEO_FORMATS = ("h264", "mpeg4")
+VIDEO_FORMATS = ("h264", "mpeg4", "h264_aac")
 IMAGE_FORMATS = ("jpeg", "png", "webp")
 AUDIO_FORMATS = ("wav", "flac", "mp3", "opus", "m4a")
 EXTENSIONS = {"h264": "mp4", "mpeg4": "mp4", "jpeg": "jpg", "png": "png", "webp": "webp"}
 EXTENSIONS |= {"wav": "wav", "flac": "flac", "mp3": "mp3", "opus": "ogg", "m4a": "m4a"}
+EXTENSIONS |= {"h264_aac": "mp4"}  # last: the formats before keep their mutation streams
 # Small frames keep the fuzzer fast; the native decoders see the same code paths.
 FUZZ_CONFIG = MediaConfig(
     min_pixels=28 * 28,
@@ -92,21 +101,32 @@ def _frames(width: int, height: int, count: int) -> list[np.ndarray[Any, Any]]:
 
 
 def seed_video(codec: str) -> bytes:
-    """A 12-frame 64x48 MP4 at 6 fps, single-threaded encoder settings."""
+    """A 12-frame 64x48 MP4 at 6 fps, single-threaded encoder settings; ``h264_aac`` with a
+    2-second 16 kHz mono AAC track."""
     buf = io.BytesIO()
     with av.open(buf, mode="w", format="mp4") as container:
         options = {"x264-params": "threads=1:mbtree=0:rc-lookahead=0:bframes=0"}
+        h264 = codec.startswith("h264")
         stream = container.add_stream(
-            "libx264" if codec == "h264" else "mpeg4",
+            "libx264" if h264 else "mpeg4",
             rate=6,
-            options=options if codec == "h264" else {"threads": "1"},
+            options=options if h264 else {"threads": "1"},
         )
         stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        track = (
+            container.add_stream("aac", rate=16000, layout="mono") if codec == "h264_aac" else None
+        )
         for rgb in _frames(64, 48, 12):
             for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+        if track is not None:
+            wave = audio_signal(16000, 32000, sweep=True)
+            sound = av.AudioFrame.from_ndarray(wave[None], format="fltp", layout="mono")
+            sound.sample_rate = 16000
+            for packet in [*track.encode(sound), *track.encode(None)]:
+                container.mux(packet)
     return buf.getvalue()
 
 
@@ -187,25 +207,60 @@ def mutate(data: bytes, fmt: str, index: int, seed: int = SEED) -> bytes:
 
 
 def run_one(data: bytes, fmt: str, config: MediaConfig) -> str:
-    """Outcome of probe + decode: ``ok``, ``media:<kind>`` or ``escaped:<type>``."""
+    """Outcome of every path of probe + decode: ``ok``, ``media:<kind>`` (the first path's
+    error) or ``escaped:<type>`` (any path's)."""
     member = f"0.{EXTENSIONS[fmt]}"
-    try:
-        if fmt in VIDEO_FORMATS:
-            probe_video(data, config, key="fuzz", member=member)
-            process_video(data, config, key="fuzz", member=member)
-        elif fmt in AUDIO_FORMATS:
-            probe_audio(data, "fuzz", member)
-            decode_audio(data, key="fuzz", member=member, config=config)
-        else:
-            probe_image(data, config, key="fuzz", member=member)
-            process_image(data, config, key="fuzz", member=member)
-            size = displayed_image_size(data, config, key="fuzz", member=member)
-            displayed_images([("fuzz", member, data, size, 0)], config)  # processor families
-    except MediaError as error:
-        return f"media:{error.kind}"
-    except Exception as exc:  # the fuzzer's purpose is to catch anything that escapes
-        return f"escaped:{type(exc).__name__}: {exc}"[:200]
-    return "ok"
+    errors = []
+    for path in _paths(fmt):
+        try:
+            path(data, member, config)
+        except MediaError as error:
+            errors.append(f"media:{error.kind}")
+        except Exception as exc:  # the fuzzer's purpose is to catch anything that escapes
+            return f"escaped:{type(exc).__name__}: {exc}"[:200]
+    return errors[0] if errors else "ok"
+
+
+def _paths(fmt: str) -> list[Any]:
+    """The independent ways a file of ``fmt`` is read, each ``(data, member, config)``."""
+    if fmt in VIDEO_FORMATS:
+        return [_qwen_video, _family_video, _video_track]
+    if fmt in AUDIO_FORMATS:
+        return [_audio]
+    return [_qwen_image, _family_image]
+
+
+def _qwen_video(data: bytes, member: str, config: MediaConfig) -> None:
+    probe_video(data, config, key="fuzz", member=member)
+    process_video(data, config, key="fuzz", member=member)
+
+
+def _family_video(data: bytes, member: str, config: MediaConfig) -> None:
+    """The processor families' path: the upright header, then four sampled frames."""
+    header = displayed_video_header(data, config, key="fuzz", member=member)
+    picked = tuple(sorted({i * header.frames // 4 for i in range(4)}))
+    displayed_videos([("fuzz", member, data, picked, (header.height, header.width), 0)], config)
+
+
+def _video_track(data: bytes, member: str, config: MediaConfig) -> None:
+    """An Omni family's read of the video's audio track (``load_audio_from_video``)."""
+    if probe_video_audio(data, "fuzz", member) is not None:
+        decode_audio(data, key="fuzz", member=member, config=config)
+
+
+def _audio(data: bytes, member: str, config: MediaConfig) -> None:
+    probe_audio(data, "fuzz", member)
+    decode_audio(data, key="fuzz", member=member, config=config)
+
+
+def _qwen_image(data: bytes, member: str, config: MediaConfig) -> None:
+    probe_image(data, config, key="fuzz", member=member)
+    process_image(data, config, key="fuzz", member=member)
+
+
+def _family_image(data: bytes, member: str, config: MediaConfig) -> None:
+    size = displayed_image_size(data, config, key="fuzz", member=member)
+    displayed_images([("fuzz", member, data, size, 0)], config)
 
 
 def _child(conn: Connection, seeds: dict[str, bytes], config: MediaConfig) -> None:
@@ -396,9 +451,13 @@ def main() -> None:
         args.out = OUT.with_name("fuzz_media_unguarded.json")
     config = replace(FUZZ_CONFIG, decode_isolation=args.isolation, video_rule=args.video_rule)
     seeds = seed_files()
-    jobs = [(VIDEO_FORMATS[i % 2], i // 2) for i in range(args.videos)]
-    jobs += [(IMAGE_FORMATS[i % 3], i // 3) for i in range(args.images)]
-    jobs += [(AUDIO_FORMATS[i % 5], i // 5) for i in range(args.audios)]
+    jobs = []
+    for count, formats in (
+        (args.videos, VIDEO_FORMATS),
+        (args.images, IMAGE_FORMATS),
+        (args.audios, AUDIO_FORMATS),
+    ):
+        jobs += [(formats[i % len(formats)], i // len(formats)) for i in range(count)]
     start = time.perf_counter()
     records = fuzz(jobs, seeds, config, args.workers, args.hang_s)
     wall = time.perf_counter() - start
