@@ -18,6 +18,11 @@ interleaved in each round:
   processor), and the same with ``decode_isolation="off"`` (decoded in this process);
 * probe: the header read alone, against the guarded decode of the sampled frames alone.
 
+The Omni thinkers run a second time with ``load_audio_from_video`` on clips with an AAC track
+(``+track``): the processor given the track decoded by FFmpeg through PyAV (what transformers'
+own loader does with torchcodec), ours its tokens from the track's header and its decode in
+the guarded helper.
+
 Video processors exist only with torchvision: the measuring runs in the test suite's
 torchvision child process (``tests/support/torchvision_child.py``). Reports the median of the
 per-round ratios. Torch runs on one thread.
@@ -46,13 +51,31 @@ CLIPS = [(320, 240, 20, 15), (640, 352, 8, 30), (1280, 720, 4, 25)]
 """(width, height, seconds, fps) of each clip."""
 FAMILIES = ("llava_onevision", "internvl", "qwen2_5_omni", "qwen3_omni", "glm4v", "gemma4")
 FAMILIES += ("smolvlm",)
+TRACKED = ("qwen2_5_omni", "qwen3_omni")
+"""The families also run on clips with an audio track, reading it (``+track``)."""
 
 
-def clip_bytes(width: int, height: int, seconds: int, fps: int) -> bytes:
-    """An H.264 MP4 of rolling random 16-pixel tiles."""
+def clip_bytes(width: int, height: int, seconds: int, fps: int, track: bool = False) -> bytes:
+    """An H.264 MP4 of rolling random 16-pixel tiles (with ``track``, an AAC track as long)."""
     from test_family_video import tiles_mp4
 
-    return tiles_mp4(width, height, seconds * fps, fps, seed=width, tile=16)
+    sound = float(seconds) if track else 0.0
+    return tiles_mp4(width, height, seconds * fps, fps, seed=width, tile=16, audio_seconds=sound)
+
+
+def track_decode(path: Path) -> Any:
+    """The clip's audio track at 16 kHz, mono float32, decoded by FFmpeg through PyAV."""
+    import av
+    import numpy as np
+
+    with av.open(str(path)) as container:
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+        parts = [
+            resampled.to_ndarray()[0]
+            for frame in container.decode(audio=0)
+            for resampled in resampler.resample(frame)
+        ]
+    return np.concatenate(parts)
 
 
 def processor(name: str) -> Any:
@@ -161,15 +184,19 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     from energon_pack.media.displayed import displayed_video_header, displayed_videos
 
     torch.set_num_threads(1)
-    clips = [clip_bytes(*clip) for clip in CLIPS]
     scratch = Path(tempfile.mkdtemp(prefix="video-families-"))
-    paths = []
-    for index, data in enumerate(clips):
-        paths.append(scratch / f"clip{index}.mp4")
-        paths[-1].write_bytes(data)
+    clips: dict[bool, list[bytes]] = {}
+    paths: dict[bool, list[Path]] = {}
+    for track in (False, True):
+        clips[track] = [clip_bytes(*clip, track=track) for clip in CLIPS]
+        paths[track] = []
+        for index, data in enumerate(clips[track]):
+            paths[track].append(scratch / f"clip{index}{'-track' if track else ''}.mp4")
+            paths[track][-1].write_bytes(data)
     setups = {}
-    for name in FAMILIES:
-        proc = processor(name)
+    for name in (*FAMILIES, *(f"{name}+track" for name in TRACKED)):
+        proc = processor(name.removesuffix("+track"))
+        proc.load_audio_from_video = name.endswith("+track")
         family = model_family(proc)
         messages = conversation(["clip"], [], "Something moves.")
         setups[name] = (proc, family, messages)
@@ -177,7 +204,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     tokens: dict[str, int] = {}
     for _ in range(job["rounds"]):
         for name, (proc, family, messages) in setups.items():
-            for index, (data, path) in enumerate(zip(clips, paths, strict=True)):
+            track = name.endswith("+track")
+            for index, (data, path) in enumerate(zip(clips[track], paths[track], strict=True)):
                 key = f"{name} {CLIPS[index][0]}x{CLIPS[index][1]}"
                 own = times.setdefault(key, {})
                 row = {"id": key, "messages": messages, "videos": [data]}
@@ -187,15 +215,24 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
                     header = VideoHeader(metadata.total_num_frames, metadata.fps, 0, 0)
                     return list(family.video_frames(header))
 
-                def theirs(proc: Any = proc, messages: Any = messages, path: Path = path) -> None:
+                def theirs(
+                    proc: Any = proc,
+                    messages: Any = messages,
+                    path: Path = path,
+                    track: bool = track,
+                ) -> None:
                     text = proc.apply_chat_template(messages, tokenize=False)
                     frames, metadata = decord_loader(path, pick)
+                    sound = {}
+                    if track:
+                        sound = {"audio": [track_decode(path)], "audio_from_video_indices": [0]}
                     proc(
                         text=[text],
                         videos=[frames],
                         video_metadata=[metadata],
                         do_sample_frames=False,
                         return_tensors="pt",
+                        **sound,
                     )
 
                 for isolation in ("process", "off"):
