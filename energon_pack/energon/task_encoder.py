@@ -555,7 +555,11 @@ def _check_processor_family(
     """The settings a processor family takes: lazy decoding, ``"batch"`` output and 1-D
     positions (its tokenizer is checked by :func:`~energon_pack.make_encoder`)."""
     if family.packing == "refused":
-        raise ValueError(f"family={family.name!r} cannot be packed exactly: {family.refusal}")
+        raise ValueError(
+            f"family={family.name!r} cannot be packed exactly: {family.refusal}; train it one "
+            "sample per row with VLMPackingCollator(family=..., layout=RowLayout(seq_length, "
+            "pad_to_max_length=True, pad_cu_seqlens=True, max_segments=1))"
+        )
     if family.packing != "position_ids":
         raise ValueError(
             f"family={family.name!r} packs with {family.packing!r} inputs built by the model "

@@ -38,6 +38,7 @@ from energon_pack.media.decode import VideoHeader
 
 __all__ = [
     "TEXT_KEYS",
+    "AudioFamily",
     "Measured",
     "PackingRule",
     "ProcessorFamily",
@@ -381,6 +382,20 @@ class ProcessorFamily(ABC):
             sum(i in vision for i in self.tokenizer.encode(text, add_special_tokens=False))
             for text in self.expansions(sizes)
         ]
+
+
+class AudioFamily(ProcessorFamily):
+    """A processor family that takes audio, each audio's features filling runs of the
+    processor's ``audio_token``."""
+
+    @property
+    def audio_placeholder(self) -> str:
+        """``processor.audio_token``."""
+        return str(self.processor.audio_token)
+
+    @property
+    def audio_token_ids(self) -> frozenset[int]:
+        return frozenset({int(self.processor.audio_token_id)})
 
 
 def joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -21,27 +21,18 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from energon_pack.encoding.families.base import TEXT_KEYS, ProcessorFamily, delimited_spans
+from energon_pack.encoding.families.base import TEXT_KEYS, AudioFamily, delimited_spans
 from energon_pack.media.audio import AudioProbe
 from energon_pack.media.audio_tokens import qwen2_audio_tokens
 
 __all__ = ["WhisperAudioFamily"]
 
 
-class WhisperAudioFamily(ProcessorFamily):
+class WhisperAudioFamily(AudioFamily):
     """A processor family whose audio goes through Whisper's feature extractor (see the module
     docstring); :attr:`min_audio_tokens` is the fewest audio tokens the model takes."""
 
     min_audio_tokens: int = 1
-
-    @property
-    def audio_placeholder(self) -> str:
-        """``processor.audio_token`` (``<|AUDIO|>``)."""
-        return str(self.processor.audio_token)
-
-    @property
-    def audio_token_ids(self) -> frozenset[int]:
-        return frozenset({int(self.processor.audio_token_id)})
 
     def audio_tokens(self, probe: AudioProbe) -> int:
         """Audio tokens of one audio, from the feature extractor's own settings."""
