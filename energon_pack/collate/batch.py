@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from energon_pack.encoding.families.materialise import FamilyInputs
+from energon_pack.encoding.families.materialise import FamilyInputs, model_built_inputs
 from energon_pack.media import MediaConfig, MediaTensors
 from energon_pack.packing.packed import (
     PackedSample,
@@ -98,24 +98,22 @@ class CollatedBatch:
         ``position_ids``; for a whole forward, mRoPE included, use :meth:`hf_model_inputs`)."""
         return hf_varlen_kwargs(self.position_ids, self.cu_seqlens_padded_flat, self.max_seqlen)
 
-    def hf_model_inputs(self, model: Any = None) -> dict[str, Any]:
+    def hf_model_inputs(self, model: Any = None, family: Any = None) -> dict[str, Any]:
         """Keyword arguments for ``model(**batch.hf_model_inputs(model))`` of a transformers
         causal LM or Qwen2-VL / Qwen2.5-VL model (``model``: the model, its config, an
         :class:`~energon_pack.HFTarget`, or None for sdpa/eager); see
-        :func:`energon_pack.hf_model_inputs`.
+        :func:`energon_pack.hf_model_inputs`. A processor family whose packed rows need inputs
+        built by the model (4-D masks, per-segment positions) gets them from ``model`` (the
+        model itself) and ``family`` (the collator's).
 
         Raises:
-            ValueError: the batch is of a processor family whose packed rows need inputs
-                built by the model (4-D masks, per-segment positions): take them from
-                ``VLMPackingCollator(..., output="hf", hf_model=model)``.
+            ValueError: such a family's batch without the model or the family.
         """
-        rule = None if self.family_inputs is None else self.family_inputs.model_rule
-        if rule is not None:
-            raise ValueError(
-                f"this batch's family packs with {rule!r} inputs that its model builds; make "
-                "the collator give them: VLMPackingCollator(..., output='hf', hf_model=model)"
-            )
-        return self.model_inputs(model)
+        out = self.model_inputs(model)
+        if self.family_inputs is not None:
+            cu = list(self.cu_seqlens_padded)
+            out.update(model_built_inputs(family, model, self.input_ids, cu, self.family_inputs))
+        return out
 
     def model_inputs(self, model: Any = None) -> dict[str, Any]:
         """:meth:`hf_model_inputs` without the check for inputs built by the model (the

@@ -32,7 +32,11 @@ from megatron.energon.wrappers import MapDataset
 from energon_pack.checks import check_choice, check_config
 from energon_pack.encoding.chatml import SampleEncoder, Tokenizer
 from energon_pack.encoding.families import ProcessorFamily
-from energon_pack.encoding.families.materialise import FamilyInputs, family_inputs
+from energon_pack.encoding.families.materialise import (
+    FamilyInputs,
+    family_inputs,
+    model_built_inputs,
+)
 from energon_pack.encoding.family import Family, ModelFamily, family_media, model_family
 from energon_pack.encoding.fingerprint import family_identity, tokenizer_identity
 from energon_pack.encoding.template import check_encoder, make_encoder
@@ -177,12 +181,16 @@ class PackedBatch(Sample):
             "second_per_grid_ts": self.second_per_grid_ts,
         }
 
-    def hf_model_inputs(self, model: Any = None) -> dict[str, Any]:
+    def hf_model_inputs(self, model: Any = None, family: Any = None) -> dict[str, Any]:
         """Keyword arguments for ``model(**batch.hf_model_inputs(model))`` of a transformers
-        model; see :meth:`energon_pack.collate.CollatedBatch.hf_model_inputs`."""
+        model; see :meth:`energon_pack.collate.CollatedBatch.hf_model_inputs` (``family``:
+        the task encoder's, ``task_encoder.family``, where its rows need inputs built by the
+        model)."""
         out = batch_model_inputs(self, self.cu_seqlens_padded, self.media(), model)
         if self.family_inputs is not None:
             out.update(self.family_inputs.tensors())
+            inputs, bounds = self.family_inputs, [self.cu_seqlens_padded]
+            out.update(model_built_inputs(family, model, self.input_ids, bounds, inputs))
         return out
 
     def to_bridge_batch(self, media: MediaConfig | None = None) -> dict[str, Any]:
@@ -559,12 +567,6 @@ def _check_processor_family(
             f"family={family.name!r} cannot be packed exactly: {family.refusal}; train it one "
             "sample per row with VLMPackingCollator(family=..., layout=RowLayout(seq_length, "
             "pad_to_max_length=True, pad_cu_seqlens=True, max_segments=1))"
-        )
-    if family.packing != "position_ids":
-        raise ValueError(
-            f"family={family.name!r} packs with {family.packing!r} inputs built by the model "
-            "(4-D masks or per-segment positions), which the Energon path does not carry yet; "
-            "pack it with VLMPackingCollator(family=..., output='hf', hf_model=model)"
         )
     for name, value, supported in (
         ("output", output, "batch"),

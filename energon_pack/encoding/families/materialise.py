@@ -25,6 +25,7 @@ __all__ = [
     "FamilyInputs",
     "decoded",
     "family_inputs",
+    "model_built_inputs",
     "model_side_inputs",
     "sample_media",
 ]
@@ -118,6 +119,28 @@ def model_side_inputs(
     if family.packing == "mrope":
         return {"position_ids": torch.cat([row["position_ids"] for row in rows], dim=-2)}
     return {"attention_mask": {key: torch.cat([row[key] for row in rows]) for key in rows[0]}}
+
+
+def model_built_inputs(
+    family: ProcessorFamily | None,
+    model: Any,
+    input_ids: torch.Tensor,
+    cu_seqlens_padded: Sequence[torch.Tensor],
+    inputs: FamilyInputs,
+) -> dict[str, Any]:
+    """:func:`model_side_inputs` of a batch whose family's rows need inputs built by the model
+    (``inputs.model_rule``), after checking that the batch's ``family`` and the ``model``
+    itself (a module, not its config) are given; nothing for another family. A ValueError
+    names what is missing."""
+    if inputs.model_rule is None:
+        return {}
+    if family is None or not isinstance(model, torch.nn.Module):
+        raise ValueError(
+            f"this batch's family packs with {inputs.model_rule!r} inputs that its model "
+            "builds (4-D masks or per-segment positions): pass the model and the family, "
+            "batch.hf_model_inputs(model, family=task_encoder.family)"
+        )
+    return model_side_inputs(family, model, input_ids, cu_seqlens_padded, inputs)
 
 
 def sample_media(

@@ -1,0 +1,186 @@
+"""Families whose packed rows need inputs built by the model, on the Energon path: the
+Qwen2.5-Omni thinker (positions from its rope index per segment) and Gemma 3 (4-D masks per
+layer type) in a real loader (2 workers) over a native WebDataset of PNG images (and for the
+thinker WAV / FLAC audio) next to text-only samples. Every
+pack equals what the collator makes of the same samples (ids, labels, every processor output),
+``batch.hf_model_inputs(model, family=...)`` equals the collator's ``output="hf"`` dict for
+them (which trains as its samples alone: ``test_family_omni``, ``test_family_gemma3``), every
+sample leaves exactly
+once, and a loader restored at three cut points continues exactly as one that never stopped."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_family_gemma3 as gemma3
+import test_family_omni as omni
+import torch
+from audio_files import encode_audio
+from energon_shards import write_dataset
+from family_kit import png_bytes
+from family_kit import test_images as make_images
+from helpers import assert_resume_equivalent, batches, savable_loader, train_dataset
+
+from energon_pack import VLMPackingCollator, model_family
+from energon_pack.energon.task_encoder import PackedBatch
+
+SETTINGS: dict[str, Any] = {"seq_length": 2048, "pad_to_multiple_of": 8, "tokenizer": None}
+FAMILIES = {  # name -> (its processor, its tiny model, whether its samples hold audio)
+    "qwen2_5_omni": (
+        lambda: omni.processor("qwen2_5_omni"),
+        lambda: omni.tiny_model("qwen2_5_omni", omni.processor("qwen2_5_omni")),
+        True,
+    ),
+    "gemma3": (gemma3.make_processor, gemma3.tiny_model, False),
+}
+
+
+def samples(name: str) -> list[tuple[str, dict[str, bytes]]]:
+    """18 native samples: every third text-only, the others an image, an audio of 1-2 s, or
+    both (in either order); images only for a family without audio."""
+    out = []
+    for index in range(18):
+        members: dict[str, bytes] = {}
+        text = f"What is it? {index}"
+        names = []
+        if index % 3:
+            kinds = [["image"], ["audio"], ["image", "audio"], ["audio", "image"]][index % 4]
+            if not FAMILIES[name][2]:
+                kinds = ["image"] * (1 + index % 2)
+            for position, kind in enumerate(kinds):
+                if kind == "image":
+                    member = f"{position}.png"
+                    members[member] = png_bytes(make_images(index, [(40 + index, 70)])[0])
+                    text = "<image>" + text
+                else:
+                    fmt = "wav" if index % 2 else "flac"
+                    seconds = 1.0 + index % 5 / 5
+                    member = f"{position}.{fmt}"
+                    members[member] = encode_audio(fmt, 16000, 1, int(16000 * seconds), sweep=True)
+                    text = "<audio>" + text
+                names.append(member)
+        turns = [
+            {"from": "human", "value": text},
+            {"from": "gpt", "value": f"The quick brown fox {index}."},
+        ]
+        media = names[::-1]  # each placeholder went before the text: the last medium first
+        members["json"] = json.dumps({"conversations": turns, "media": media}).encode()
+        out.append((f"s{index:03d}", members))
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def dataset(name: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp(name) / "ds", samples(name))
+
+
+def _dataset(name: str, path: Path, *, repeat: bool = False) -> Any:
+    processor = FAMILIES[name][0]()
+    return train_dataset(path, 6, workers=2, repeat=repeat, family=processor, **SETTINGS)
+
+
+@cache
+def tiny(name: str) -> Any:
+    return FAMILIES[name][1]()
+
+
+def _equal(got: Any, want: Any) -> bool:
+    """Tensors, or dicts of them (a family's 4-D masks per layer type), equal."""
+    if isinstance(want, dict):
+        return set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    return bool(torch.equal(got, want))
+
+
+def test_packs_and_model_inputs_equal_the_collators(name: str, dataset: Path) -> None:
+    by_key = dict(samples(name))
+    family = model_family(FAMILIES[name][0]())
+    model = tiny(name)
+    settings = {"seq_length": SETTINGS["seq_length"], "family": family}
+    collator = VLMPackingCollator(pad_to_multiple_of=SETTINGS["pad_to_multiple_of"], **settings)
+    hf = VLMPackingCollator(
+        pad_to_multiple_of=SETTINGS["pad_to_multiple_of"], output="hf", hf_model=model, **settings
+    )
+    seen: list[str] = []
+    for batch in batches(_dataset(name, dataset)):
+        keys = list(batch.__keys__)
+        seen += keys
+        items = [{"__key__": key, **by_key[key]} for key in keys]
+        want = collator(items)
+        assert batch.input_ids.tolist() == want.input_ids.tolist(), keys
+        assert batch.labels.tolist() == want.labels.tolist(), keys
+        assert batch.family_inputs is not None
+        assert want.family_inputs is not None
+        got, expected = batch.family_inputs.tensors(), want.family_inputs.tensors()
+        assert set(got) == set(expected)
+        for key, tensor in expected.items():
+            assert torch.equal(got[key], tensor), (keys, key)
+        wanted = hf(items)
+        wanted.pop("use_cache", None)
+        for inputs in (
+            batch.hf_model_inputs(model, family=family),
+            want.hf_model_inputs(model, family=family),  # the collator's batch form, likewise
+        ):
+            assert set(inputs) >= set(wanted), sorted(set(wanted) - set(inputs))
+            for key, value in wanted.items():
+                assert _equal(inputs[key], value), (keys, key)
+            if family.packing == "mrope":
+                assert inputs["position_ids"].shape[:2] == (4, 1)
+            else:  # block_mask: a 4-D mask per layer type
+                assert isinstance(inputs["attention_mask"], dict)
+    assert sorted(seen) == sorted(by_key)
+
+
+def test_model_inputs_without_the_model_or_the_family_are_refused_by_name(
+    name: str, dataset: Path
+) -> None:
+    batch = next(iter(batches(_dataset(name, dataset))))
+    family = model_family(FAMILIES[name][0]())
+    collated = VLMPackingCollator(seq_length=2048, family=family)(
+        [{"__key__": key, **members} for key, members in samples(name)[:4]]
+    )
+    for model, given in ((tiny(name), None), (tiny(name).config, family)):
+        for form in (batch, collated):
+            with pytest.raises(ValueError, match=rf"'{family.packing}' inputs that its model"):
+                form.hf_model_inputs(model, family=given)
+
+
+class _Run:
+    """A repeating savable loader; ``step`` gives one pack's keys, ids and feature sum."""
+
+    def __init__(self, name: str, path: Path) -> None:
+        self.loader = savable_loader(
+            _dataset(name, path, repeat=True),
+            checkpoint_every_sec=0,
+            checkpoint_every_min_n_samples=1,
+        )
+        self.iterator: Any = None
+
+    def step(self) -> tuple[Any, ...]:
+        if self.iterator is None:
+            self.iterator = iter(self.loader)
+        batch: PackedBatch = next(self.iterator)
+        inputs = batch.family_inputs
+        assert inputs is not None
+        features = float(sum(t.double().sum() for t in inputs.tensors().values()))
+        return tuple(batch.__keys__), batch.input_ids.tolist(), features
+
+
+@pytest.mark.parametrize("at", [1, 4, 9])
+def test_resume_is_exact_at_three_cut_points(name: str, dataset: Path, at: int) -> None:
+    assert_resume_equivalent(
+        lambda: _Run(name, dataset),
+        [_Run.step] * 12,
+        at,
+        save=lambda run: run.loader.save_state_rank(),
+        load=lambda run, state: run.loader.restore_state_rank(state),
+        roundtrip=lambda state: state,
+    )
