@@ -1,10 +1,12 @@
-"""Qwen2-Audio: what serving a sample through energon_pack costs against the processor's own
-pipeline, interleaved per audio in each round.
+"""Audio families (Qwen2-Audio, the Qwen2.5-Omni and Qwen3-Omni thinkers): what serving a sample
+through energon_pack costs against the processor's own pipeline, interleaved per audio in each
+round.
 
-The processor is transformers' ``Qwen2AudioProcessor`` with the released feature extractor
-settings (128 mel bins, 30-second windows) and the test suite's small tokenizer
-(``tests/encoding/test_family_qwen2_audio.py``). Audio: FFmpeg-written WAV, FLAC and MP3 files
-of 2, 8 and 20 seconds at 44.1 kHz stereo. Per audio:
+The processors are transformers' ``Qwen2AudioProcessor``, ``Qwen2_5OmniProcessor`` and
+``Qwen3OmniMoeProcessor`` with the released feature extractor settings (128 mel bins, 30-second
+windows where the processor pads to one) and the test suite's small tokenizers and templates
+(``tests/encoding/test_family_qwen2_audio.py``, ``test_family_omni.py``). Audio: FFmpeg-written
+WAV, FLAC and MP3 files of 2, 8 and 20 seconds at 44.1 kHz stereo. Per audio:
 
 * processor: the chat template rendered, the file decoded to 16 kHz mono by FFmpeg (PyAV's
   decoder and ``AudioResampler``), ``processor(text=[rendered], audio=[waveform])``: what a
@@ -38,8 +40,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests" / "encoding"), str(ROOT / "tests" / "support")]
 
+import test_family_omni as omni  # noqa: E402
 import test_family_qwen2_audio as qwen2_audio  # noqa: E402
 from audio_files import encode_audio  # noqa: E402
+from transformers import Qwen2VLImageProcessorPil, WhisperFeatureExtractor  # noqa: E402
 
 from energon_pack import make_encoder  # noqa: E402
 from energon_pack.cli.tables import format_table  # noqa: E402
@@ -48,6 +52,26 @@ from energon_pack.media import MediaConfig  # noqa: E402
 
 FILES = [(kind, seconds) for kind in ("wav", "flac", "mp3") for seconds in (2, 8, 20)]
 RATE = 44100
+
+
+def omni_processor(kind: str) -> Any:
+    """The Omni thinker's processor of ``test_family_omni`` with the released feature
+    extractor (128 mel bins) and image patch size."""
+    built = omni.processor(kind)
+    return omni.without_video(omni.PROCESSORS[kind])(
+        image_processor=Qwen2VLImageProcessorPil(patch_size=omni.PATCH[kind]),
+        video_processor=None,
+        feature_extractor=WhisperFeatureExtractor(feature_size=128),
+        tokenizer=built.tokenizer,
+        chat_template=built.chat_template,
+    )
+
+
+FAMILIES: dict[str, Callable[[], Any]] = {
+    "qwen2_audio": lambda: qwen2_audio.processor(30, 128),
+    "qwen2_5_omni": lambda: omni_processor("qwen2_5_omni"),
+    "qwen3_omni": lambda: omni_processor("qwen3_omni"),
+}
 
 
 def messages() -> list[dict[str, Any]]:
@@ -78,12 +102,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/audio_family.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    processor = qwen2_audio.processor(30, 128)
-    guarded = make_encoder(family=processor)
-    in_process = make_encoder(family=processor, media=MediaConfig(decode_isolation="off"))
     files = {spec: encode_audio(spec[0], RATE, 2, RATE * spec[1], sweep=True) for spec in FILES}
+    setups = {}
+    for name, build in FAMILIES.items():
+        processor = build()
+        guarded = make_encoder(family=processor)
+        in_process = make_encoder(family=processor, media=MediaConfig(decode_isolation="off"))
+        setups[name] = (processor, guarded, in_process)
 
-    def theirs(data: bytes) -> None:
+    def theirs(processor: Any, data: bytes) -> None:
         text = processor.apply_chat_template(messages(), tokenize=False)
         processor(
             text=[text], audio=[ffmpeg_waveform(data)], sampling_rate=16000, return_tensors="pt"
@@ -93,32 +120,36 @@ def main() -> None:
         encoded = encoder.encode_sample("s", {"messages": messages(), "audios": [data]})
         sample_media(encoder.family, encoded, encoder.media)
 
-    for data in files.values():  # warm-up: imports, the decoder process
-        theirs(data)
-        ours(guarded, data)
-        ours(in_process, data)
-    ratios: dict[tuple[str, int], dict[str, list[float]]] = {
-        spec: {"guarded": [], "in_process": []} for spec in FILES
+    for processor, guarded, in_process in setups.values():  # warm-up: imports, the helper
+        for data in files.values():
+            theirs(processor, data)
+            ours(guarded, data)
+            ours(in_process, data)
+    keys = [(name, *spec) for name in FAMILIES for spec in FILES]
+    ratios: dict[tuple[Any, ...], dict[str, list[float]]] = {
+        key: {"guarded": [], "in_process": []} for key in keys
     }
-    seconds: dict[tuple[str, int], list[float]] = {spec: [] for spec in FILES}
+    seconds: dict[tuple[Any, ...], list[float]] = {key: [] for key in keys}
     for _ in range(args.rounds):
-        for spec, data in files.items():
-            reference = timed(lambda data=data: theirs(data))
-            seconds[spec].append(reference)
-            ratios[spec]["guarded"].append(timed(lambda data=data: ours(guarded, data)) / reference)
-            ratios[spec]["in_process"].append(
-                timed(lambda data=data: ours(in_process, data)) / reference
-            )
+        for key in keys:
+            processor, guarded, in_process = setups[key[0]]
+            data = files[key[1:]]
+            reference = timed(lambda p=processor, d=data: theirs(p, d))
+            seconds[key].append(reference)
+            for label, encoder in (("guarded", guarded), ("in_process", in_process)):
+                spent = timed(lambda e=encoder, d=data: ours(e, d))
+                ratios[key][label].append(spent / reference)
     table = []
-    results = []
-    for spec in FILES:
-        guarded_ratio = statistics.median(ratios[spec]["guarded"])
-        in_process_ratio = statistics.median(ratios[spec]["in_process"])
-        reference_ms = 1000 * statistics.median(seconds[spec])
+    results: list[dict[str, Any]] = []
+    for key in keys:
+        guarded_ratio = statistics.median(ratios[key]["guarded"])
+        in_process_ratio = statistics.median(ratios[key]["in_process"])
+        reference_ms = 1000 * statistics.median(seconds[key])
         results.append(
             {
-                "format": spec[0],
-                "seconds": spec[1],
+                "family": key[0],
+                "format": key[1],
+                "seconds": key[2],
                 "processor_ms": reference_ms,
                 "guarded_ratio": guarded_ratio,
                 "in_process_ratio": in_process_ratio,
@@ -126,22 +157,32 @@ def main() -> None:
         )
         table.append(
             [
-                spec[0],
-                f"{spec[1]} s",
+                key[0],
+                key[1],
+                f"{key[2]} s",
                 f"{reference_ms:.1f}",
                 f"{guarded_ratio:.2f}x",
                 f"{in_process_ratio:.2f}x",
             ]
         )
-    headers = ["format", "length", "processor ms", "ours (guarded)", "ours (in process)"]
+    headers = ["family", "format", "length", "processor ms", "ours (guarded)", "ours (in process)"]
     print(format_table(headers, table))
     overall = {
-        "guarded": statistics.median(r["guarded_ratio"] for r in results),
-        "in_process": statistics.median(r["in_process_ratio"] for r in results),
+        name: {
+            "guarded": statistics.median(
+                r["guarded_ratio"] for r in results if r["family"] == name
+            ),
+            "in_process": statistics.median(
+                r["in_process_ratio"] for r in results if r["family"] == name
+            ),
+        }
+        for name in FAMILIES
     }
-    print(
-        f"median ratio: guarded {overall['guarded']:.2f}x, in process {overall['in_process']:.2f}x"
-    )
+    for name, medians in overall.items():
+        print(
+            f"{name}: median ratio guarded {medians['guarded']:.2f}x, "
+            f"in process {medians['in_process']:.2f}x"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps({"rounds": args.rounds, "files": results, "median": overall}, indent=1)
