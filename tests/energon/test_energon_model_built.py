@@ -1,12 +1,12 @@
 """Families whose packed rows need inputs built by the model, on the Energon path: the
-Qwen2.5-Omni thinker (positions from its rope index per segment) and Gemma 3 (4-D masks per
-layer type) in a real loader (2 workers) over a native WebDataset of PNG images (and for the
-thinker WAV / FLAC audio) next to text-only samples. Every
-pack equals what the collator makes of the same samples (ids, labels, every processor output),
+Qwen2.5-Omni and Qwen3-Omni thinkers (positions from the rope index per segment) and Gemma 3
+(4-D masks per layer type) in a real loader (2 workers) over a native WebDataset of PNG images
+(and for the thinkers WAV / FLAC audio) next to text-only samples. Every pack equals what the
+collator makes of the same samples (ids, labels, every processor output),
 ``batch.hf_model_inputs(model, family=...)`` equals the collator's ``output="hf"`` dict for
 them (which trains as its samples alone: ``test_family_omni``, ``test_family_gemma3``), every
-sample leaves exactly
-once, and a loader restored at three cut points continues exactly as one that never stopped."""
+sample leaves exactly once, and a loader restored at three cut points continues exactly as one
+that never stopped."""
 
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ FAMILIES = {  # name -> (its processor, its tiny model, whether its samples hold
     "qwen2_5_omni": (
         lambda: omni.processor("qwen2_5_omni"),
         lambda: omni.tiny_model("qwen2_5_omni", omni.processor("qwen2_5_omni")),
+        True,
+    ),
+    "qwen3_omni": (
+        lambda: omni.processor("qwen3_omni"),
+        lambda: omni.tiny_model("qwen3_omni", omni.processor("qwen3_omni")),
         True,
     ),
     "gemma3": (gemma3.make_processor, gemma3.tiny_model, False),
