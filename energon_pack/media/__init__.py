@@ -15,7 +15,8 @@
   :class:`MediaTensors`);
 * :mod:`~energon_pack.media.tokens`: a medium's vision tokens (:func:`vision_tokens`);
 * :mod:`~energon_pack.media.audio`: the header of an audio file (:func:`probe_audio`: WAV,
-  FLAC, MP3, Ogg Opus, M4A; no torch); :mod:`~energon_pack.media.audio_decode` its waveform,
+  FLAC, MP3, Ogg Opus, M4A; no torch) or of a video's audio track (:func:`probe_video_audio`);
+  :mod:`~energon_pack.media.audio_decode` its waveform,
   :mod:`~energon_pack.media.audio_tokens` its tokens for a processor.
 
 Probing (:func:`probe_image`, :func:`probe_video`) reads only the container/image header and
@@ -35,7 +36,7 @@ from energon_pack.media.assembly import (
     media_grids,
     tensor_nbytes,
 )
-from energon_pack.media.audio import AUDIO_EXTENSIONS, AudioProbe, probe_audio
+from energon_pack.media.audio import AUDIO_EXTENSIONS, AudioProbe, probe_audio, probe_video_audio
 from energon_pack.media.config import (
     IMAGE_EXTENSIONS,
     OPENAI_CLIP_MEAN,
@@ -96,6 +97,7 @@ __all__ = [
     "probe_frames",
     "probe_image",
     "probe_video",
+    "probe_video_audio",
     "process_frames",
     "process_image",
     "process_video",
