@@ -323,6 +323,24 @@ def _outcome(function: Any, *args: Any) -> Any:
         return "refused"
 
 
+def mixed_refusal(_: object) -> dict[str, str]:
+    """The encoder's answer to a sample holding an image and a video."""
+    from energon_pack import MediaError, make_encoder
+
+    media: list[tuple[str, Any]] = [("image", (40, 60)), ("video", "a")]
+    sample = {
+        "id": "mixed",
+        "messages": conversation(media, "x"),
+        "images": [png_bytes(make_images(0, [(40, 60)])[0])],
+        "videos": [clip("a")],
+    }
+    try:
+        make_encoder(family=processor()).encode_sample("mixed", sample)
+        return {"mixed": "encoded"}
+    except MediaError as error:
+        return {"mixed": f"{error.kind}: {error}"}
+
+
 def rule_checks(_: object) -> dict[str, Any]:
     """The family's grid, tile and audio rules against the processor's own functions on 3,000
     seeded draws each: the draws where they differ (none expected)."""
@@ -424,3 +442,9 @@ def test_grid_tile_and_audio_rules_are_the_processors() -> None:
         "audio": [],
         "child_seconds": 0,
     }
+
+
+def test_a_sample_with_an_image_and_a_video_is_refused_by_name() -> None:
+    refused = _child("mixed_refusal")["mixed"]
+    assert refused.startswith("unsupported"), refused
+    assert "no sample holding both an image and a video" in refused

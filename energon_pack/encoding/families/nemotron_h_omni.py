@@ -34,6 +34,7 @@ from torch.nn import functional
 
 from energon_pack.encoding.families.base import (
     AudioFamily,
+    Measured,
     PackingRule,
     SampledVideo,
     delimited_spans,
@@ -59,6 +60,17 @@ class NemotronHOmniFamily(AudioFamily):
     )
     takes_videos: ClassVar[bool] = True
     image_processor_media: ClassVar[tuple[str, ...] | None] = ()
+
+    def media_expansions(self, measured: Sequence[Measured]) -> list[str]:
+        """The base expansions; a sample holding both an image and a video is a ValueError
+        (the model fills the same token with both, and refuses such a sample)."""
+        kinds = {type(shape) for shape in measured}
+        if tuple in kinds and SampledVideo in kinds:
+            raise ValueError(
+                "the Nemotron-H Omni model takes no sample holding both an image and a video "
+                "(their features fill the same token); split the sample"
+            )
+        return super().media_expansions(measured)
 
     def _merge(self, setting: Any) -> int:
         """The pixel-shuffle factor of a ``downsample_ratio`` setting."""
