@@ -324,8 +324,15 @@ def _outcome(function: Any, *args: Any) -> Any:
 
 
 def mixed_refusal(_: object) -> dict[str, str]:
-    """The encoder's answer to a sample holding an image and a video."""
-    from energon_pack import MediaError, make_encoder
+    """The encoder's answer to a sample holding an image and a video, and the collator's to a
+    micro-batch of rows whose videos differ in shape."""
+    from energon_pack import (
+        MediaError,
+        RowLayout,
+        VLMPackingCollator,
+        make_encoder,
+        model_family,
+    )
 
     media: list[tuple[str, Any]] = [("image", (40, 60)), ("video", "a")]
     sample = {
@@ -334,11 +341,25 @@ def mixed_refusal(_: object) -> dict[str, str]:
         "images": [png_bytes(make_images(0, [(40, 60)])[0])],
         "videos": [clip("a")],
     }
+    out = {}
     try:
         make_encoder(family=processor()).encode_sample("mixed", sample)
-        return {"mixed": "encoded"}
+        out["mixed"] = "encoded"
     except MediaError as error:
-        return {"mixed": f"{error.kind}: {error}"}
+        out["mixed"] = f"{error.kind}: {error}"
+    # rows whose videos differ in tubelets (clip a: 4, clip b: 7) cannot share a micro-batch
+    one = RowLayout(1024, pad_to_max_length=True, pad_cu_seqlens=True, max_segments=1)
+    collator = VLMPackingCollator(family=model_family(processor()), layout=one)
+    rows = [
+        {"id": name, "messages": conversation([("video", name)], "x"), "videos": [clip(name)]}
+        for name in ("a", "b")
+    ]
+    try:
+        collator(rows)
+        out["stacked"] = "collated"
+    except ValueError as error:
+        out["stacked"] = str(error)
+    return out
 
 
 def rule_checks(_: object) -> dict[str, Any]:
@@ -444,7 +465,9 @@ def test_grid_tile_and_audio_rules_are_the_processors() -> None:
     }
 
 
-def test_a_sample_with_an_image_and_a_video_is_refused_by_name() -> None:
-    refused = _child("mixed_refusal")["mixed"]
-    assert refused.startswith("unsupported"), refused
-    assert "no sample holding both an image and a video" in refused
+def test_mixed_samples_and_micro_batches_of_unlike_videos_are_refused_by_name() -> None:
+    refused = _child("mixed_refusal")
+    assert refused["mixed"].startswith("unsupported"), refused["mixed"]
+    assert "no sample holding both an image and a video" in refused["mixed"]
+    assert "stacks a micro-batch's videos" in refused["stacked"], refused["stacked"]
+    assert "use a micro-batch of one row" in refused["stacked"]
