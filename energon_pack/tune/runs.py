@@ -214,9 +214,10 @@ def stop_workers(loader: Any) -> None:
 
 
 def _quiet_on_reset(hook: Callable[..., object], kind: type[BaseException], *rest: Any) -> None:
-    """``sys.excepthook`` of a loader worker: a connection the main process dropped is no
-    error of the worker's."""
-    if not issubclass(kind, ConnectionError):
+    """``sys.excepthook`` of a loader worker: a connection the main process dropped (reset, or
+    closed halfway through the sharing thread's handshake: an EOFError) is no error of the
+    worker's."""
+    if not issubclass(kind, (ConnectionError, EOFError)):
         hook(kind, *rest)
 
 

@@ -438,3 +438,20 @@ def test_buffer_bound_note_needs_both_a_full_buffer_and_a_low_fill() -> None:
     assert buffer_bound_note(run(0.4, 0.7)) is None
     interrupted = TuneResult(16, "lazy", bin_fill=0.7, buffer_full_share=0.8, interrupted=True)
     assert buffer_bound_note(interrupted) is None  # a partial run says nothing of its buffer
+
+
+@pytest.mark.parametrize(
+    ("error", "reported"),
+    [(ConnectionResetError, False), (EOFError, False), (BrokenPipeError, False), (OSError, True)],
+)
+def test_a_worker_reports_no_connection_the_main_process_dropped(
+    error: type[BaseException], reported: bool
+) -> None:
+    """A Ctrl-C can close the main process's end of a worker's sharing connection, reset or
+    halfway through its handshake (an EOFError in the worker's sharing thread): the worker's
+    excepthook stays quiet on those, and reports anything else."""
+    from energon_pack.tune.runs import _quiet_on_reset
+
+    seen: list[type[BaseException]] = []
+    _quiet_on_reset(lambda kind, *rest: seen.append(kind), error, error(), None)
+    assert seen == ([error] if reported else [])
