@@ -15,8 +15,16 @@ from functools import cache
 from typing import Any
 
 import pytest
-from audio_files import encode_audio
-from family_kit import IGNORE, chatml_reply_mask, png_bytes, tiny_tokenizer
+from family_kit import (
+    IGNORE,
+    Media,
+    chatml_reply_mask,
+    conversation,
+    media_row,
+    png_bytes,
+    sound,
+    tiny_tokenizer,
+)
 from family_kit import test_images as make_images
 from test_family_video import tiles_mp4
 from torchvision_child import available, run_in_child
@@ -51,7 +59,7 @@ CLIPS = {  # member -> (width, height, frames, fps)
     "a": (64, 48, 8, 4),
     "b": (64, 48, 14, 7),  # 142 ms a frame: times differ from index / fps
 }
-SAMPLES: list[tuple[list[tuple[str, Any]], str]] = [
+SAMPLES: list[tuple[Media, str]] = [
     ([("image", (50, 90))], "An image."),
     ([("video", "a")], "A clip."),
     ([("audio", 1.3)], "A sound."),
@@ -69,30 +77,9 @@ def clip(name: str) -> bytes:
     return tiles_mp4(*CLIPS[name], seed=len(name) + 7)
 
 
-@cache
-def sound(seconds: float) -> bytes:
-    return encode_audio("wav", RATE, 1, int(RATE * seconds), sweep=True)
-
-
-def conversation(media: list[tuple[str, Any]], reply: str) -> list[dict[str, Any]]:
-    parts = [{"type": kind} for kind, _ in media]
-    return [
-        {"role": "user", "content": [*parts, {"type": "text", "text": "What is it?"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": reply}]},
-    ]
-
-
 def row(index: int) -> dict[str, Any]:
-    media, reply = SAMPLES[index]
-    sizes = [spec for kind, spec in media if kind == "image"]
-    out: dict[str, Any] = {"id": f"s{index}", "messages": conversation(media, reply)}
-    if sizes:
-        out["images"] = [png_bytes(a) for a in make_images(index, sizes)]
-    if videos := [clip(spec) for kind, spec in media if kind == "video"]:
-        out["videos"] = videos
-    if audios := [sound(spec) for kind, spec in media if kind == "audio"]:
-        out["audios"] = audios
-    return out
+    """Sample ``index`` of :data:`SAMPLES` as a row."""
+    return media_row(index, *SAMPLES[index], clip)
 
 
 # --- run in the torchvision child -----------------------------------------------------------
@@ -334,7 +321,7 @@ def mixed_refusal(_: object) -> dict[str, str]:
         model_family,
     )
 
-    media: list[tuple[str, Any]] = [("image", (40, 60)), ("video", "a")]
+    media: Media = [("image", (40, 60)), ("video", "a")]
     sample = {
         "id": "mixed",
         "messages": conversation(media, "x"),

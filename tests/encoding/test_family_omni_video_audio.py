@@ -18,8 +18,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from audio_files import encode_audio
-from family_kit import IGNORE, packed_matches_alone, png_bytes, seeded
+from family_kit import (
+    IGNORE,
+    Media,
+    conversation,
+    media_row,
+    packed_matches_alone,
+    seeded,
+    sound,
+)
 from family_kit import test_images as make_images
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,7 +45,7 @@ TRACKS = {  # member -> (width, height, frames, fps, seconds of audio; 0: no tra
     "t3": (64, 64, 10, 5, 1.2),  # a track shorter than its video
     "silent": (64, 48, 8, 4, 0.0),
 }
-SAMPLES: list[tuple[list[tuple[str, Any]], str]] = [
+SAMPLES: list[tuple[Media, str]] = [
     ([("video", "t1")], "A rising tone."),
     ([("image", (50, 90)), ("video", "t2")], "An image, then a long clip."),
     ([], "Only text."),
@@ -57,30 +64,9 @@ def track(member: str) -> bytes:
     return tiles_mp4(width, height, frames, fps, seed=len(member), audio_seconds=seconds)
 
 
-@cache
-def sound(seconds: float) -> bytes:
-    return encode_audio("wav", RATE, 1, int(RATE * seconds), sweep=True)
-
-
-def conversation(media: list[tuple[str, Any]], reply: str) -> list[dict[str, Any]]:
-    parts = [{"type": kind} for kind, _ in media]
-    return [
-        {"role": "user", "content": [*parts, {"type": "text", "text": "What is it?"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": reply}]},
-    ]
-
-
 def row(index: int) -> dict[str, Any]:
-    media, reply = SAMPLES[index]
-    sizes = [spec for kind, spec in media if kind == "image"]
-    out: dict[str, Any] = {"id": f"s{index}", "messages": conversation(media, reply)}
-    if sizes:
-        out["images"] = [png_bytes(a) for a in make_images(index, sizes)]
-    if videos := [track(spec) for kind, spec in media if kind == "video"]:
-        out["videos"] = videos
-    if audios := [sound(spec) for kind, spec in media if kind == "audio"]:
-        out["audios"] = audios
-    return out
+    """Sample ``index`` of :data:`SAMPLES` as a row."""
+    return media_row(index, *SAMPLES[index], track)
 
 
 # --- run in the torchvision child -----------------------------------------------------------

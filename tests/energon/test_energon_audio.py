@@ -15,10 +15,9 @@ import test_family_qwen2_audio as qwen2_audio
 import torch
 from audio_files import encode_audio
 from energon_shards import write_dataset
-from helpers import assert_resume_equivalent, batches, savable_loader, train_dataset
+from helpers import CUT_POINTS, FamilyLoaderRun, assert_loader_resumes, batches, train_dataset
 
 from energon_pack import VLMPackingCollator, model_family
-from energon_pack.energon.task_encoder import PackedBatch
 
 SETTINGS: dict[str, Any] = {"seq_length": 2048, "pad_to_multiple_of": 8, "tokenizer": None}
 FORMATS = [("wav", 16000), ("flac", 22050), ("mp3", 44100), ("opus", 48000)]
@@ -128,32 +127,6 @@ def test_tune_reports_the_audio_tokens_per_pack(
     assert header.split()[:2] == TUNE_HEADERS[:2]
 
 
-class _Run:
-    """A repeating savable loader; ``step`` gives one pack's keys, ids and feature sum."""
-
-    def __init__(self, path: Path) -> None:
-        self.loader = savable_loader(
-            _dataset(path, repeat=True), checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
-        )
-        self.iterator: Any = None
-
-    def step(self) -> tuple[Any, ...]:
-        if self.iterator is None:
-            self.iterator = iter(self.loader)
-        batch: PackedBatch = next(self.iterator)
-        inputs = batch.family_inputs
-        assert inputs is not None
-        features = float(sum(t.double().sum() for t in inputs.tensors().values()))
-        return tuple(batch.__keys__), batch.input_ids.tolist(), features
-
-
-@pytest.mark.parametrize("at", [1, 4, 9])
+@pytest.mark.parametrize("at", CUT_POINTS)
 def test_resume_is_exact_at_three_cut_points(audio_dataset: Path, at: int) -> None:
-    assert_resume_equivalent(
-        lambda: _Run(audio_dataset),
-        [_Run.step] * 12,
-        at,
-        save=lambda run: run.loader.save_state_rank(),
-        load=lambda run, state: run.loader.restore_state_rank(state),
-        roundtrip=lambda state: state,
-    )
+    assert_loader_resumes(lambda: FamilyLoaderRun(_dataset(audio_dataset, repeat=True)), at)

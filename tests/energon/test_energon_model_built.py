@@ -23,10 +23,9 @@ from audio_files import encode_audio
 from energon_shards import write_dataset
 from family_kit import png_bytes
 from family_kit import test_images as make_images
-from helpers import assert_resume_equivalent, batches, savable_loader, train_dataset
+from helpers import CUT_POINTS, FamilyLoaderRun, assert_loader_resumes, batches, train_dataset
 
 from energon_pack import VLMPackingCollator, model_family
-from energon_pack.energon.task_encoder import PackedBatch
 
 SETTINGS: dict[str, Any] = {"seq_length": 2048, "pad_to_multiple_of": 8, "tokenizer": None}
 FAMILIES = {  # name -> (its processor, its tiny model, whether its samples hold audio)
@@ -158,34 +157,6 @@ def test_model_inputs_without_the_model_or_the_family_are_refused_by_name(
                 form.hf_model_inputs(model, family=given)
 
 
-class _Run:
-    """A repeating savable loader; ``step`` gives one pack's keys, ids and feature sum."""
-
-    def __init__(self, name: str, path: Path) -> None:
-        self.loader = savable_loader(
-            _dataset(name, path, repeat=True),
-            checkpoint_every_sec=0,
-            checkpoint_every_min_n_samples=1,
-        )
-        self.iterator: Any = None
-
-    def step(self) -> tuple[Any, ...]:
-        if self.iterator is None:
-            self.iterator = iter(self.loader)
-        batch: PackedBatch = next(self.iterator)
-        inputs = batch.family_inputs
-        assert inputs is not None
-        features = float(sum(t.double().sum() for t in inputs.tensors().values()))
-        return tuple(batch.__keys__), batch.input_ids.tolist(), features
-
-
-@pytest.mark.parametrize("at", [1, 4, 9])
+@pytest.mark.parametrize("at", CUT_POINTS)
 def test_resume_is_exact_at_three_cut_points(name: str, dataset: Path, at: int) -> None:
-    assert_resume_equivalent(
-        lambda: _Run(name, dataset),
-        [_Run.step] * 12,
-        at,
-        save=lambda run: run.loader.save_state_rank(),
-        load=lambda run, state: run.loader.restore_state_rank(state),
-        roundtrip=lambda state: state,
-    )
+    assert_loader_resumes(lambda: FamilyLoaderRun(_dataset(name, dataset, repeat=True)), at)

@@ -14,15 +14,15 @@ import test_family_idefics3 as idefics3
 import test_family_internvl as internvl
 import torch
 from helpers import (
-    assert_resume_equivalent,
+    CUT_POINTS,
+    FamilyLoaderRun,
+    assert_loader_resumes,
     batches,
     read_samples,
-    savable_loader,
     train_dataset,
 )
 
 from energon_pack import PackingTaskEncoder, VLMPackingCollator, model_family
-from energon_pack.energon.task_encoder import PackedBatch
 
 PROCESSORS = {
     "internvl": lambda: internvl.default()[0],
@@ -33,12 +33,6 @@ SETTINGS: dict[str, Any] = {"seq_length": 8192, "pad_to_multiple_of": 8, "tokeni
 
 def _dataset(path: Path, name: str, *, repeat: bool = False) -> Any:
     return train_dataset(path, 16, workers=2, repeat=repeat, family=PROCESSORS[name](), **SETTINGS)
-
-
-def _media_sum(batch: PackedBatch) -> float:
-    inputs = batch.family_inputs
-    assert inputs is not None
-    return float(sum(t.double().sum() for t in inputs.tensors().values()))
 
 
 @pytest.mark.parametrize("name", sorted(PROCESSORS))
@@ -69,35 +63,10 @@ def test_packs_equal_the_collators_and_every_sample_leaves_once(
     assert set(seen) == set(samples) - videos
 
 
-class _Run:
-    """A repeating savable loader of a processor family; ``step`` gives one pack's keys, ids
-    and the sum of its media inputs."""
-
-    def __init__(self, path: Path, name: str) -> None:
-        dataset = _dataset(path, name, repeat=True)
-        self.loader = savable_loader(
-            dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
-        )
-        self.iterator: Any = None
-
-    def step(self) -> tuple[Any, ...]:
-        if self.iterator is None:
-            self.iterator = iter(self.loader)
-        batch = next(self.iterator)
-        return tuple(batch.__keys__), batch.input_ids.tolist(), _media_sum(batch)
-
-
 @pytest.mark.parametrize("name", sorted(PROCESSORS))
-@pytest.mark.parametrize("at", [1, 4, 9])
+@pytest.mark.parametrize("at", CUT_POINTS)
 def test_resume_is_exact_at_three_cut_points(vlm_demo_path: Path, name: str, at: int) -> None:
-    assert_resume_equivalent(
-        lambda: _Run(vlm_demo_path, name),
-        [_Run.step] * 12,
-        at,
-        save=lambda run: run.loader.save_state_rank(),
-        load=lambda run, state: run.loader.restore_state_rank(state),
-        roundtrip=lambda state: state,
-    )
+    assert_loader_resumes(lambda: FamilyLoaderRun(_dataset(vlm_demo_path, name, repeat=True)), at)
 
 
 def test_settings_the_family_does_not_take_are_refused_by_name() -> None:

@@ -18,8 +18,9 @@ DECODES_PER_FORMAT = 200
 
 CHILD = textwrap.dedent(
     """
-    import json, random, struct, sys, time
+    import json, random, sys, time
     sys.path[:0] = sys.argv[4:]
+    from fuzz_child import marker_field, mutated
     from audio_files import encode_audio
     from energon_pack.media import MediaError
     from energon_pack.media.audio import MAX_CHANNELS, MAX_SAMPLE_RATE, probe_audio
@@ -41,27 +42,8 @@ CHILD = textwrap.dedent(
                b"\\xff\\xfb"]
     VALUES = [0, 1, 2, 3, 7, 8, 255, 0x7FFFFFFF, 0xFFFFFFFF, 0x80000000, 65535]
 
-    def mutated(seed):
-        data = bytearray(seed)
-        for _ in range(rng.randint(1, 3)):
-            how = rng.randrange(4)
-            if len(data) < 2:
-                break
-            if how == 0:
-                data[rng.randrange(len(data))] = rng.randrange(256)
-            elif how == 1:
-                del data[rng.randrange(1, len(data)):]
-            else:  # a field near a marker the probe reads, set to a boundary value
-                found = [i for m in MARKERS for i in [data.find(m)] if i >= 0]
-                if not found:
-                    continue
-                at = rng.choice(found) + rng.randrange(0, 48)
-                if at + 4 > len(data):
-                    continue
-                value = rng.choice(VALUES) if how == 2 else rng.randrange(2**32)
-                order = rng.choice("<>")
-                data[at:at + 4] = struct.pack(order + "I", value)
-        return bytes(data)
+    # a field near a marker the probe reads, set to a boundary value
+    FIELD = marker_field(MARKERS, VALUES, shift=0, span=48, orders="<>")
 
     table = {}
     others = []
@@ -69,7 +51,7 @@ CHILD = textwrap.dedent(
     for name, seed in SEEDS.items():
         row = table.setdefault(name, {"ok": 0})
         for _ in range(count):
-            data = mutated(seed)
+            data = mutated(rng, seed, FIELD, min_length=2)
             start = time.perf_counter()
             try:
                 if decoding:

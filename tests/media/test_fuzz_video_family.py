@@ -25,8 +25,9 @@ WHOLE_PATHS = 150
 
 CHILD = textwrap.dedent(
     """
-    import json, random, struct, sys, time
+    import json, random, sys, time
     sys.path[:0] = sys.argv[4:]
+    from fuzz_child import marker_field, mutated
     from test_family_video import tiles_mp4
     from energon_pack.media import MediaConfig, MediaError
     from energon_pack.media.audio import probe_video_audio
@@ -43,24 +44,8 @@ CHILD = textwrap.dedent(
                b"stco", b"mdat"]
     VALUES = [0, 1, 2, 7, 8, 16, 255, 0x7FFFFFFF, 0xFFFFFFFF, 0x80000000, 65535]
 
-    def mutated():
-        data = bytearray(SEED)
-        for _ in range(rng.randint(1, 3)):
-            how = rng.randrange(4)
-            if how == 0:
-                data[rng.randrange(len(data))] = rng.randrange(256)
-            elif how == 1:
-                del data[rng.randrange(1, len(data)):]
-            else:  # a field at or after a box name the readers take, set to a boundary value
-                found = [i for m in MARKERS for i in [data.find(m)] if i >= 0]
-                if not found:
-                    continue
-                at = rng.choice(found) - 4 + rng.randrange(0, 40)
-                if at < 0 or at + 4 > len(data):
-                    continue
-                value = rng.choice(VALUES) if how == 2 else rng.randrange(2**32)
-                data[at:at + 4] = struct.pack(">I", value)
-        return bytes(data)
+    # a box size or a field after a box name the readers take, set to a boundary value
+    FIELD = marker_field(MARKERS, VALUES, shift=-4, span=40)
 
     def whole_path(data):
         header = displayed_video_header(data, CONFIG, key="s", member="v.mp4")
@@ -77,7 +62,7 @@ CHILD = textwrap.dedent(
     others = []
     slowest = 0.0
     for _ in range(count):
-        data = mutated()
+        data = mutated(rng, SEED, FIELD)
         start = time.perf_counter()
         try:
             if whole:

@@ -1,6 +1,6 @@
 """Shared pieces of the per-family tests: a small local tokenizer with a family's special
-tokens and chat template (no downloads), seeded test images, and the packed-versus-alone check
-on a tiny transformers model.
+tokens and chat template (no downloads), seeded test images, sounds and media rows, and the
+packed-versus-alone check on a tiny transformers model.
 
 The check runs each sample alone through the model (its processor's own inputs, unshifted
 labels with ``-100`` off the assistant spans) and the packed row once (positions restarting per
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,47 @@ def png_bytes(image: np.ndarray[Any, Any]) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+SOUND_RATE = 16_000
+"""The sample rate of :func:`sound`'s files."""
+Media = list[tuple[str, Any]]
+"""A sample's media in text order: ``(kind, spec)``, ``kind`` one of ``"image"`` (``spec`` its
+``(height, width)``), ``"video"`` (``spec`` names its clip) or ``"audio"`` (``spec`` its
+seconds)."""
+
+
+@cache
+def sound(seconds: float) -> bytes:
+    """A mono WAV sweep of ``seconds`` at :data:`SOUND_RATE`."""
+    from audio_files import encode_audio
+
+    return encode_audio("wav", SOUND_RATE, 1, int(SOUND_RATE * seconds), sweep=True)
+
+
+def conversation(media: Media, reply: str) -> list[dict[str, Any]]:
+    """A user turn of ``media``'s placeholders and a question, then the assistant's ``reply``."""
+    parts = [{"type": kind} for kind, _ in media]
+    return [
+        {"role": "user", "content": [*parts, {"type": "text", "text": "What is it?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": reply}]},
+    ]
+
+
+def media_row(
+    index: int, media: Media, reply: str, video: Callable[[Any], bytes]
+) -> dict[str, Any]:
+    """Sample ``index`` as a row: its :func:`conversation`, PNG images seeded by ``index``, the
+    bytes ``video(spec)`` gives for each video and the :func:`sound` of each audio."""
+    sizes = [spec for kind, spec in media if kind == "image"]
+    out: dict[str, Any] = {"id": f"s{index}", "messages": conversation(media, reply)}
+    if sizes:
+        out["images"] = [png_bytes(a) for a in test_images(index, sizes)]
+    if videos := [video(spec) for kind, spec in media if kind == "video"]:
+        out["videos"] = videos
+    if audios := [sound(spec) for kind, spec in media if kind == "audio"]:
+        out["audios"] = audios
+    return out
 
 
 Inputs = dict[str, Any]

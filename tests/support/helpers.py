@@ -248,7 +248,11 @@ class LoaderRun:
     helper: ``step`` returns one pack's keys, token ids and pixel sum."""
 
     def __init__(self, path: Path, buffer_size: int = 16, *, workers: int = 0, **overrides: Any):
-        self.dataset = train_dataset(path, buffer_size, workers=workers, repeat=True, **overrides)
+        self._start(train_dataset(path, buffer_size, workers=workers, repeat=True, **overrides))
+
+    def _start(self, dataset: Any) -> None:
+        """Load from ``dataset``: a fresh savable loader, not iterated yet."""
+        self.dataset = dataset
         self.loader = savable_loader(
             self.dataset, checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
         )
@@ -258,14 +262,48 @@ class LoaderRun:
         if self._iterator is None:
             self._iterator = iter(self.loader)
         batch = next(self._iterator)
-        pixels = None if batch.pixel_values is None else float(batch.pixel_values.sum())
-        return tuple(batch.__keys__), batch.input_ids.tolist(), pixels
+        return tuple(batch.__keys__), batch.input_ids.tolist(), self.media_sum(batch)
+
+    def media_sum(self, batch: PackedBatch) -> float | None:
+        """The sum of the pack's pixels (None without images)."""
+        return None if batch.pixel_values is None else float(batch.pixel_values.sum())
 
     def save(self) -> Any:
         return self.loader.save_state_rank()
 
     def load(self, state: Any) -> None:
         self.loader.restore_state_rank(state)
+
+
+class FamilyLoaderRun(LoaderRun):
+    """A :class:`LoaderRun` over a given (repeating) dataset of a processor family: ``step``
+    gives the sum of the pack's family inputs in place of its pixels."""
+
+    def __init__(self, dataset: Any) -> None:
+        self._start(dataset)
+
+    def media_sum(self, batch: PackedBatch) -> float:
+        """The sum of every tensor of the pack's family inputs."""
+        inputs = batch.family_inputs
+        assert inputs is not None
+        return float(sum(t.double().sum() for t in inputs.tensors().values()))
+
+
+CUT_POINTS = [1, 4, 9]
+"""The cut points (packs taken before the save) of the three-cut resume tests."""
+
+
+def assert_loader_resumes(make: Callable[[], LoaderRun], at: int, steps: int = 12) -> None:
+    """:func:`assert_resume_equivalent` over ``steps`` packs of the runs ``make`` gives, cut
+    after ``at`` (the loader state passed on as it is)."""
+    assert_resume_equivalent(
+        make,
+        [LoaderRun.step] * steps,
+        at,
+        save=LoaderRun.save,
+        load=LoaderRun.load,
+        roundtrip=lambda state: state,
+    )
 
 
 def fixture_maker() -> ModuleType:

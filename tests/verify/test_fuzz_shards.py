@@ -10,14 +10,19 @@ naming the shard.
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 from fuzz_child import fuzz_report
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 CHILD = textwrap.dedent(
     """
     import io, json, random, sys, tarfile, tempfile
     from pathlib import Path
     from energon_pack.verify.data import raw_samples
+    sys.path[:0] = sys.argv[3:]
+    from fuzz_child import mutated
 
     rng = random.Random(int(sys.argv[1]))
     count = int(sys.argv[2])
@@ -44,35 +49,26 @@ CHILD = textwrap.dedent(
         block[148:156] = b" " * 8
         data[header + 148:header + 156] = b"%06o\\0 " % sum(block)
 
-    def mutated():
-        data = bytearray(SEED)
-        for _ in range(rng.randint(1, 3)):
-            how = rng.randrange(4)
-            if how == 0:
-                data[rng.randrange(len(data))] = rng.randrange(256)
-            elif how == 1:
-                del data[rng.randrange(1, len(data)):]
-            elif how == 2 or how == 3:
-                header = rng.choice([h for h in HEADERS if h + 512 <= len(data)] or [0])
-                if header + 512 > len(data):
-                    continue
-                start, width = rng.choice(FIELDS)
-                if rng.random() < 0.5:
-                    value = bytes(rng.randrange(256) for _ in range(width))
-                else:  # plausible octal digits, often far too large
-                    value = (b"%o" % rng.randrange(8 ** (width - 1))).rjust(width - 1, b"0")
-                    value += b"\\0"
-                data[header + start:header + start + width] = value[:width]
-                if how == 3:
-                    with_checksum(data, header)
-        return bytes(data)
+    def field(rng, data, how):  # a tar header field; for how 3 with its checksum recomputed
+        header = rng.choice([h for h in HEADERS if h + 512 <= len(data)] or [0])
+        if header + 512 > len(data):
+            return
+        start, width = rng.choice(FIELDS)
+        if rng.random() < 0.5:
+            value = bytes(rng.randrange(256) for _ in range(width))
+        else:  # plausible octal digits, often far too large
+            value = (b"%o" % rng.randrange(8 ** (width - 1))).rjust(width - 1, b"0")
+            value += b"\\0"
+        data[header + start:header + start + width] = value[:width]
+        if how == 3:
+            with_checksum(data, header)
 
     counts = {"samples": 0, "value_error": 0, "other": 0}
     others, named = [], 0
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "shard-000000.tar"
         for _ in range(count):
-            path.write_bytes(mutated())
+            path.write_bytes(mutated(rng, SEED, field))
             try:
                 list(raw_samples(Path(scratch)))
                 counts["samples"] += 1
@@ -88,7 +84,7 @@ CHILD = textwrap.dedent(
 
 
 def test_mutated_shards_give_samples_or_value_errors_never_a_crash() -> None:
-    report = fuzz_report(CHILD, "20261204", "3000")
+    report = fuzz_report(CHILD, "20261204", "3000", str(SUPPORT))
     counts = report["counts"]
     assert counts["other"] == 0, report["others"]
     assert sum(counts.values()) == 3000
