@@ -30,10 +30,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch.nn import functional
 
 from energon_pack.encoding.families.base import (
-    AudioFamily,
     Measured,
     PackingRule,
     SampledVideo,
@@ -41,13 +39,14 @@ from energon_pack.encoding.families.base import (
     joined,
     jsonable,
 )
+from energon_pack.encoding.families.frame_audio import FrameAudioFamily
 from energon_pack.media.audio import AudioProbe
 from energon_pack.media.audio_decode import played_frames
 
 __all__ = ["NemotronHOmniFamily"]
 
 
-class NemotronHOmniFamily(AudioFamily):
+class NemotronHOmniFamily(FrameAudioFamily):
     """Nemotron-H Omni: RADIO image and video tiles, Parakeet audio, packing refused."""
 
     name: ClassVar[str] = "nemotron_h_omni"
@@ -198,25 +197,10 @@ class NemotronHOmniFamily(AudioFamily):
             length = (length + padding) // stride + 1
         return max(1, length)
 
-    def audio_inputs(self, waveforms: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
-        """``input_features`` ``[audios, frames, mels]`` and ``input_features_mask`` from the
-        processor's feature extractor on the sample's audio (padded to its longest)."""
-        if not waveforms:
-            return {}
-        features = self.processor.feature_extractor(
-            [np.asarray(w, dtype=np.float32) for w in waveforms],
-            sampling_rate=self.audio_rate,
-            return_tensors="pt",
-        )
-        out = {"input_features": features["input_features"]}
-        if "attention_mask" in features:
-            out["input_features_mask"] = features["attention_mask"]
-        return out
-
     def row_inputs(self, samples: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The rows' media joined: audio features and mask zero-padded on the frame dimension
-        to the most frames; a ValueError where the videos of the rows differ in tubelets or
-        tile (the model stacks a batch's videos: train such rows in micro-batches of one)."""
+        """The rows' media joined (audio as :class:`FrameAudioFamily` pads it); a ValueError
+        where the videos of the rows differ in tubelets or tile (the model stacks a batch's
+        videos: train such rows in micro-batches of one)."""
         shapes = {
             tuple(s["pixel_values_videos"].shape[1:]) for s in samples if "pixel_values_videos" in s
         }
@@ -225,18 +209,7 @@ class NemotronHOmniFamily(AudioFamily):
                 f"the {self.name} model stacks a micro-batch's videos, and these rows' differ "
                 f"({sorted(shapes)}); use a micro-batch of one row"
             )
-        frames = [int(s["input_features"].shape[1]) for s in samples if "input_features" in s]
-        if not frames:
-            return super().row_inputs(samples)
-        most = max(frames)
-        padded = [
-            {
-                key: _padded_frames(value, most) if key in _AUDIO_KEYS else value
-                for key, value in sample.items()
-            }
-            for sample in samples
-        ]
-        return super().row_inputs(padded)
+        return super().row_inputs(samples)
 
     def settings(self) -> dict[str, Any]:
         """The base settings plus the feature extractor's and the processor's audio and
@@ -258,16 +231,6 @@ class NemotronHOmniFamily(AudioFamily):
     def assistant_spans(self, text: str) -> list[tuple[int, int]]:
         """From after each ``<|im_start|>assistant\\n`` through its ``<|im_end|>``."""
         return delimited_spans(text, "<|im_start|>assistant\n", "<|im_end|>")
-
-
-_AUDIO_KEYS = ("input_features", "input_features_mask")
-
-
-def _padded_frames(values: torch.Tensor, frames: int) -> torch.Tensor:
-    """``values`` (``[audios, frames, ...]``) zero-padded on dim 1 to ``frames``."""
-    missing = frames - values.shape[1]
-    pad = [0, 0] * (values.dim() - 2) + [0, missing]
-    return functional.pad(values, pad)
 
 
 def _patch_grid(
