@@ -10,7 +10,6 @@ that never stopped."""
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,15 @@ import pytest
 import test_family_gemma3 as gemma3
 import test_family_omni as omni
 import torch
-from audio_files import encode_audio
-from energon_shards import write_dataset
-from family_kit import png_bytes
-from family_kit import test_images as make_images
-from helpers import CUT_POINTS, FamilyLoaderRun, assert_loader_resumes, batches, train_dataset
+from energon_shards import image_audio_samples, write_dataset
+from helpers import (
+    CUT_POINTS,
+    FamilyLoaderRun,
+    assert_loader_resumes,
+    assert_pack_is_the_collators,
+    batches,
+    train_dataset,
+)
 
 from energon_pack import VLMPackingCollator, model_family
 
@@ -44,37 +47,8 @@ FAMILIES = {  # name -> (its processor, its tiny model, whether its samples hold
 
 
 def samples(name: str) -> list[tuple[str, dict[str, bytes]]]:
-    """18 native samples: every third text-only, the others an image, an audio of 1-2 s, or
-    both (in either order); images only for a family without audio."""
-    out = []
-    for index in range(18):
-        members: dict[str, bytes] = {}
-        text = f"What is it? {index}"
-        names = []
-        if index % 3:
-            kinds = [["image"], ["audio"], ["image", "audio"], ["audio", "image"]][index % 4]
-            if not FAMILIES[name][2]:
-                kinds = ["image"] * (1 + index % 2)
-            for position, kind in enumerate(kinds):
-                if kind == "image":
-                    member = f"{position}.png"
-                    members[member] = png_bytes(make_images(index, [(40 + index, 70)])[0])
-                    text = "<image>" + text
-                else:
-                    fmt = "wav" if index % 2 else "flac"
-                    seconds = 1.0 + index % 5 / 5
-                    member = f"{position}.{fmt}"
-                    members[member] = encode_audio(fmt, 16000, 1, int(16000 * seconds), sweep=True)
-                    text = "<audio>" + text
-                names.append(member)
-        turns = [
-            {"from": "human", "value": text},
-            {"from": "gpt", "value": f"The quick brown fox {index}."},
-        ]
-        media = names[::-1]  # each placeholder went before the text: the last medium first
-        members["json"] = json.dumps({"conversations": turns, "media": media}).encode()
-        out.append((f"s{index:03d}", members))
-    return out
+    """The native samples of :func:`image_audio_samples`, with audio where the family takes it."""
+    return image_audio_samples(audio=FAMILIES[name][2])
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -117,17 +91,8 @@ def test_packs_and_model_inputs_equal_the_collators(name: str, dataset: Path) ->
     for batch in batches(_dataset(name, dataset)):
         keys = list(batch.__keys__)
         seen += keys
-        items = [{"__key__": key, **by_key[key]} for key in keys]
-        want = collator(items)
-        assert batch.input_ids.tolist() == want.input_ids.tolist(), keys
-        assert batch.labels.tolist() == want.labels.tolist(), keys
-        assert batch.family_inputs is not None
-        assert want.family_inputs is not None
-        got, expected = batch.family_inputs.tensors(), want.family_inputs.tensors()
-        assert set(got) == set(expected)
-        for key, tensor in expected.items():
-            assert torch.equal(got[key], tensor), (keys, key)
-        wanted = hf(items)
+        want = assert_pack_is_the_collators(batch, collator, by_key)
+        wanted = hf([{"__key__": key, **by_key[key]} for key in keys])
         wanted.pop("use_cache", None)
         for inputs in (
             batch.hf_model_inputs(model, family=family),
