@@ -1,11 +1,13 @@
-"""Audio families (Qwen2-Audio, the Qwen2.5-Omni and Qwen3-Omni thinkers): what serving a sample
-through energon_pack costs against the processor's own pipeline, interleaved per audio in each
-round.
+"""Audio families (Qwen2-Audio, the Qwen2.5-Omni and Qwen3-Omni thinkers, Gemma 3n): what
+serving a sample through energon_pack costs against the processor's own pipeline, interleaved
+per audio in each round.
 
-The processors are transformers' ``Qwen2AudioProcessor``, ``Qwen2_5OmniProcessor`` and
-``Qwen3OmniMoeProcessor`` with the released feature extractor settings (128 mel bins, 30-second
-windows where the processor pads to one) and the test suite's small tokenizers and templates
-(``tests/encoding/test_family_qwen2_audio.py``, ``test_family_omni.py``). Audio: FFmpeg-written
+The processors are transformers' ``Qwen2AudioProcessor``, ``Qwen2_5OmniProcessor``,
+``Qwen3OmniMoeProcessor`` and ``Gemma3nProcessor`` with the released feature extractor settings
+(128 mel bins, 30-second windows where the processor pads to one; Gemma 3n's 188 audio soft
+tokens) and the test suite's small tokenizers and templates
+(``tests/encoding/test_family_qwen2_audio.py``, ``test_family_omni.py``,
+``test_family_gemma3n.py``). Audio: FFmpeg-written
 WAV, FLAC and MP3 files of 2, 8 and 20 seconds at 44.1 kHz stereo. Per audio:
 
 * processor: the chat template rendered, the file decoded to 16 kHz mono by FFmpeg (PyAV's
@@ -40,6 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests" / "encoding"), str(ROOT / "tests" / "support")]
 
+import test_family_gemma3n as gemma3n  # noqa: E402
 import test_family_omni as omni  # noqa: E402
 import test_family_qwen2_audio as qwen2_audio  # noqa: E402
 from audio_files import encode_audio  # noqa: E402
@@ -71,6 +74,7 @@ FAMILIES: dict[str, Callable[[], Any]] = {
     "qwen2_audio": lambda: qwen2_audio.processor(30, 128),
     "qwen2_5_omni": lambda: omni_processor("qwen2_5_omni"),
     "qwen3_omni": lambda: omni_processor("qwen3_omni"),
+    "gemma3n": lambda: gemma3n.processor(256, 188, 128),
 }
 
 

@@ -31,10 +31,11 @@ fi
 "$VENV/bin/python" -m pip install --quiet "$TORCH_PIN"
 "$VENV/bin/python" -m pip install --quiet "${LOCK[@]}" -e ".[test,docs]" "$TORCH_PIN" \
     "${EXTRA[@]}"
-# Test reference only: torchvision for transformers' Qwen3-VL processors, installed without its
-# dependencies (it would replace the CPU torch) into a folder outside sys.path; only the child
+# Test reference only: torchvision for transformers' Qwen3-VL processors, and timm (which
+# imports torchvision) for Gemma 3n's vision tower, installed without their dependencies
+# (torchvision would replace the CPU torch) into a folder outside sys.path; only the child
 # processes of tests/support/qwen3_reference.py and tests/support/torchvision_child.py import
-# it, so the rest of the suite never sees it.
+# them, so the rest of the suite never sees them.
 "$VENV/bin/python" -m pip install --quiet --upgrade --no-deps --target "$VENV/reference" \
-    "torchvision==0.28.0"
+    "torchvision==0.28.0" "timm==1.0.29"
 echo "$WANT" > "$STAMP"

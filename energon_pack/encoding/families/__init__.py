@@ -31,6 +31,7 @@ __all__ = [
 
 PROCESSOR_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gemma3": ("Gemma3Family", ("Gemma3Processor",)),
+    "gemma3n": ("Gemma3nFamily", ("Gemma3nProcessor",)),
     "gemma4": ("Gemma4Family", ("Gemma4Processor",)),
     "pixtral": ("PixtralFamily", ("PixtralProcessor",)),
     "glm4v": ("Glm4vFamily", ("Glm4vProcessor",)),

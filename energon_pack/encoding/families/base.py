@@ -138,6 +138,7 @@ class ProcessorFamily(ABC):
         merged = merge(tokenizer_init_kwargs=self.tokenizer.init_kwargs) if merge else {}
         self._image_kwargs: dict[str, Any] = dict(merged.get("images_kwargs", {}))
         self._video_kwargs: dict[str, Any] = dict(merged.get("videos_kwargs", {}))
+        self._audio_kwargs: dict[str, Any] = dict(merged.get("audio_kwargs", {}))
         self._call_kwargs: dict[str, Any] = {
             key: value for key, value in merged.items() if not isinstance(value, dict)
         }
