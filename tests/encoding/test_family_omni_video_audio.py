@@ -12,18 +12,22 @@ run in the torchvision child (:mod:`torchvision_child`) and send back plain valu
 from __future__ import annotations
 
 import itertools
+import json
 import traceback
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from energon_shards import write_dataset
 from family_kit import (
     IGNORE,
     Media,
     conversation,
     media_row,
     packed_matches_alone,
+    png_bytes,
     seeded,
     sound,
 )
@@ -229,6 +233,52 @@ def refusals(kind: str) -> dict[str, str]:
 # --- the tests ------------------------------------------------------------------------------
 
 
+ENERGON = {"seq_length": 2048, "pad_to_multiple_of": 8, "tokenizer": None}
+
+
+def energon_samples() -> list[tuple[str, dict[str, bytes]]]:
+    """:data:`SAMPLES` twice over as native samples: each medium a member (an MP4 with its
+    track, a PNG, a WAV) named in text order, its placeholder before the question."""
+    out = []
+    for index in range(2 * len(SAMPLES)):
+        media, reply = SAMPLES[index % len(SAMPLES)]
+        members: dict[str, bytes] = {}
+        images = iter(make_images(index, [spec for kind, spec in media if kind == "image"]))
+        text = ""
+        for position, (kind, spec) in enumerate(media):
+            if kind == "image":
+                members[f"{position}.png"] = png_bytes(next(images))
+            elif kind == "video":
+                members[f"{position}.mp4"] = track(spec)
+            else:
+                members[f"{position}.wav"] = sound(spec)
+            text += f"<{kind}>"
+        turns = [
+            {"from": "human", "value": f"{text}What is it? {index}"},
+            {"from": "gpt", "value": reply},
+        ]
+        names = list(members)
+        members["json"] = json.dumps({"conversations": turns, "media": names}).encode()
+        out.append((f"s{index:03d}", members))
+    return out
+
+
+def omni_energon(payload: dict[str, str]) -> dict[str, Any]:
+    """The Energon path of thinker ``payload["kind"]`` with audio tracks over the dataset at
+    ``payload["path"]`` (:func:`energon_samples`), its model inputs built by the tiny thinker,
+    as plain values (:func:`~energon_family.family_run_report`)."""
+    from energon_family import family_run_report
+
+    proc = processor(payload["kind"])
+    return family_run_report(
+        Path(payload["path"]),
+        proc,
+        dict(energon_samples()),
+        ENERGON,
+        model=lambda: model(payload["kind"], proc),
+    )
+
+
 def _child(target: str, payload: Any) -> Any:
     if not available():
         pytest.skip("the reference torchvision is not installed (scripts/venv.sh: .venv/reference)")
@@ -306,3 +356,18 @@ def test_chunks_of_time_are_cut_as_the_processor_cuts_them(
     times = list(itertools.accumulate(steps))
     bounds = Qwen2_5OmniProcessor.get_chunked_index(None, np.asarray(times), per_chunk)
     assert _chunk_sizes(times, per_chunk) == [end - start for start, end in bounds]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_energon_path_packs_tracks_as_the_collator_and_resumes(
+    kind: str, tmp_path: Path
+) -> None:
+    """2 workers over MP4 clips with and without tracks, images and audio: every pack and its
+    model-built inputs equal the collator's, every sample leaves once, nothing is skipped, and
+    a loader restored at three cut points continues exactly."""
+    path = write_dataset(tmp_path / "ds", energon_samples())
+    result = _child("omni_energon", {"kind": kind, "path": str(path)})
+    assert result["unequal"] == []
+    assert sorted(result["seen"]) == sorted(key for key, _ in energon_samples())
+    assert not any(sum(counts.values()) for counts in result["skipped"].values())
+    assert result["resumed"] == {1: "exact", 4: "exact", 9: "exact"}

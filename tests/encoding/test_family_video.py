@@ -580,75 +580,10 @@ def energon_samples() -> list[tuple[str, dict[str, bytes]]]:
 
 def llava_onevision_energon(path: str) -> dict[str, Any]:
     """The Energon path over the dataset at ``path`` (see :func:`energon_samples`), as plain
-    values (an exception's traceback under ``"error"``)."""
-    try:
-        return _llava_onevision_energon(Path(path))
-    except Exception:
-        return {"error": traceback.format_exc()}
+    values (:func:`~energon_family.family_run_report`)."""
+    from energon_family import family_run_report
 
-
-def _llava_onevision_energon(path: Path) -> dict[str, Any]:
-    import torch
-    from helpers import assert_resume_equivalent, batches, savable_loader, train_dataset
-
-    from energon_pack import VLMPackingCollator, model_family
-
-    torch.set_num_threads(1)
-    processor = llava_processor()
-    by_key = dict(energon_samples())
-    collator = VLMPackingCollator(
-        seq_length=ENERGON["seq_length"],
-        pad_to_multiple_of=ENERGON["pad_to_multiple_of"],
-        family=model_family(processor),
-    )
-    out: dict[str, Any] = {"seen": [], "unequal": [], "skipped": {}, "resumed": {}}
-
-    def dataset(repeat: bool = False) -> Any:
-        return train_dataset(path, 6, workers=2, repeat=repeat, family=processor, **ENERGON)
-
-    for batch in batches(dataset()):
-        keys = list(batch.__keys__)
-        out["seen"] += keys
-        out["skipped"][batch.packing_stats.worker] = dict(batch.packing_stats.skipped)
-        want = collator([{"__key__": key, **by_key[key]} for key in keys])
-        same = batch.input_ids.tolist() == want.input_ids.tolist()
-        same &= batch.labels.tolist() == want.labels.tolist()
-        if batch.family_inputs is not None and want.family_inputs is not None:
-            got, expected = batch.family_inputs.tensors(), want.family_inputs.tensors()
-            same &= set(got) == set(expected)
-            same &= all(torch.equal(got[name], expected[name]) for name in expected)
-        if not same:
-            out["unequal"].append(keys)
-
-    class Run:
-        def __init__(self) -> None:
-            self.loader = savable_loader(
-                dataset(repeat=True), checkpoint_every_sec=0, checkpoint_every_min_n_samples=1
-            )
-            self.iterator: Any = None
-
-        def step(self) -> tuple[Any, ...]:
-            if self.iterator is None:
-                self.iterator = iter(self.loader)
-            batch = next(self.iterator)
-            inputs = batch.family_inputs.tensors() if batch.family_inputs is not None else {}
-            pixels = float(sum(t.double().sum() for t in inputs.values()))
-            return tuple(batch.__keys__), batch.input_ids.tolist(), pixels
-
-    for at in (1, 4, 9):
-        try:
-            assert_resume_equivalent(
-                Run,
-                [Run.step] * 12,
-                at,
-                save=lambda run: run.loader.save_state_rank(),
-                load=lambda run, state: run.loader.restore_state_rank(state),
-                roundtrip=lambda state: state,
-            )
-            out["resumed"][at] = "exact"
-        except AssertionError as error:
-            out["resumed"][at] = str(error)
-    return out
+    return family_run_report(Path(path), llava_processor(), dict(energon_samples()), ENERGON)
 
 
 # --- the tests ------------------------------------------------------------------------------

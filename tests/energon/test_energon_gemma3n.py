@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import test_family_gemma3n as gemma3n
+from energon_family import assert_pack_is_the_collators
 from energon_shards import image_audio_samples, write_dataset
 from helpers import (
     CUT_POINTS,
     FamilyLoaderRun,
     assert_loader_resumes,
-    assert_pack_is_the_collators,
     batches,
     train_dataset,
 )

@@ -17,13 +17,12 @@ from typing import Any
 import pytest
 import test_family_gemma3 as gemma3
 import test_family_omni as omni
-import torch
+from energon_family import assert_model_inputs_are_the_collators, assert_pack_is_the_collators
 from energon_shards import image_audio_samples, write_dataset
 from helpers import (
     CUT_POINTS,
     FamilyLoaderRun,
     assert_loader_resumes,
-    assert_pack_is_the_collators,
     batches,
     train_dataset,
 )
@@ -71,13 +70,6 @@ def tiny(name: str) -> Any:
     return FAMILIES[name][1]()
 
 
-def _equal(got: Any, want: Any) -> bool:
-    """Tensors, or dicts of them (a family's 4-D masks per layer type), equal."""
-    if isinstance(want, dict):
-        return set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
-    return bool(torch.equal(got, want))
-
-
 def test_packs_and_model_inputs_equal_the_collators(name: str, dataset: Path) -> None:
     by_key = dict(samples(name))
     family = model_family(FAMILIES[name][0]())
@@ -92,19 +84,12 @@ def test_packs_and_model_inputs_equal_the_collators(name: str, dataset: Path) ->
         keys = list(batch.__keys__)
         seen += keys
         want = assert_pack_is_the_collators(batch, collator, by_key)
-        wanted = hf([{"__key__": key, **by_key[key]} for key in keys])
-        wanted.pop("use_cache", None)
-        for inputs in (
-            batch.hf_model_inputs(model, family=family),
-            want.hf_model_inputs(model, family=family),  # the collator's batch form, likewise
-        ):
-            assert set(inputs) >= set(wanted), sorted(set(wanted) - set(inputs))
-            for key, value in wanted.items():
-                assert _equal(inputs[key], value), (keys, key)
-            if family.packing == "mrope":
-                assert inputs["position_ids"].shape[:2] == (4, 1)
-            else:  # block_mask: a 4-D mask per layer type
-                assert isinstance(inputs["attention_mask"], dict)
+        assert_model_inputs_are_the_collators(batch, want, hf, model, by_key)
+        inputs = batch.hf_model_inputs(model, family=family)
+        if family.packing == "mrope":
+            assert inputs["position_ids"].shape[:2] == (4, 1)
+        else:  # block_mask: a 4-D mask per layer type
+            assert isinstance(inputs["attention_mask"], dict)
     assert sorted(seen) == sorted(by_key)
 
 

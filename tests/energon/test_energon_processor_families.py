@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import test_family_idefics3 as idefics3
 import test_family_internvl as internvl
+from energon_family import assert_pack_is_the_collators
 from helpers import (
     CUT_POINTS,
     FamilyLoaderRun,
     assert_loader_resumes,
-    assert_pack_is_the_collators,
     batches,
     read_samples,
     train_dataset,

@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 
 import av
 import numpy as np
-import torch
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 from PIL import Image
 
@@ -288,24 +287,6 @@ class FamilyLoaderRun(LoaderRun):
         inputs = batch.family_inputs
         assert inputs is not None
         return float(sum(t.double().sum() for t in inputs.tensors().values()))
-
-
-def assert_pack_is_the_collators(
-    batch: PackedBatch, collator: Any, samples: Mapping[str, Mapping[str, bytes]]
-) -> Any:
-    """The Energon ``batch`` equals what ``collator`` makes of the same native samples (found
-    by key in ``samples``): ids, labels and every family input; returns the collator's batch."""
-    keys = list(batch.__keys__)
-    want = collator([{"__key__": key, **samples[key]} for key in keys])
-    assert batch.input_ids.tolist() == want.input_ids.tolist(), keys
-    assert batch.labels.tolist() == want.labels.tolist(), keys
-    assert batch.family_inputs is not None
-    assert want.family_inputs is not None
-    got, expected = batch.family_inputs.tensors(), want.family_inputs.tensors()
-    assert set(got) == set(expected)
-    for name, tensor in expected.items():
-        assert torch.equal(got[name], tensor), (keys, name)
-    return want
 
 
 CUT_POINTS = [1, 4, 9]
