@@ -217,6 +217,30 @@ def test_a_saved_processor_directory_is_the_same_family(tmp_path: Path) -> None:
     assert theirs.loss_mask.tolist() == ours.loss_mask.tolist()
 
 
+def test_audio_settings_set_on_the_processor_apply() -> None:
+    """A window of 1 s set in the processor's audio kwargs cuts the features (and is the
+    window the family warns about), as the processor's own call cuts them."""
+    proc = Gemma3nProcessor(
+        feature_extractor=Gemma3nAudioFeatureExtractor(feature_size=16),
+        image_processor=SiglipImageProcessorPil(size={"height": 64, "width": 64}),
+        tokenizer=tokenizer(),
+        chat_template=TEMPLATE,
+        image_seq_length=4,
+        audio_seq_length=16,
+    )
+    proc.audio_kwargs = {"max_length": RATE}
+    fam = Gemma3nFamily(proc)
+    assert fam.audio_window() == RATE
+    encoder = make_encoder(family=proc)
+    row = rows()[1]  # one audio of 1.2 s
+    got = sample_media(fam, encoder.encode_sample(row["id"], row), encoder.media)
+    want = reference(1, proc)
+    assert got["input_features"].shape == want["input_features"].shape
+    assert got["input_features"].shape[1] < reference(1)["input_features"].shape[1]
+    torch.testing.assert_close(got["input_features"], want["input_features"], rtol=0, atol=0)
+    assert torch.equal(got["input_features_mask"], want["input_features_mask"])
+
+
 def test_settings_name_both_soft_token_counts_and_the_extractor() -> None:
     ours, fewer = family().settings(), family(audio_seq=8).settings()
     assert ours["family"] == "gemma3n"

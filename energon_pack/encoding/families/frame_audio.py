@@ -11,7 +11,7 @@ to a longer call's length would shift an audio's own frames).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -28,15 +28,20 @@ AUDIO_KEYS = ("input_features", "input_features_mask")
 class FrameAudioFamily(AudioFamily):
     """A processor family with frame-major audio features (see the module docstring)."""
 
+    passes_audio_kwargs: ClassVar[bool] = False
+    """Whether the processor's call hands the feature extractor its merged audio settings
+    (those set on the processor apply), rather than the sample rate alone."""
+
     def audio_inputs(self, waveforms: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
         """``input_features`` and ``input_features_mask`` from the processor's feature
-        extractor on the sample's audio (padded to its longest)."""
+        extractor on the sample's audio (padded to its longest), with the settings the
+        processor's call hands it."""
         if not waveforms:
             return {}
+        settings = dict(self._audio_kwargs) if self.passes_audio_kwargs else {}
+        settings.update(sampling_rate=self.audio_rate, return_tensors="pt")
         features = self.processor.feature_extractor(
-            [np.asarray(w, dtype=np.float32) for w in waveforms],
-            sampling_rate=self.audio_rate,
-            return_tensors="pt",
+            [np.asarray(w, dtype=np.float32) for w in waveforms], **settings
         )
         out = {"input_features": features["input_features"]}
         mask = features.get("input_features_mask", features.get("attention_mask"))

@@ -44,6 +44,7 @@ class Gemma3nFamily(FrameAudioFamily):
     processor_classes: ClassVar[tuple[str, ...]] = ("Gemma3nProcessor",)
     packing: ClassVar[PackingRule] = "position_ids"
     token_keys: ClassVar[frozenset[str]] = frozenset({"token_type_ids"})
+    passes_audio_kwargs: ClassVar[bool] = True
 
     @property
     def vision_token_ids(self) -> frozenset[int]:
