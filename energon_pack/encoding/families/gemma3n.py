@@ -89,9 +89,11 @@ class Gemma3nFamily(FrameAudioFamily):
         return {"token_type_ids": types}
 
     def settings(self) -> dict[str, Any]:
-        """The base settings plus the feature extractor's and both soft-token counts."""
+        """The base settings plus the feature extractor's (with the processor's audio kwargs)
+        and both soft-token counts."""
         out = super().settings()
-        out["feature_extractor"] = jsonable(self.processor.feature_extractor.to_dict())
+        extractor = self.processor.feature_extractor.to_dict()
+        out["feature_extractor"] = jsonable({**extractor, "call": self._audio_kwargs})
         out["image_seq_length"] = int(self.processor.image_seq_length)
         out["audio_seq_length"] = int(self.processor.audio_seq_length)
         return out
