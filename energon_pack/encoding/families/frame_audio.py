@@ -21,7 +21,7 @@ from energon_pack.encoding.families.base import AudioFamily
 
 __all__ = ["FrameAudioFamily"]
 
-AUDIO_KEYS = ("input_features", "input_features_mask")
+_AUDIO_KEYS = ("input_features", "input_features_mask")
 """The processor outputs that come from the audio."""
 
 
@@ -58,7 +58,7 @@ class FrameAudioFamily(AudioFamily):
         most = max(frames)
         padded = [
             {
-                key: _padded_frames(value, most) if key in AUDIO_KEYS else value
+                key: _padded_frames(value, most) if key in _AUDIO_KEYS else value
                 for key, value in sample.items()
             }
             for sample in samples

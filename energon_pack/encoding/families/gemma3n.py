@@ -74,10 +74,11 @@ class Gemma3nFamily(FrameAudioFamily):
     def audio_window(self) -> int | None:
         """Samples the feature extractor keeps of an audio (``max_length`` of the processor's
         audio kwargs, else of the extractor's call), None where it keeps all."""
-        extractor = self.processor.feature_extractor
         found = self._audio_kwargs.get("max_length")
         if found is None:
-            found = inspect.signature(extractor.__call__).parameters["max_length"].default
+            call = inspect.signature(self.processor.feature_extractor.__call__).parameters
+            default = call["max_length"].default if "max_length" in call else None
+            found = None if default is inspect.Parameter.empty else default
         truncate = self._audio_kwargs.get("truncation", True)
         return int(found) if found and truncate else None
 
