@@ -14,6 +14,7 @@ ids are renumbered ``0..n-1`` (:class:`Vocabulary`), so the logits stay small.
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ HEAD_DIM = 32
 HEADS = 2
 HIDDEN = HEADS * HEAD_DIM
 VISION_HIDDEN = 32
+AUDIO_HIDDEN = 32
 EXPERTS = 4
 WINDOW = 16
 """Sliding window of the cut model: short enough that a sample of the probe crosses it."""
@@ -101,6 +103,9 @@ def cut_config(config: Any, vocabulary: Vocabulary) -> Any:
     vision = getattr(out, "vision_config", None)
     if vision is not None:
         _cut_vision(vision, text_hidden=HIDDEN)
+    audio = getattr(out, "audio_config", None)
+    if audio is not None:
+        _cut_audio(audio)
     return out
 
 
@@ -134,18 +139,25 @@ def _wake_zero_matrices(model: Any, seed: int) -> None:
 
 
 def model_class_of(config: Any) -> Any:
-    """The transformers class that trains ``config``: image-text-to-text where it has a vision
-    tower, else causal LM."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    """The transformers class that trains ``config`` on next-token loss: image-text-to-text
+    where it has a vision tower, else causal LM, else multimodal LM (an audio-text model);
+    each only where its ``forward`` takes ``labels``."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForMultimodalLM,
+    )
 
-    for auto in (AutoModelForImageTextToText, AutoModelForCausalLM):
+    for auto in (AutoModelForImageTextToText, AutoModelForCausalLM, AutoModelForMultimodalLM):
         mapping = auto._model_mapping
         if type(config) in mapping:
-            return mapping[type(config)]
+            found: Any = mapping[type(config)]
+            if "labels" in inspect.signature(found.forward).parameters:
+                return found
     raise ValueError(
-        f"config.json's model_type {config.model_type!r} has no causal-LM or "
-        "image-text-to-text class in this transformers; verify checks models that train on "
-        "next-token loss"
+        f"config.json's model_type {config.model_type!r} has no causal-LM, "
+        "image-text-to-text or multimodal-LM class whose forward takes labels in this "
+        "transformers; verify checks models that train on next-token loss"
     )
 
 
@@ -303,3 +315,13 @@ def _cut_vision(vision: Any, *, text_hidden: int) -> None:
         vision.fullatt_block_indexes = [1]
     if getattr(vision, "deepstack_visual_indexes", None):
         vision.deepstack_visual_indexes = [0]
+
+
+def _cut_audio(audio: Any) -> None:
+    """One block, small widths (a Whisper-style encoder's names); the mel bins and the source
+    positions (the audio window) as they are."""
+    for key in ("encoder_layers", "num_hidden_layers"):
+        _set(audio, key, 1)
+    _set(audio, "d_model", AUDIO_HIDDEN)
+    _set(audio, "encoder_attention_heads", 2)
+    _set(audio, "encoder_ffn_dim", 2 * AUDIO_HIDDEN)

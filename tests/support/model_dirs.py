@@ -21,6 +21,7 @@ from transformers import (
     Gemma3Config,
     Idefics3Config,
     Qwen2_5_VLConfig,
+    Qwen2AudioConfig,
     Qwen2Config,
     Qwen2VLConfig,
     Qwen3_5Config,
@@ -126,6 +127,36 @@ def idefics3_model_dir(directory: Path) -> Path:
     return directory
 
 
+def qwen2_audio_model_dir(directory: Path) -> Path:
+    """A Qwen2-Audio checkpoint directory: the family test's processor (16 mel bins, 30 s
+    windows) saved, and Qwen2-Audio's released config (a Whisper-large encoder, a Qwen2-7B text
+    model) on those mel bins."""
+    import test_family_qwen2_audio as qwen2_audio
+
+    processor = qwen2_audio.processor()
+    processor.save_pretrained(directory)
+    Qwen2AudioConfig(
+        audio_config={"num_mel_bins": processor.feature_extractor.feature_size},
+        text_config={"vocab_size": len(processor.tokenizer)},
+        audio_token_index=processor.audio_token_id,
+    ).save_pretrained(directory)
+    return directory
+
+
+def audio_rows(path: Path, count: int = 4) -> Path:
+    """A JSONL file at ``path`` of ``count`` chat rows, each one audio (a decoded array at
+    16 kHz of 0.8 s and up) and a reply, for :func:`qwen2_audio_model_dir`."""
+    import test_family_qwen2_audio as qwen2_audio
+
+    rows = []
+    for index in range(count):
+        _, row = qwen2_audio.conversation(1, 1, index)
+        wave = qwen2_audio.tone(int(16000 * (0.8 + 0.3 * index)), seed=index)
+        rows.append({**row, "audios": [{"array": wave.tolist(), "sampling_rate": 16000}]})
+    path.write_text("\n".join(json.dumps(row) for row in rows), encoding="utf-8")
+    return path
+
+
 BUILDERS = {
     **{
         name: (lambda d, name=name: qwen_model_dir(d, name))
@@ -133,6 +164,7 @@ BUILDERS = {
     },
     "gemma3": gemma3_model_dir,
     "idefics3": idefics3_model_dir,
+    "qwen2_audio": qwen2_audio_model_dir,
 }
 """Model name -> the builder of its directory."""
 

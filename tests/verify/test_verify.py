@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from model_dirs import model_dir
+from model_dirs import audio_rows, model_dir
 from torchvision_child import available, run_in_child
 from torchvision_models import NAMES as TORCHVISION_FAMILIES
 
@@ -59,6 +59,22 @@ def test_documented_families_are_exact(dirs: Callable[[str], Path], name: str) -
         assert result.layer is None
     if name == "qwen2":  # a text model takes no media: those samples are counted, not packed
         assert report.skipped["media_for_text_model"] > 0
+
+
+def test_an_audio_family_on_audio_rows_is_exact(
+    dirs: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Qwen2-Audio's released config (a Whisper-large encoder, cut like the text model) on rows
+    that each hold an audio: the packed row's audio features train as each sample's alone."""
+    report = verify_packing(dirs("qwen2_audio"), data=audio_rows(tmp_path / "rows.jsonl"))
+    assert verdicts(report) == {"eager": "exact", "sdpa": "exact"}, report.table()
+    assert report.model_class == "Qwen2AudioForConditionalGeneration"
+    assert len(report.samples) == 4
+    for result in report.results:
+        assert result.loss_error is not None
+        assert result.loss_error < 1e-6
+        assert result.gradient_error is not None
+        assert result.gradient_error < 1e-5
 
 
 @pytest.mark.skipif(not available(), reason="the reference torchvision is not installed")
