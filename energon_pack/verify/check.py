@@ -231,7 +231,8 @@ def _config(directory: Path) -> Any:
             f"--model {directory}: no config.json; give the model's directory (its "
             "config.json and tokenizer files; weights are not needed)"
         )
-    return AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    return getattr(config, "thinker_config", None) or config  # an Omni model trains its thinker
 
 
 def _family(directory: Path) -> Any:

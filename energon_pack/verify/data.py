@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from energon_pack.encoding.chatml import SampleEncoder
+from energon_pack.formats.chat_rows import read_media_paths
 from energon_pack.media import MediaError
 from energon_pack.packing.packed import EncodedSample
 from energon_pack.sources.files import read_records
@@ -152,7 +153,8 @@ def _grouped(tar: tarfile.TarFile) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _rows(source: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The rows of a JSON/JSONL file, their media paths read from inside its folder."""
     for number, key, row in read_records(source):
         if not isinstance(row, dict):
             raise ValueError(f"--data {source} row {number}: expected a JSON object")
-        yield key, row
+        yield key, read_media_paths(row, key, source.parent)

@@ -1,6 +1,7 @@
 """The model inputs a verification compares: the packed row as the library builds it for the
 model's attention implementation, and each sample alone as the model takes one sample without
-packing (no positions, no mask: the model derives its own).
+packing (no positions: the model derives its own; an all-ones attention mask, as a processor
+returns it).
 
 Both go through the same collator, so the media tensors and the family's token inputs are the
 processor's; only the packing differs. Token ids are renumbered for the cut vocabulary after
@@ -22,7 +23,7 @@ from energon_pack.encoding.families import ProcessorFamily
 from energon_pack.encoding.families.materialise import model_side_inputs
 from energon_pack.packing.packed import EncodedSample
 from energon_pack.train.hf import HFTarget
-from energon_pack.verify.tiny import Vocabulary
+from energon_pack.verify.tiny import Vocabulary, tokenizer_numbering
 
 Inputs = dict[str, Any]
 Adapt = Callable[[Inputs], Inputs]
@@ -69,12 +70,16 @@ class Packing:
         return self._model_inputs(model, batch), segments
 
     def alone(self, model: Any, sample: EncodedSample) -> Inputs:
-        """``sample`` by itself, as the model takes one sample unpacked."""
+        """``sample`` by itself, as the model takes one sample unpacked from its processor:
+        no positions (the model derives them) and an all-ones ``attention_mask`` (without
+        one, transformers looks for packed sequences in the positions the model derives,
+        and an Omni thinker's, which repeat over an image, read as several)."""
         with warnings.catch_warnings():  # one sample alone is the point here
             warnings.filterwarnings("ignore", "VLMPackingCollator got a micro-batch of 1")
             inputs = self._model_inputs(model, self._collated([sample]))
         for name in _PACKING_ONLY:
             inputs.pop(name, None)
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
         if "mm_token_type_ids" not in inputs and _takes(model, "mm_token_type_ids"):
             inputs["mm_token_type_ids"] = _media_token_types(model, inputs["input_ids"])
         return inputs
@@ -87,23 +92,25 @@ class Packing:
 
     def _model_inputs(self, model: Any, batch: CollatedBatch) -> Inputs:
         """The model's inputs for ``batch``. The family's model-side inputs (masks, rope
-        positions) are derived from the tokenizer's ids, which the family knows; only then are
-        the ids renumbered for the cut model."""
+        positions) are derived from the tokenizer's ids, which the family knows, with the
+        model's config numbering its special ids as the tokenizer does (its rope index
+        compares them); only then are the ids renumbered for the cut model."""
         target = HFTarget.of(model)
         if target.segment_blind:
             target = HFTarget(_SEGMENT_AWARE_STAND_IN[target.mrope], target.attn_implementation)
         inputs = batch.model_inputs(target)
-        if isinstance(self.family, ProcessorFamily) and batch.family_inputs is not None:
-            inputs.update(
-                model_side_inputs(
-                    self.family,
-                    model,
-                    batch.input_ids,
-                    batch.cu_seqlens_padded,
-                    batch.family_inputs,
-                )
-            )
         renumber = self.vocabulary.to_model
+        if isinstance(self.family, ProcessorFamily) and batch.family_inputs is not None:
+            with tokenizer_numbering(model.config, self.vocabulary):
+                inputs.update(
+                    model_side_inputs(
+                        self.family,
+                        model,
+                        batch.input_ids,
+                        batch.cu_seqlens_padded,
+                        batch.family_inputs,
+                    )
+                )
         return {**inputs, **{name: renumber(inputs[name]) for name in ("input_ids", "labels")}}
 
 

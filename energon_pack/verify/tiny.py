@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,9 +177,32 @@ def _configs(config: Any) -> list[Any]:
     return found
 
 
+@contextmanager
+def tokenizer_numbering(config: Any, vocabulary: Vocabulary) -> Iterator[None]:
+    """Inside, the special ids of the cut ``config`` (and its sub-configs) are the tokenizer's
+    again (``vocabulary.ids``), for code that compares them with tokenizer ids (a family's
+    rope positions, built before the ids are renumbered); restored on the way out."""
+    saved = []
+    for holder in _configs(config):
+        for name, value in list(vars(holder).items()):
+            if _special(name) and isinstance(value, int) and 0 <= value < len(vocabulary):
+                saved.append((holder, name, value))
+                setattr(holder, name, vocabulary.ids[value])
+    try:
+        yield
+    finally:
+        for holder, name, value in saved:
+            setattr(holder, name, value)
+
+
+def _special(name: str) -> bool:
+    """Whether a config attribute holds a special token's id."""
+    return name.endswith(_SPECIAL_SUFFIXES) or name in ("pad_token_id", "eos_token_id")
+
+
 def _renumber_special(holder: Any, vocabulary: Vocabulary) -> None:
     for name, value in list(vars(holder).items()):
-        if not (name.endswith(_SPECIAL_SUFFIXES) or name in ("pad_token_id", "eos_token_id")):
+        if not _special(name):
             continue
         if isinstance(value, int) and value >= 0:
             setattr(holder, name, vocabulary.model_id(value))
@@ -325,3 +350,5 @@ def _cut_audio(audio: Any) -> None:
     _set(audio, "d_model", AUDIO_HIDDEN)
     _set(audio, "encoder_attention_heads", 2)
     _set(audio, "encoder_ffn_dim", 2 * AUDIO_HIDDEN)
+    _set(audio, "output_dim", HIDDEN)  # an Omni audio encoder projects to the text width
+    _set(audio, "downsample_hidden_size", 8)

@@ -45,11 +45,32 @@ def _processor_and_config(name: str) -> tuple[Any, Any]:
 
         processor = kimi.build()
         return processor, kimi.tiny_model(processor.image_token_id, processor.video_token_id).config
+    if name in ("qwen2_5_omni", "qwen3_omni"):
+        import test_family_omni as omni
+        from test_family_video import omni_processor
+        from transformers import Qwen2_5OmniConfig, Qwen3OmniMoeConfig
+
+        processor = omni_processor(name)
+        whole = Qwen2_5OmniConfig if name == "qwen2_5_omni" else Qwen3OmniMoeConfig
+        thinker = omni.tiny_model(name, processor).config
+        return processor, whole(thinker_config=thinker.to_dict())  # as a checkpoint ships it
     raise KeyError(name)
 
 
-NAMES = ("gemma4", "glm4v", "internvl", "llava_onevision", "pixtral", "smolvlm", "kimi_k25")
+NAMES = (
+    "gemma4",
+    "glm4v",
+    "internvl",
+    "llava_onevision",
+    "pixtral",
+    "smolvlm",
+    "kimi_k25",
+    "qwen2_5_omni",
+    "qwen3_omni",
+)
 """The families of docs/families.md whose processors save and load only with torchvision."""
+AUDIO_NAMES = ("qwen2_5_omni", "qwen3_omni")
+"""Those of :data:`NAMES` that take audio (checked on audio rows too: :func:`verify_audio`)."""
 
 
 def model_dir(directory: Path, name: str) -> Path:
@@ -95,4 +116,22 @@ def verify_families(job: dict[str, Any]) -> dict[str, Any]:
     for name in job["names"]:
         with tempfile.TemporaryDirectory() as scratch:
             out[name] = verify_runs(model_dir(Path(scratch), name), job.get("seeds", [0]))
+    return out
+
+
+def verify_audio(job: dict[str, Any]) -> dict[str, Any]:
+    """``verify_packing`` of the saved directory of each name in ``job["names"]`` (of
+    :data:`AUDIO_NAMES`) on :func:`model_dirs.audio_rows`: name -> the report as JSON."""
+    import tempfile
+
+    from model_dirs import audio_rows
+
+    from energon_pack import verify_packing
+
+    out: dict[str, Any] = {}
+    for name in job["names"]:
+        with tempfile.TemporaryDirectory() as scratch:
+            directory = model_dir(Path(scratch) / "model", name)
+            rows = audio_rows(Path(scratch) / "rows.jsonl")
+            out[name] = verify_packing(directory, data=rows).to_json()
     return out

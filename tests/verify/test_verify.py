@@ -13,6 +13,7 @@ import pytest
 import torch
 from model_dirs import audio_rows, model_dir
 from torchvision_child import available, run_in_child
+from torchvision_models import AUDIO_NAMES
 from torchvision_models import NAMES as TORCHVISION_FAMILIES
 
 from energon_pack import verify_packing
@@ -75,6 +76,20 @@ def test_an_audio_family_on_audio_rows_is_exact(
         assert result.loss_error < 1e-6
         assert result.gradient_error is not None
         assert result.gradient_error < 1e-5
+
+
+@pytest.mark.skipif(not available(), reason="the reference torchvision is not installed")
+def test_omni_thinkers_on_audio_rows_are_exact() -> None:
+    """An Omni checkpoint (its whole config, the thinker inside) is checked through its
+    thinker; on rows that each hold an audio, exact with eager and sdpa."""
+    results = run_in_child("torchvision_models:verify_audio", {"names": list(AUDIO_NAMES)})
+    results.pop("child_seconds")
+    assert sorted(results) == sorted(AUDIO_NAMES)
+    for name, report in results.items():
+        found = {r["attn_implementation"]: r["verdict"] for r in report["results"]}
+        assert found == {"eager": "exact", "sdpa": "exact"}, (name, report)
+        assert report["model_class"].endswith("ThinkerForConditionalGeneration"), name
+        assert len(report["samples"]) == 4, name
 
 
 @pytest.mark.skipif(not available(), reason="the reference torchvision is not installed")
@@ -277,6 +292,34 @@ def test_user_data_from_a_jsonl_file(dirs: Callable[[str], Path], tmp_path: Path
     report = verify_packing(dirs("qwen2"), data=data, samples=5, attn_implementations=["eager"])
     assert report.samples == tuple(f"rows.jsonl:{i}" for i in range(1, 6))
     assert verdicts(report) == {"eager": "exact"}
+
+
+def test_image_paths_of_a_jsonl_file_are_read_from_its_folder(
+    dirs: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Rows naming their images by a path relative to the file (as ``ChatDataset`` reads them
+    with its media root): each image is read and packed, none skipped; a path leaving the
+    folder is a counted skip."""
+    from family_kit import png_bytes, test_images
+
+    rows = []
+    for index in range(4):
+        name = f"pictures/{index}.png"
+        (tmp_path / "pictures").mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(png_bytes(test_images(index, [(40 + 9 * index, 70)])[0]))
+        user = [{"type": "image"}, {"type": "text", "text": f"What is it? {index}"}]
+        messages = [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": f"A fox {index}."},
+        ]
+        rows.append({"messages": messages, "images": [name]})
+    rows.append({**rows[0], "images": ["../outside.png"]})
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in [rows[-1], *rows[:-1]]))
+    report = verify_packing(dirs("gemma3"), data=data, attn_implementations=["sdpa"])
+    assert verdicts(report) == {"sdpa": "exact"}, report.table()
+    assert len(report.samples) == 4
+    assert sum(report.skipped.values()) == 1
 
 
 def test_bad_inputs_are_value_errors_naming_them(
