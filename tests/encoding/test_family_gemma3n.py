@@ -79,12 +79,14 @@ def tokenizer() -> Any:
 
 
 @cache
-def processor(image_seq: int = 4, audio_seq: int = 16, mels: int = 16) -> Gemma3nProcessor:
-    """The real processor: 64 px images of ``image_seq`` soft tokens, audio of ``mels`` mel
-    bins and ``audio_seq`` soft tokens."""
+def processor(
+    image_seq: int = 4, audio_seq: int = 16, mels: int = 16, side: int = 64
+) -> Gemma3nProcessor:
+    """The real processor: ``side`` px images of ``image_seq`` soft tokens, audio of ``mels``
+    mel bins and ``audio_seq`` soft tokens."""
     return Gemma3nProcessor(
         feature_extractor=Gemma3nAudioFeatureExtractor(feature_size=mels),
-        image_processor=SiglipImageProcessorPil(size={"height": 64, "width": 64}),
+        image_processor=SiglipImageProcessorPil(size={"height": side, "width": side}),
         tokenizer=tokenizer(),
         chat_template=TEMPLATE,
         image_seq_length=image_seq,
