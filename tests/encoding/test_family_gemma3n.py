@@ -18,7 +18,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from family_kit import IGNORE, Media, media_row, seeded, sound, tiny_tokenizer
@@ -431,11 +430,6 @@ def test_a_packed_row_trains_like_its_samples_alone() -> None:
     assert got["loss_error"] < 1e-6, got
     assert got["worst"] < 1e-6, got
     assert got["running_differs"], "positions running on should break the equality"
-
-
-def test_the_audio_waveform_rate_is_the_extractors() -> None:
-    assert family().audio_rate == RATE
-    assert np.isclose(len(audio_samples(sound(1.0), RATE)), RATE)
 
 
 def test_verify_refuses_a_gemma3n_checkpoint_by_name() -> None:
