@@ -72,7 +72,7 @@ def special_ids(config: Any) -> set[int]:
     found: set[int] = set()
     for holder in _configs(config):
         for name, value in vars(holder).items():
-            if not name.endswith(_SPECIAL_SUFFIXES) and name not in ("eos_token_id",):
+            if not _special(name):
                 continue
             values = value if isinstance(value, list) else [value]
             found.update(v for v in values if isinstance(v, int) and v >= 0)
@@ -196,8 +196,9 @@ def tokenizer_numbering(config: Any, vocabulary: Vocabulary) -> Iterator[None]:
 
 
 def _special(name: str) -> bool:
-    """Whether a config attribute holds a special token's id."""
-    return name.endswith(_SPECIAL_SUFFIXES) or name in ("pad_token_id", "eos_token_id")
+    """Whether a config attribute holds a special token's id (``pad_token_id`` and
+    ``eos_token_id`` among them)."""
+    return name.endswith(_SPECIAL_SUFFIXES)
 
 
 def _renumber_special(holder: Any, vocabulary: Vocabulary) -> None:

@@ -231,7 +231,7 @@ def test_audio_settings_set_on_the_processor_apply() -> None:
     )
     proc.audio_kwargs = {"max_length": RATE}
     fam = Gemma3nFamily(proc)
-    assert fam.audio_window() == RATE
+    assert fam.audio_window == RATE
     assert fam.settings() != family().settings()
     encoder = make_encoder(family=proc)
     row = rows()[1]  # one audio of 1.2 s

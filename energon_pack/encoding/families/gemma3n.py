@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
@@ -58,7 +59,7 @@ class Gemma3nFamily(FrameAudioFamily):
     def audio_expansions(self, probes: Sequence[AudioProbe]) -> list[str]:
         """The processor's ``full_audio_sequence`` for every audio; an audio past the feature
         extractor's window is logged (the extractor cuts it, as in the processor)."""
-        window = self.audio_window()
+        window = self.audio_window
         for probe in probes:
             if window is not None and played_frames(probe, self.audio_rate) > window:
                 logger.warning(
@@ -71,9 +72,10 @@ class Gemma3nFamily(FrameAudioFamily):
                 )
         return [str(self.processor.full_audio_sequence)] * len(probes)
 
+    @cached_property
     def audio_window(self) -> int | None:
         """Samples the feature extractor keeps of an audio (``max_length`` of the processor's
-        audio kwargs, else of the extractor's call), None where it keeps all."""
+        audio kwargs, else of the extractor's call), None where it keeps all; read once."""
         found = self._audio_kwargs.get("max_length")
         if found is None:
             call = inspect.signature(self.processor.feature_extractor.__call__).parameters
