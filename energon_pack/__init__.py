@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the public names, for type checkers (read lazily below)
         ModelFamily,
         ProcessorEncoder,
         ProcessorFamily,
+        RequestEncoder,
         SampleEncoder,
         TemplateEncoder,
         make_encoder,
@@ -99,6 +100,7 @@ _HOMES: dict[str, str] = {
             "ModelFamily",
             "ProcessorEncoder",
             "ProcessorFamily",
+            "RequestEncoder",
             "SampleEncoder",
             "TemplateEncoder",
             "make_encoder",
@@ -236,6 +238,7 @@ __all__ += [
     "ModelFamily",
     "ProcessorEncoder",
     "ProcessorFamily",
+    "RequestEncoder",
     "SampleEncoder",
     "TemplateEncoder",
 ]

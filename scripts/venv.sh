@@ -38,4 +38,11 @@ fi
 # them, so the rest of the suite never sees them.
 "$VENV/bin/python" -m pip install --quiet --upgrade --no-deps --target "$VENV/reference" \
     "torchvision==0.28.0" "timm==1.0.29"
+# Test reference only: mistral-common (Voxtral's tokenizer backend) with the audio readers its
+# processor path needs, without dependencies (its numpy cap would replace the locked numpy) into
+# a folder of its own; only the Voxtral child processes of tests/support/torchvision_child.py
+# put it on their path.
+"$VENV/bin/python" -m pip install --quiet --upgrade --no-deps --target "$VENV/mistral" \
+    "mistral-common==1.13.1" "pydantic-extra-types==2.11.1" "pycountry==26.2.16" \
+    "soundfile==0.14.0" "soxr==1.1.0"
 echo "$WANT" > "$STAMP"

@@ -20,7 +20,7 @@ from energon_pack.encoding.families.materialise import (
     model_side_inputs,
 )
 from energon_pack.encoding.family import Family, ModelFamily, family_media, model_family
-from energon_pack.encoding.processor_encoder import ProcessorEncoder
+from energon_pack.encoding.family_encoder import FamilyEncoder
 from energon_pack.encoding.template import check_encoder, make_encoder
 from energon_pack.formats.chat_rows import is_chat_row
 from energon_pack.formats.trainer_rows import check_media_columns, row_key, unreadable_item
@@ -174,7 +174,7 @@ class VLMPackingCollator:
             fix="pass encoder=make_encoder(tokenizer) or ConversationEncoder(...)",
         )
         self.family = None if family is None else model_family(family)
-        if self.family is None and isinstance(encoder, ProcessorEncoder):
+        if self.family is None and isinstance(encoder, FamilyEncoder):
             self.family = encoder.family  # a processor family's encoder brings its family
         self.encoder = self._encoder_for(encoder)
         tokenizer = self.encoder.tokenizer
@@ -454,7 +454,7 @@ class VLMPackingCollator:
         """Tokens up to the end of the sample's last media block (0 without media)."""
         if not sample.media and sample.vision is None:
             return 0
-        if isinstance(self.encoder, ProcessorEncoder):
+        if isinstance(self.encoder, FamilyEncoder):
             found = torch.isin(sample.input_ids, self.encoder.media_ids_tensor).nonzero()
             return int(found[-1, 0]) + 1
         ends = (sample.input_ids == self._vision_end).nonzero()

@@ -10,6 +10,8 @@
   Pixtral, GLM-4V, InternVL, LLaVA-OneVision, Idefics3/SmolVLM, Kimi K2.5): token layout from
   the image size, media through the processor, the packing rule;
 * ``processor_encoder``: :class:`ProcessorEncoder`, token-exact with a family's processor;
+* ``request_encoder``: :class:`RequestEncoder`, token-exact with a family whose tokenizer
+  encodes conversations itself (Voxtral's mistral-common); ``family_encoder`` their base;
 * ``fingerprint``: the identities and settings records that saved states carry.
 * ``describe``: which encoder counts the tokens, as a record (manifests, reports) and a line.
 """
@@ -18,6 +20,7 @@ from energon_pack.encoding.chatml import ByteTokenizer, ConversationEncoder, Sam
 from energon_pack.encoding.families import ProcessorFamily
 from energon_pack.encoding.family import ModelFamily, model_family
 from energon_pack.encoding.processor_encoder import ProcessorEncoder
+from energon_pack.encoding.request_encoder import RequestEncoder
 from energon_pack.encoding.template import TemplateEncoder, make_encoder
 
 __all__ = [
@@ -26,6 +29,7 @@ __all__ = [
     "ModelFamily",
     "ProcessorEncoder",
     "ProcessorFamily",
+    "RequestEncoder",
     "SampleEncoder",
     "TemplateEncoder",
     "make_encoder",

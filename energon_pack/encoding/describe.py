@@ -9,6 +9,7 @@ from typing import Any
 
 from energon_pack.encoding.chatml import ConversationEncoder, SampleEncoder
 from energon_pack.encoding.processor_encoder import ProcessorEncoder
+from energon_pack.encoding.request_encoder import RequestEncoder
 from energon_pack.encoding.template import TemplateEncoder
 
 __all__ = ["encoding_line", "encoding_record"]
@@ -19,9 +20,10 @@ _SHOWN_PROMPT = 60
 
 def encoding_record(encoder: SampleEncoder) -> dict[str, Any]:
     """What decides how ``encoder`` counts tokens, JSON-able: ``encoding`` (``"template"``,
-    ``"chatml"`` or ``"processor"``), ``system_prompt`` (what a sample without a system prompt
-    of its own gets: ``system_prompt=``, else the template's default; None: none) and, for a
-    template, ``chat_template_sha256`` and ``template_kwargs``."""
+    ``"chatml"``, ``"processor"`` or ``"request"``), ``system_prompt`` (what a sample without a
+    system prompt of its own gets: ``system_prompt=``, else the template's default; None: none)
+    and, for a template, ``chat_template_sha256`` and ``template_kwargs``; for a tokenizer that
+    encodes requests itself, its ``tokenizer`` settings."""
     if isinstance(encoder, (ConversationEncoder, TemplateEncoder)):
         system = encoder.system_prompt
         if system is None:
@@ -31,6 +33,12 @@ def encoding_record(encoder: SampleEncoder) -> dict[str, Any]:
         encoding = "template"
     elif isinstance(encoder, ProcessorEncoder):
         system, encoding = encoder.system_prompt, "processor"
+    elif isinstance(encoder, RequestEncoder):
+        return {
+            "encoding": "request",
+            "tokenizer": encoder.family.settings().get("tokenizer"),
+            "system_prompt": encoder.system_prompt,
+        }
     else:
         raise ValueError(
             f"{type(encoder).__name__} is none of energon_pack's encoders; pass one that "
@@ -51,6 +59,9 @@ def encoding_line(record: Mapping[str, Any]) -> str:
     encoding = record.get("encoding")
     if encoding == "chatml":
         what = "ChatML (the built-in rule, no chat template)"
+    elif encoding == "request":
+        version = (record.get("tokenizer") or {}).get("version")
+        what = f"the tokenizer's own request encoding (mistral-common {version})"
     else:
         owner = "the processor's chat template" if encoding == "processor" else "chat template"
         what = f"{owner} (sha256 {str(record.get('chat_template_sha256'))[:12]})"

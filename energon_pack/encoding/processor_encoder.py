@@ -34,16 +34,13 @@ from energon_pack.encoding.bounded import (
     has_generation_markers,
     template_sha256,
 )
-from energon_pack.encoding.chatml import SampleEncoder, TurnOptions
-from energon_pack.encoding.families.base import Measured, ProcessorFamily, SampledVideo
-from energon_pack.encoding.rendering import render_sample, tokenise_text, with_system
+from energon_pack.encoding.chatml import TurnOptions
+from energon_pack.encoding.families.base import ProcessorFamily
+from energon_pack.encoding.family_encoder import FamilyEncoder, media_item
+from energon_pack.encoding.rendering import render_sample, tokenise_text
 from energon_pack.formats.raw import RawSample
-from energon_pack.media import MediaError, MediaItem
-from energon_pack.media.audio import AudioProbe, probe_video_audio
-from energon_pack.media.audio_decode import Waveform, audio_probe
+from energon_pack.media import MediaError
 from energon_pack.media.config import MediaKind
-from energon_pack.media.displayed import displayed_image_size, displayed_video_header
-from energon_pack.media.probe import Frames
 from energon_pack.packing.packed import EncodedSample
 
 __all__ = ["ProcessorEncoder"]
@@ -53,7 +50,7 @@ Placed = tuple[int, str]
 """Where a placeholder starts in the rendered text, and its text."""
 
 
-class ProcessorEncoder(SampleEncoder):
+class ProcessorEncoder(FamilyEncoder):
     """Encodes conversations for a processor family (see the module docstring).
 
     Args:
@@ -77,8 +74,7 @@ class ProcessorEncoder(SampleEncoder):
         template_kwargs: Mapping[str, Any] | None = None,
         **options: Unpack[TurnOptions],
     ) -> None:
-        super().__init__(family.tokenizer, **options)
-        self.family = family
+        super().__init__(family, **options)
         template = chat_template or processor_chat_template(family)
         if template is None:
             raise ValueError(
@@ -100,11 +96,6 @@ class ProcessorEncoder(SampleEncoder):
         self._backend = family.tokenizer.backend_tokenizer
         special = getattr(family.tokenizer, "special_tokens_map", None)
         self._special: dict[str, Any] = dict(special) if isinstance(special, Mapping) else {}
-        media_ids = family.audio_token_ids | family.video_token_ids
-        if family.takes_images:
-            media_ids |= family.vision_token_ids
-        self.media_ids_tensor = torch.tensor(sorted(media_ids), dtype=torch.long)
-        """The family's image, video and audio token ids."""
 
     def settings(self) -> dict[str, Any]:
         """The family's settings, loss rule, template digest and template variables."""
@@ -132,7 +123,10 @@ class ProcessorEncoder(SampleEncoder):
         found, order = self._placeholders(raw.key, text, [kind for _, kind, _ in raw.media])
         in_text = [raw.media[index] for index in order]
         measured = [measured[index] for index in order]
-        expanded, blocks, moved = _expand(text, found, self._expansions(raw, measured))
+        expansions = self._family_takes(
+            raw, measured, lambda: self.family.media_expansions(measured)
+        )
+        expanded, blocks, moved = _expand(text, found, expansions)
         found_ids, found_offsets = tokenise_text(
             self._backend, raw.key, expanded, add_special_tokens=self.family.add_special_tokens
         )
@@ -148,7 +142,9 @@ class ProcessorEncoder(SampleEncoder):
         is_audio = np.isin(ids, list(self.family.audio_token_ids))
         within = [_overlapping(offsets, [block]) for block in blocks]
         media = tuple(
-            _item(member, data, shape, int(is_media[inside].sum()), int(is_audio[inside].sum()))
+            media_item(
+                member, data, shape, int(is_media[inside].sum()), int(is_audio[inside].sum())
+            )
             for (member, _, data), shape, inside in zip(in_text, measured, within, strict=True)
         )
         stray = int(is_media.sum()) - sum(item.tokens for item in media)
@@ -201,70 +197,6 @@ class ProcessorEncoder(SampleEncoder):
         order = [next(of_kind[kind]) for _, _, kind in found]
         return [(start, placeholder) for start, placeholder, _ in found], order
 
-    def _expansions(self, raw: RawSample, measured: list[Measured]) -> list[str]:
-        """The family's expansions of the sample's media, in order; a medium its processor
-        refuses (an aspect ratio over its limit, a side that resizes to nothing, audio too
-        short for the encoder, a video it cannot stack) is ``unsupported``."""
-        try:
-            return self.family.media_expansions(measured)
-        except ValueError as error:
-            members = [member for member, _, _ in raw.media]
-            raise MediaError(
-                raw.key,
-                ",".join(members),
-                "unsupported",
-                f"the {self.family.name} processor cannot take the sample's media "
-                f"{[_shown(shape) for shape in measured]}: {error}; drop or resize it",
-            ) from None
-
-    def _measure(
-        self, key: str, member: str, kind: MediaKind, data: bytes | Frames | Waveform
-    ) -> Measured:
-        """An image's displayed ``(height, width)``, an audio's probe or a video's header and
-        kept frames, from the header."""
-        takes_audio = self.family.audio_placeholder is not None
-        takes_video = self.family.video_placeholder is not None
-        if kind == "audio" and takes_audio and not isinstance(data, Frames):
-            return audio_probe(data, key, member)
-        if kind == "image" and self.family.takes_images and isinstance(data, bytes):
-            return displayed_image_size(data, self.media, key=key, member=member)
-        if kind == "video" and takes_video and isinstance(data, bytes):
-            header = displayed_video_header(data, self.media, key=key, member=member)
-            audio = probe_video_audio(data, key, member) if self.family.loads_video_audio else None
-            try:
-                return SampledVideo(header, self.family.video_frames(header), audio)
-            except (ValueError, TypeError) as error:  # TypeError: a setting it needs is unset
-                raise MediaError(
-                    key,
-                    member,
-                    "unsupported",
-                    f"the {self.family.name} video processor cannot sample {header.frames} "
-                    f"frames at {header.fps:g} fps: {type(error).__name__}: {error}; check its "
-                    "sampling settings (num_frames, fps)",
-                ) from None
-        takes = [
-            name
-            for name, taken in (
-                ("encoded images", self.family.takes_images),
-                ("encoded videos", takes_video),
-                ("audio", takes_audio),
-            )
-            if taken
-        ]
-        raise MediaError(
-            key,
-            member,
-            "unsupported",
-            f"family {self.family.name!r} takes {' and '.join(takes)} only (decoded frames are "
-            "supported for the Qwen families; videos where the processor has a video "
-            "processor); drop the medium or use a model that takes it",
-        )
-
-    def _messages(self, raw: RawSample) -> list[dict[str, Any]]:
-        """The sample's messages, its system prompt first, each content a list of parts."""
-        messages = with_system(super()._messages(raw), raw.system, self.system_prompt)
-        return [_typed(message) for message in messages]
-
     def _render(
         self, key: str, messages: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]] | None
     ) -> tuple[str, list[Span]]:
@@ -293,49 +225,6 @@ class ProcessorEncoder(SampleEncoder):
                 "cannot be placed; remove turn-marker text from the conversation",
             )
         return text, spans
-
-
-def _item(
-    member: str, data: bytes | Frames | Waveform, shape: Measured, tokens: int, audio: int
-) -> MediaItem:
-    """The encoded medium: an image with its displayed size, an audio, or a video with its
-    size, kept frames and the ``audio`` tokens of its own audio track."""
-    if isinstance(shape, AudioProbe):
-        return MediaItem(member, "audio", data, (1, 1, tokens), tokens)
-    if isinstance(shape, SampledVideo):
-        size = (shape.header.height, shape.header.width)
-        grid = (len(shape.frames), *size)
-        track = audio if shape.audio is not None else 0
-        return MediaItem(
-            member,
-            "video",
-            data,
-            grid,
-            tokens,
-            size=size,
-            frame_indices=shape.frames,
-            audio_tokens=track,
-        )
-    return MediaItem(member, "image", data, (1, *shape), tokens, size=shape)
-
-
-def _shown(shape: Measured) -> object:
-    """A measured medium in a message: ``(height, width)``, seconds, or frames kept."""
-    if isinstance(shape, AudioProbe):
-        return f"{shape.seconds:g} s"
-    if isinstance(shape, SampledVideo):
-        sound = "" if shape.audio is None else f" and {shape.audio.seconds:g} s of audio"
-        return f"{len(shape.frames)} frames{sound}"
-    return shape
-
-
-def _typed(message: dict[str, Any]) -> dict[str, Any]:
-    """``message`` with string content as one text part: processors' chat templates read
-    content as a list of typed parts (some only so)."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return {**message, "content": [{"type": "text", "text": content}]}
-    return message
 
 
 def processor_chat_template(family: ProcessorFamily) -> str | None:

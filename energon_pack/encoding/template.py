@@ -62,8 +62,10 @@ from energon_pack.encoding.chatml import (
 )
 from energon_pack.encoding.families import ProcessorFamily, delimited_spans
 from energon_pack.encoding.family import Family, family_media, model_family
+from energon_pack.encoding.family_encoder import FamilyEncoder
 from energon_pack.encoding.processor_encoder import ProcessorEncoder, processor_chat_template
 from energon_pack.encoding.rendering import render_sample, tokenise_text, with_system
+from energon_pack.encoding.request_encoder import RequestEncoder
 from energon_pack.formats.raw import RawSample
 from energon_pack.media import MediaConfig, MediaError, MediaItem
 from energon_pack.packing.packed import EncodedSample
@@ -415,7 +417,8 @@ def make_encoder(
     chosen = None if family is None else model_family(family)
     if isinstance(chosen, ProcessorFamily):
         _check_processor_options(chosen, tokenizer, encoding, media_block)
-        return ProcessorEncoder(chosen, media=media, system_prompt=system_prompt, loss_on=loss_on)
+        made = RequestEncoder if chosen.tokenizes == "request" else ProcessorEncoder
+        return made(chosen, media=media, system_prompt=system_prompt, loss_on=loss_on)
     options: dict[str, Any] = {
         "media": family_media(chosen, media),
         "system_prompt": system_prompt,
@@ -469,7 +472,7 @@ def check_encoder(encoder: SampleEncoder, family: Family | None) -> SampleEncode
     :class:`~energon_pack.ProcessorEncoder`, or media settings that fit a Qwen preset
     (:func:`~energon_pack.encoding.family.family_media`); ValueError naming the fix otherwise."""
     if isinstance(family, ProcessorFamily):
-        if not isinstance(encoder, ProcessorEncoder) or encoder.family.name != family.name:
+        if not isinstance(encoder, FamilyEncoder) or encoder.family.name != family.name:
             raise ValueError(
                 f"family={family.name!r} needs the family's encoder; pass "
                 f"encoder=make_encoder(tokenizer, family=family), not "

@@ -121,8 +121,9 @@ def describe_tokenizer(
     """Which tokenizer counts the tokens and how: ``name``, ``class``, ``vocab_size`` and the
     record of the encoder the task encoder builds for it
     (:func:`~energon_pack.encoding.describe.encoding_record`: ``encoding`` ``"template"``
-    with its chat template's ``chat_template_sha256``, ``"chatml"``, or ``"processor"`` for a
-    processor ``family``, whose tokenizer it is; ``system_prompt``); ``chat_template``: the
+    with its chat template's ``chat_template_sha256``, ``"chatml"``, or ``"processor"`` (or
+    ``"request"``, a tokenizer that encodes conversations itself) for a processor ``family``,
+    whose tokenizer it is; ``system_prompt``); ``chat_template``: the
     template file applied (``--chat-template``), recorded too."""
     if isinstance(family, ProcessorFamily):
         refuse_template_for_processor(chat_template)
@@ -150,6 +151,6 @@ def tokenizer_label(tokenizer: dict[str, object]) -> str:
     name, kind = str(tokenizer["name"]), str(tokenizer["class"])
     if kind == "ByteTokenizer":
         return "ByteTokenizer (one token per byte)"
-    if tokenizer.get("encoding") == "processor":
+    if tokenizer.get("encoding") in ("processor", "request"):
         return f"{name} {kind}"
     return f"{kind} ({'/'.join(Path(name).parts[-2:]) or name})"

@@ -344,12 +344,15 @@ def _cut_vision(vision: Any, *, text_hidden: int) -> None:
 
 
 def _cut_audio(audio: Any) -> None:
-    """One block, small widths (a Whisper-style encoder's names); the mel bins and the source
-    positions (the audio window) as they are."""
+    """One block, small widths (a Whisper-style encoder's names), the feed-forward width the
+    same multiple of the model width as before (Voxtral's projector regroups the encoder's
+    outputs by it); the mel bins and the source positions (the audio window) as they are."""
     for key in ("encoder_layers", "num_hidden_layers"):
         _set(audio, key, 1)
+    width, feed_forward = getattr(audio, "d_model", None), getattr(audio, "encoder_ffn_dim", None)
+    multiple = feed_forward // width if width and feed_forward and feed_forward % width == 0 else 2
     _set(audio, "d_model", AUDIO_HIDDEN)
     _set(audio, "encoder_attention_heads", 2)
-    _set(audio, "encoder_ffn_dim", 2 * AUDIO_HIDDEN)
+    _set(audio, "encoder_ffn_dim", multiple * AUDIO_HIDDEN)
     _set(audio, "output_dim", HIDDEN)  # an Omni audio encoder projects to the text width
     _set(audio, "downsample_hidden_size", 8)

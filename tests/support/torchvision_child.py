@@ -25,17 +25,28 @@ from typing import Any
 
 from qwen3_reference import REFERENCE_DIR, available
 
-__all__ = ["available", "run_in_child"]
+__all__ = ["MISTRAL_DIR", "available", "run_in_child"]
+
+MISTRAL_DIR = Path(sys.prefix) / "mistral"
+"""Where ``scripts/venv.sh`` installs mistral-common and the audio readers its processor path
+needs."""
 
 
-def run_in_child(target: str, payload: Any = None, timeout: float = 600) -> Any:
+def run_in_child(
+    target: str, payload: Any = None, timeout: float = 600, *, mistral: bool = False
+) -> Any:
     """``module.function(payload)`` (``target`` is ``"module:function"``, ``module`` a module
     of ``tests/support/`` or an imported test module) run in a child process that has imported
-    torchvision; its result, with the child's wall time in seconds under ``"child_seconds"``
-    when the result is a dict."""
+    torchvision (and can import mistral-common, Voxtral's tokenizer backend, with ``mistral``);
+    its result, with the child's wall time in seconds under ``"child_seconds"`` when the result
+    is a dict."""
     if not available():
         raise RuntimeError(f"the reference torchvision is not installed in {REFERENCE_DIR}")
     path = [REFERENCE_DIR, Path(__file__).resolve().parent]
+    if mistral:
+        if not MISTRAL_DIR.is_dir():
+            raise RuntimeError(f"the reference mistral-common is not installed in {MISTRAL_DIR}")
+        path.insert(1, MISTRAL_DIR)
     module = sys.modules.get(target.split(":")[0])
     if getattr(module, "__file__", None):  # a test module: its stage folder, e.g. tests/encoding
         path.append(Path(str(module.__file__)).resolve().parent)

@@ -43,6 +43,7 @@ PROCESSOR_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "qwen2_5_omni": ("Qwen25OmniFamily", ("Qwen2_5OmniProcessor",)),
     "qwen3_omni": ("Qwen3OmniFamily", ("Qwen3OmniMoeProcessor",)),
     "nemotron_h_omni": ("NemotronHOmniFamily", ("NemotronH_Omni_Reasoning_V3Processor",)),
+    "voxtral": ("VoxtralFamily", ("VoxtralProcessor",)),
 }
 """Family module name -> (its class, the transformers processor classes it serves)."""
 

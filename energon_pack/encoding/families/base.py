@@ -43,6 +43,7 @@ __all__ = [
     "PackingRule",
     "ProcessorFamily",
     "SampledVideo",
+    "Tokenizes",
     "delimited_spans",
     "joined",
     "jsonable",
@@ -54,6 +55,13 @@ model derives its per-segment mask from them), ``"mrope"`` (positions from the m
 rope index, per segment: :meth:`ProcessorFamily.position_ids`), ``"block_mask"`` (4-D masks
 per layer type: :meth:`ProcessorFamily.attention_masks`) or ``"refused"``
 (:attr:`ProcessorFamily.refusal` says why)."""
+
+Tokenizes = Literal["template", "request"]
+"""How a family's ids are made: ``"template"`` (the processor's chat template rendered, each
+medium's placeholder expanded, the text tokenised: :class:`~energon_pack.ProcessorEncoder`) or
+``"request"`` (the tokenizer's backend encodes the conversation to ids itself, as
+mistral-common does: :meth:`ProcessorFamily.request_ids`,
+:class:`~energon_pack.encoding.request_encoder.RequestEncoder`)."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,8 @@ class ProcessorFamily(ABC):
     """Whether the processor's tokenizer call adds special tokens (a BOS) to the text."""
     takes_images: ClassVar[bool] = True
     """Whether the family's processor takes images (an audio-only family's does not)."""
+    tokenizes: ClassVar[Tokenizes] = "template"
+    """How the family's ids are made (see :data:`Tokenizes`)."""
 
     def __init__(self, processor: Any) -> None:
         self.processor = processor
@@ -248,6 +258,17 @@ class ProcessorFamily(ABC):
         ``input_ids`` ``[T]`` split into ``segment_lengths`` (``packing == "block_mask"``)."""
         raise NotImplementedError(f"the {self.name} family packs with {self.packing!r}")
 
+    def request_ids(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        audio_counts: Sequence[int],
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """The ids of a conversation as the tokenizer's backend encodes it, each audio's run
+        ``audio_counts`` long, and the token spans of its assistant replies
+        (``tokenizes == "request"``)."""
+        raise NotImplementedError(f"the {self.name} family tokenizes a rendered template")
+
     @property
     def audio_placeholder(self) -> str | None:
         """The text the chat template renders for each audio; None: the family takes no
@@ -268,6 +289,11 @@ class ProcessorFamily(ABC):
         """The text the processor writes in place of each audio's placeholder, from the
         audio's probe (its rate and length) alone, in order."""
         raise NotImplementedError(f"the {self.name} family takes no audio")
+
+    def audio_counts(self, probes: Sequence[AudioProbe]) -> list[int]:
+        """The audio tokens of each audio, from its probe alone, in order; a ValueError for an
+        audio the processor cannot take."""
+        raise NotImplementedError(f"the {self.name} family counts audio in its expansions")
 
     def audio_inputs(self, waveforms: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
         """The processor's audio outputs for the audio of one sample (mono float32 at
