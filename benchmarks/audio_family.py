@@ -1,6 +1,6 @@
-"""Audio families (Qwen2-Audio, the Qwen2.5-Omni and Qwen3-Omni thinkers, Gemma 3n): what
-serving a sample through energon_pack costs against the processor's own pipeline, interleaved
-per audio in each round.
+"""Audio families (Qwen2-Audio, the Qwen2.5-Omni and Qwen3-Omni thinkers, Gemma 3n, Voxtral):
+what serving a sample through energon_pack costs against the processor's own pipeline,
+interleaved per audio in each round.
 
 The processors are transformers' ``Qwen2AudioProcessor``, ``Qwen2_5OmniProcessor``,
 ``Qwen3OmniMoeProcessor`` and ``Gemma3nProcessor`` with the released feature extractor settings
@@ -12,7 +12,11 @@ WAV, FLAC and MP3 files of 2, 8 and 20 seconds at 44.1 kHz stereo. Per audio:
 
 * processor: the chat template rendered, the file decoded to 16 kHz mono by FFmpeg (PyAV's
   decoder and ``AudioResampler``), ``processor(text=[rendered], audio=[waveform])``: what a
-  user's pipeline runs per sample;
+  user's pipeline runs per sample; Voxtral's processor takes audio files only, so its own
+  ``apply_chat_template(..., tokenize=True)`` on the file's path (mistral-common decodes it with
+  soundfile and resamples it with soxr), with the released 128 mel bins and the test suite's
+  tekken tokenizer (``tests/support/voxtral_kit.py``; mistral-common from ``.venv/mistral``,
+  where ``scripts/venv.sh`` installs it: without it Voxtral is left out);
 * energon_pack: the family's encoder on the chat row (header probe, template, tokens) + the
   pack's materialisation (decode in the guarded decoder process, resampled, the processor's
   feature extractor), and the same with ``decode_isolation="off"`` (decoded in this process).
@@ -20,7 +24,8 @@ WAV, FLAC and MP3 files of 2, 8 and 20 seconds at 44.1 kHz stereo. Per audio:
 Reports the median of the per-round ratios (energon_pack over processor). Torch runs on one
 thread.
 
-Usage: python benchmarks/audio_family.py [--rounds 7] [--out results/audio_family.json]
+Usage: python benchmarks/audio_family.py [--rounds 7] [--families voxtral,gemma3n]
+       [--out results/audio_family.json]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import io
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,10 +47,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests" / "encoding"), str(ROOT / "tests" / "support")]
+MISTRAL = Path(sys.prefix) / "mistral"
+"""Voxtral's tokenizer backend, a test reference of scripts/venv.sh (before transformers loads:
+it looks for mistral-common once)."""
+if MISTRAL.is_dir():
+    sys.path.append(str(MISTRAL))
 
 import test_family_gemma3n as gemma3n  # noqa: E402
 import test_family_omni as omni  # noqa: E402
 import test_family_qwen2_audio as qwen2_audio  # noqa: E402
+import voxtral_kit  # noqa: E402
 from audio_files import encode_audio  # noqa: E402
 from transformers import Qwen2VLImageProcessorPil, WhisperFeatureExtractor  # noqa: E402
 
@@ -76,6 +88,8 @@ FAMILIES: dict[str, Callable[[], Any]] = {
     "qwen3_omni": lambda: omni_processor("qwen3_omni"),
     "gemma3n": lambda: gemma3n.processor(256, 188, 128),
 }
+if MISTRAL.is_dir():
+    FAMILIES["voxtral"] = lambda: voxtral_kit.processor("finetuning", 128)
 
 
 def messages() -> list[dict[str, Any]]:
@@ -103,18 +117,32 @@ def timed(call: Callable[[], Any]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/audio_family.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     files = {spec: encode_audio(spec[0], RATE, 2, RATE * spec[1], sweep=True) for spec in FILES}
+    scratch = Path(tempfile.mkdtemp(prefix="audio-family-"))
+    paths = {}
+    for (kind, length), data in files.items():
+        paths[data] = scratch / f"{length}s.{kind}"
+        paths[data].write_bytes(data)
+    names = args.families.split(",")
     setups = {}
-    for name, build in FAMILIES.items():
+    for name in names:
+        build = FAMILIES[name]
         processor = build()
         guarded = make_encoder(family=processor)
         in_process = make_encoder(family=processor, media=MediaConfig(decode_isolation="off"))
         setups[name] = (processor, guarded, in_process)
 
     def theirs(processor: Any, data: bytes) -> None:
+        if type(processor).__name__ == "VoxtralProcessor":  # it reads files itself
+            audio = {"type": "audio", "path": str(paths[data])}
+            turns = messages()
+            turns[0] = {**turns[0], "content": [audio, *turns[0]["content"][1:]]}
+            processor.apply_chat_template(turns, tokenize=True, return_dict=True)
+            return
         text = processor.apply_chat_template(messages(), tokenize=False)
         processor(
             text=[text], audio=[ffmpeg_waveform(data)], sampling_rate=16000, return_tensors="pt"
@@ -129,7 +157,7 @@ def main() -> None:
             theirs(processor, data)
             ours(guarded, data)
             ours(in_process, data)
-    keys = [(name, *spec) for name in FAMILIES for spec in FILES]
+    keys = [(name, *spec) for name in names for spec in FILES]
     ratios: dict[tuple[Any, ...], dict[str, list[float]]] = {
         key: {"guarded": [], "in_process": []} for key in keys
     }
@@ -180,7 +208,7 @@ def main() -> None:
                 r["in_process_ratio"] for r in results if r["family"] == name
             ),
         }
-        for name in FAMILIES
+        for name in names
     }
     for name, medians in overall.items():
         print(

@@ -108,15 +108,16 @@ def vocab_size() -> int:
 
 
 @cache
-def processor(mode: str = "test") -> Any:
+def processor(mode: str = "test", mels: int = MELS) -> Any:
     """transformers' ``VoxtralProcessor`` on the tiny tokenizer (validating requests in
     ``mode``: ``"test"`` as ``from_pretrained`` loads it, ``"finetuning"`` to take
-    conversations that end with the assistant's reply)."""
+    conversations that end with the assistant's reply) and Whisper's feature extractor at
+    ``mels`` mel bins (the released checkpoints': 128)."""
     from transformers import VoxtralProcessor, WhisperFeatureExtractor
     from transformers.tokenization_mistral_common import MistralCommonBackend
 
     tokenizer = MistralCommonBackend(tokenizer_path=str(tekken_path()), mode=mode)
-    return VoxtralProcessor(WhisperFeatureExtractor(feature_size=MELS), tokenizer)
+    return VoxtralProcessor(WhisperFeatureExtractor(feature_size=mels), tokenizer)
 
 
 def tiny_model() -> Any:
