@@ -226,7 +226,7 @@ def _decoded(data: bytes) -> npt.NDArray[np.float32]:
     chunks: list[npt.NDArray[Any]] = []
     layouts: set[tuple[str, int]] = set()
     try:
-        with av.open(io.BytesIO(data), metadata_errors="ignore") as container:
+        with av.open(io.BytesIO(data), metadata_errors="ignore", options=_OPEN) as container:
             if not container.streams.audio:
                 raise MediaFailure("corrupt", "the file holds no audio stream")
             frames = container.decode(container.streams.audio[0])
@@ -254,6 +254,11 @@ def _decoded(data: bytes) -> npt.NDArray[np.float32]:
     ((name, channels),) = layouts
     return _mono(np.concatenate(chunks, axis=1), name, channels)
 
+
+_OPEN = {"probesize": "32768"}
+"""FFmpeg's container options: the stream's settings are read from the first 32 KiB. FFmpeg's
+default (5 MB) has the WAV reader scan through the whole file before decoding it (23 ms against
+2 ms for 8 s at 44.1 kHz stereo, the same samples); FLAC, MP3 and M4A read the same either way."""
 
 _SCALES = {
     "u8": (128.0, 128.0),
