@@ -186,7 +186,6 @@ class VLMPackingCollator:
         self.on_media_error: OnMediaError = on_media_error
         mrope = old.get("position_ids", {}).get("mrope")
         self.mrope = mrope_setting(position_ids, mrope, tokenizer, self._preset)
-        self._vision_end = tokenizer.convert_tokens_to_ids("<|vision_end|>")
         self.output: Output = output
         self.hf_target = HFTarget.of(hf_model)
         layout = self.layout
@@ -457,11 +456,12 @@ class VLMPackingCollator:
         if isinstance(self.encoder, FamilyEncoder):
             found = torch.isin(sample.input_ids, self.encoder.media_ids_tensor).nonzero()
             return int(found[-1, 0]) + 1
-        ends = (sample.input_ids == self._vision_end).nonzero()
+        vision_end = self.encoder.vision_ids.end
+        ends = (sample.input_ids == vision_end).nonzero()
         if ends.numel() == 0:
             raise ValueError(
                 f"sample {sample.key!r} has media but no <|vision_end|> token (id "
-                f"{self._vision_end}); pass the collator the encoder (tokenizer) that encoded it"
+                f"{vision_end}); pass the collator the encoder (tokenizer) that encoded it"
             )
         return int(ends[-1, 0]) + 1
 

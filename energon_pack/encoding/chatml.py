@@ -19,6 +19,7 @@ import re
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
 from typing import Any, Literal, Protocol, TypedDict
 
 import torch
@@ -293,11 +294,16 @@ class SampleEncoder(ABC):
         self.media = media or MediaConfig()
         self.system_prompt = system_prompt
         self.loss_on: LossOn = loss_on
-        self.vision_ids = VisionIds.of(self.tokenizer)
         self.media_block: MediaBlock = (
             media_block if media_block is not None else self._vision_tokens
         )
         self._own_block = media_block is None
+
+    @cached_property
+    def vision_ids(self) -> VisionIds:
+        """The tokenizer's Qwen-VL vision token ids (read when first used: a processor
+        family's tokenizer may have none)."""
+        return VisionIds.of(self.tokenizer)
 
     def encode_sample(self, key: str, sample: Mapping[str, Any]) -> EncodedSample:
         """Encode a raw sample of any layout :func:`~energon_pack.formats.parse_any` reads
