@@ -52,11 +52,31 @@ def samples() -> list[tuple[str, dict[str, bytes]]]:
     return out
 
 
+def chunks(key: str) -> int:
+    """The 30 s chunks of sample ``key``'s audio: one per clip, two for the 31 s one."""
+    index = int(key.removeprefix("s"))
+    clips = [("wav", 31.0)] if index == 7 else AUDIO[index % len(AUDIO)]
+    return sum(1 + int(seconds // 30) for _, seconds in clips)
+
+
 def energon_run(path: str) -> dict[str, Any]:
     """The Energon path over the dataset at ``path``, as plain values
-    (:func:`~energon_family.family_run_report`)."""
+    (:func:`~energon_family.family_run_report`); each pack holds one ``input_features`` chunk
+    per started 30 s of its audio, and its statistics count 375 audio tokens per chunk."""
     import voxtral_kit
     from energon_family import family_run_report
+
+    counted: dict[int, list[int]] = {}  # each worker's audio tokens per pack
+
+    def check(batch: Any) -> None:
+        want = sum(chunks(key) for key in batch.__keys__)
+        features = batch.family_inputs.tensors().get("input_features")
+        assert (0 if features is None else features.shape[0]) == want, batch.__keys__
+        stats = batch.packing_stats
+        own = counted.setdefault(stats.worker, [])
+        own.append(375 * want)
+        assert stats.audio_tokens_mean * stats.packs == pytest.approx(sum(own))
+        assert stats.audio_tokens_max == max(own)
 
     return family_run_report(
         Path(path),
@@ -64,6 +84,7 @@ def energon_run(path: str) -> dict[str, Any]:
         dict(samples()),
         SETTINGS,
         model=voxtral_kit.tiny_model,
+        check=check,
     )
 
 

@@ -67,13 +67,15 @@ def family_run_report(
     settings: Mapping[str, Any],
     *,
     model: Callable[[], Any] | None = None,
+    check: Callable[[PackedBatch], None] | None = None,
 ) -> dict[str, Any]:
     """The Energon path of ``processor``'s family over the dataset at ``path`` (2 workers, a
     buffer of 6), as plain values: the keys seen, the packs unequal to the collator's (and,
-    with ``model``, whose model inputs are unequal), each worker's skip counts, and the resume
-    at each cut point (``"exact"`` or why not); an exception's traceback under ``"error"``."""
+    with ``model``, whose model inputs are unequal; with ``check``, the packs it fails), each
+    worker's skip counts, and the resume at each cut point (``"exact"`` or why not); an
+    exception's traceback under ``"error"``."""
     try:
-        return _report(path, processor, samples, settings, model)
+        return _report(path, processor, samples, settings, model, check)
     except Exception:
         return {"error": traceback.format_exc()}
 
@@ -84,6 +86,7 @@ def _report(
     samples: Samples,
     settings: Mapping[str, Any],
     model: Callable[[], Any] | None,
+    check: Callable[[PackedBatch], None] | None,
 ) -> dict[str, Any]:
     torch.set_num_threads(1)
     layout = {"seq_length": settings["seq_length"], "family": model_family(processor)}
@@ -103,6 +106,8 @@ def _report(
             collated = assert_pack_is_the_collators(batch, collator, samples)
             if hf is not None:
                 assert_model_inputs_are_the_collators(batch, collated, hf, tiny, samples)
+            if check is not None:
+                check(batch)
         except AssertionError as error:
             out["unequal"].append(f"{list(batch.__keys__)}: {error}")
     for at in CUT_POINTS:
