@@ -221,6 +221,13 @@ def refusals(_: object) -> dict[str, Any]:
         prompted = make_encoder(family=voxtral_kit.processor(), system_prompt="Be brief.")
         out["text_only_with_system"] = prompted.encode_sample("t", rows()[2]).input_ids.tolist()
         out["settings"] = encoder.settings()
+        everything = make_encoder(family=voxtral_kit.processor(), loss_on="all")
+        out["all_off_audio"] = []
+        for row in rows():
+            encoded = everything.encode_sample(row["id"], row)
+            pairs = zip(encoded.input_ids.tolist(), encoded.loss_mask.tolist(), strict=True)
+            off = [token for token, on in pairs if not on]
+            out["all_off_audio"].append(off == [24] * sum(m.tokens for m in encoded.media))
         return out
     except Exception:
         return {"error": traceback.format_exc()}
@@ -372,6 +379,8 @@ def test_refusals_name_the_sample_and_the_fix() -> None:
     prompted = got["text_only_with_system"]
     assert prompted[:2] == [1, 17], prompted
     assert 18 in prompted, prompted
+    # loss_on="all": every token but the audio's features is a target
+    assert got["all_off_audio"] == [True] * len(CASES)
     settings = got["settings"]
     assert settings["encoding"] == "request"
     assert settings["tokenizer"]["version"] == "v7"
