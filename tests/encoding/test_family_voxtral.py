@@ -197,6 +197,11 @@ def refusals(_: object) -> dict[str, Any]:
             encoder.encode_sample("sys", system)
         except MediaError as error:
             out["system"] = (error.kind, str(error))
+        unanswered = {**rows()[0], "messages": rows()[0]["messages"][:1]}
+        try:
+            encoder.encode_sample("open", unanswered)
+        except MediaError as error:
+            out["unanswered"] = (error.kind, str(error))
         image = {
             "id": "img",
             "messages": [
@@ -369,6 +374,10 @@ def test_refusals_name_the_sample_and_the_fix() -> None:
     assert reason == "bad_sample"
     assert "Found system messages at indexes [0] and audio chunks" in message
     assert "sys" in message
+    # a conversation without a reply, which mistral-common refuses as training data
+    reason, message = got["unanswered"]
+    assert reason == "bad_sample"
+    assert "'open'" in message
     reason, message = got["image"]
     assert reason == "unsupported"
     assert "'voxtral' takes audio only" in message

@@ -57,6 +57,13 @@ class VoxtralFamily(AudioFamily):
         chunk = config.chunk_length_s
         positions = int(self._audio_kwargs.get("max_source_positions", 0))
         hop = int(config.encoding_config.hop_length)
+        extractor_rate = int(self.processor.feature_extractor.sampling_rate)
+        if extractor_rate != int(config.sampling_rate):
+            raise ValueError(
+                f"the tokenizer's audio rate {config.sampling_rate} Hz is not the feature "
+                f"extractor's {extractor_rate} Hz; load the processor and tokenizer from the "
+                "same checkpoint"
+            )
         if not chunk or config.is_streaming:
             raise ValueError(
                 "the voxtral family serves tokenizers that pad audio to whole chunks "
@@ -135,19 +142,22 @@ class VoxtralFamily(AudioFamily):
         and the token spans of the assistant replies (each through its ``</s>``). A
         ValueError where mistral-common refuses the conversation or the replies cannot be
         placed."""
+        from mistral_common.exceptions import MistralCommonException
         from mistral_common.protocol.instruct.messages import AssistantMessage
         from mistral_common.protocol.instruct.request import ChatCompletionRequest
 
         requests = self._requests
-        request = ChatCompletionRequest.from_openai(
-            messages=[self._request_message(m) for m in messages],
-            tools=list(tools) if tools else None,
-        )
         try:
+            request = ChatCompletionRequest.from_openai(
+                messages=[self._request_message(m) for m in messages],
+                tools=list(tools) if tools else None,
+            )
+            # encode_chat_completion's own steps, for the normalised request's replies (which
+            # mistral-common keeps on these private attributes only)
             validated = requests._chat_completion_request_validator.validate_request(request)
             instruct = requests._instruct_request_normalizer.from_chat_completion_request(validated)
             encoded = requests.instruct_tokenizer.encode_instruct(instruct)
-        except (ValueError, AssertionError) as error:  # mistral-common's own refusals
+        except (ValueError, AssertionError, MistralCommonException) as error:
             raise ValueError(f"mistral-common refuses the conversation: {error}") from None
         ids = self._audio_runs(list(encoded.tokens), audio_counts)
         replies = [
