@@ -411,7 +411,8 @@ def make_encoder(
     (``media`` must fit them); a processor-backed family gives its
     :class:`~energon_pack.ProcessorEncoder`, whose ids equal the family's processor
     (``tokenizer``: None, the processor's, or one equal to it such as the tokenizer loaded
-    from the same directory).
+    from the same directory); its :class:`~energon_pack.RequestEncoder` where the family's
+    tokenizer encodes conversations itself (Voxtral's mistral-common).
     """
     check_choice("encoding", encoding, ("auto", "template", "chatml"))
     chosen = None if family is None else model_family(family)
@@ -469,7 +470,8 @@ def _warn_no_template(encoder: ConversationEncoder) -> None:
 
 def check_encoder(encoder: SampleEncoder, family: Family | None) -> SampleEncoder:
     """``encoder`` if it serves ``family`` (a built family, or None): a processor family's own
-    :class:`~energon_pack.ProcessorEncoder`, or media settings that fit a Qwen preset
+    :class:`~energon_pack.ProcessorEncoder` (or :class:`~energon_pack.RequestEncoder`), or
+    media settings that fit a Qwen preset
     (:func:`~energon_pack.encoding.family.family_media`); ValueError naming the fix otherwise."""
     if isinstance(family, ProcessorFamily):
         if not isinstance(encoder, FamilyEncoder) or encoder.family.name != family.name:
