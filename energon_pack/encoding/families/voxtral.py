@@ -195,20 +195,18 @@ class VoxtralFamily(AudioFamily):
     def _reply_spans(
         self, ids: Sequence[int], replies: Sequence[Sequence[int]]
     ) -> list[tuple[int, int]]:
-        """The span of each reply: the tokens mistral-common encodes it as, ending at the
-        next ``</s>`` (only replies end with it) after the one before."""
+        """The span of each reply: the tokens mistral-common encodes it as, ending at its
+        ``</s>`` (only replies end with one: the k-th reply at the k-th)."""
         eos = int(self._requests.instruct_tokenizer.tokenizer.eos_id)
-        spans: list[tuple[int, int]] = []
-        start = 0
-        for reply in replies:
-            end = _index(ids, eos, start) + 1 if reply and reply[-1] == eos else -1
-            begin = end - len(reply)
-            if end < 0 or begin < start or list(ids[begin:end]) != list(reply):
-                raise ValueError(
-                    f"assistant reply {len(spans) + 1} is not where mistral-common puts it"
-                )
-            spans.append((begin, end))
-            start = end
+        ends = [index + 1 for index, token in enumerate(ids) if token == eos]
+        if len(ends) != len(replies):
+            raise ValueError(
+                f"{len(ends)} replies end with </s> for {len(replies)} assistant turns"
+            )
+        spans = [(end - len(reply), end) for end, reply in zip(ends, replies, strict=True)]
+        for number, ((begin, end), reply) in enumerate(zip(spans, replies, strict=True), 1):
+            if begin < 0 or list(ids[begin:end]) != list(reply):
+                raise ValueError(f"assistant reply {number} is not where mistral-common puts it")
         return spans
 
     def audio_inputs(self, waveforms: Sequence[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
@@ -248,11 +246,3 @@ class VoxtralFamily(AudioFamily):
                 ),
             },
         }
-
-
-def _index(ids: Sequence[int], token: int, start: int) -> int:
-    """The first index of ``token`` in ``ids`` at or after ``start``; -1 where there is none."""
-    for index in range(start, len(ids)):
-        if ids[index] == token:
-            return index
-    return -1
