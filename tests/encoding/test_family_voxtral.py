@@ -11,13 +11,12 @@ sends back plain values; the asserting stays here.
 from __future__ import annotations
 
 import tempfile
-import traceback
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
-from torchvision_child import MISTRAL_DIR, available, run_in_child
+from torchvision_child import MISTRAL_DIR, available, reported, run_in_child
 
 CASES: list[tuple[list[float], str]] = [
     ([1.3], "The quick brown fox."),
@@ -95,14 +94,8 @@ def _reference(row: dict[str, Any], folder: Path) -> dict[str, Any]:
     return {"inputs": out, "mask": mask}
 
 
+@reported
 def token_checks(_: object) -> dict[str, Any]:
-    try:
-        return _token_checks()
-    except Exception:  # sent back whole: the test process asserts on it
-        return {"error": traceback.format_exc()}
-
-
-def _token_checks() -> dict[str, Any]:
     import torch
     import voxtral_kit
 
@@ -140,115 +133,104 @@ def _token_checks() -> dict[str, Any]:
     return {"results": results}
 
 
+@reported
 def boundary_counts(_: object) -> dict[str, Any]:
     """``[AUDIO]`` tokens the encoder counts from each audio's header against those the
     processor writes once it has decoded the audio, around the 30 s chunk edge at 16 kHz and
     through resampling from 22.05 and 44.1 kHz."""
-    try:
-        import voxtral_kit
-        from audio_files import encode_audio
+    import voxtral_kit
+    from audio_files import encode_audio
 
-        from energon_pack import make_encoder
+    from energon_pack import make_encoder
 
-        encoder = make_encoder(family=voxtral_kit.processor())
-        out = []
-        with tempfile.TemporaryDirectory() as scratch:
-            for rate, frames in [
-                (16000, 480000 - 1),
-                (16000, 480000),
-                (16000, 480001),
-                (22050, 661500),
-                (22050, 661501),
-                (44100, 1323000),
-                (44100, 1323001),
-                (44100, 100),
-            ]:
-                data = encode_audio("wav", rate, 1, frames, sweep=True)
-                row = {
-                    "id": f"{rate}-{frames}",
-                    "messages": [
-                        {"role": "user", "content": [{"type": "audio"}]},
-                        {"role": "assistant", "content": "ok"},
-                    ],
-                    "audios": [data],
-                }
-                ours = encoder.encode_sample(row["id"], row).media[0].tokens
-                want = _reference(row, Path(scratch))["inputs"]["input_ids"][0].tolist().count(24)
-                out.append((rate, frames, ours, want))
-        return {"counts": out}
-    except Exception:
-        return {"error": traceback.format_exc()}
+    encoder = make_encoder(family=voxtral_kit.processor())
+    out = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for rate, frames in [
+            (16000, 480000 - 1),
+            (16000, 480000),
+            (16000, 480001),
+            (22050, 661500),
+            (22050, 661501),
+            (44100, 1323000),
+            (44100, 1323001),
+            (44100, 100),
+        ]:
+            data = encode_audio("wav", rate, 1, frames, sweep=True)
+            row = {
+                "id": f"{rate}-{frames}",
+                "messages": [
+                    {"role": "user", "content": [{"type": "audio"}]},
+                    {"role": "assistant", "content": "ok"},
+                ],
+                "audios": [data],
+            }
+            ours = encoder.encode_sample(row["id"], row).media[0].tokens
+            want = _reference(row, Path(scratch))["inputs"]["input_ids"][0].tolist().count(24)
+            out.append((rate, frames, ours, want))
+    return {"counts": out}
 
 
+@reported
 def refusals(_: object) -> dict[str, Any]:
     """What the encoder says of a conversation mistral-common refuses (a system prompt next to
     audio), of an image, and of a saved processor directory."""
-    try:
-        import voxtral_kit
-        from family_kit import png_bytes, test_images
+    import voxtral_kit
+    from family_kit import png_bytes, test_images
 
-        from energon_pack import make_encoder, model_family
-        from energon_pack.media import MediaError
+    from energon_pack import make_encoder, model_family
+    from energon_pack.media import MediaError
 
-        encoder = make_encoder(family=voxtral_kit.processor())
-        out: dict[str, Any] = {}
-        system = {**rows()[0], "system": "Be brief."}
+    encoder = make_encoder(family=voxtral_kit.processor())
+
+    def refused(key: str, row: dict[str, Any]) -> tuple[str, str] | None:
+        """The kind and message of the MediaError encoding ``row`` raises, or None."""
         try:
-            encoder.encode_sample("sys", system)
+            encoder.encode_sample(key, row)
         except MediaError as error:
-            out["system"] = (error.kind, str(error))
-        unanswered = {**rows()[0], "messages": rows()[0]["messages"][:1]}
-        try:
-            encoder.encode_sample("open", unanswered)
-        except MediaError as error:
-            out["unanswered"] = (error.kind, str(error))
-        image = {
-            "id": "img",
-            "messages": [
-                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]},
-                {"role": "assistant", "content": "A fox."},
-            ],
-            "images": [png_bytes(test_images(0, [(30, 40)])[0])],
-        }
-        try:
-            encoder.encode_sample("img", image)
-        except MediaError as error:
-            out["image"] = (error.kind, str(error))
-        with tempfile.TemporaryDirectory() as scratch:
-            voxtral_kit.processor().save_pretrained(scratch)
-            voxtral_kit.tiny_model().config.save_pretrained(scratch)
-            loaded = model_family(scratch)
-            out["saved_family"] = type(loaded).__name__
-            out["saved_settings_equal"] = loaded.settings() == encoder.family.settings()
-            again = make_encoder(family=loaded).encode_sample("s1", rows()[1]).input_ids
-            ours = encoder.encode_sample("s1", rows()[1]).input_ids
-            out["saved_ids_equal"] = again.tolist() == ours.tolist()
-        prompted = make_encoder(family=voxtral_kit.processor(), system_prompt="Be brief.")
-        out["text_only_with_system"] = prompted.encode_sample("t", rows()[2]).input_ids.tolist()
-        out["settings"] = encoder.settings()
-        everything = make_encoder(family=voxtral_kit.processor(), loss_on="all")
-        out["all_off_audio"] = []
-        for row in rows():
-            encoded = everything.encode_sample(row["id"], row)
-            pairs = zip(encoded.input_ids.tolist(), encoded.loss_mask.tolist(), strict=True)
-            off = [token for token, on in pairs if not on]
-            out["all_off_audio"].append(off == [24] * sum(m.tokens for m in encoded.media))
-        return out
-    except Exception:
-        return {"error": traceback.format_exc()}
+            return error.kind, str(error)
+        return None
+
+    out: dict[str, Any] = {
+        "system": refused("sys", {**rows()[0], "system": "Be brief."}),
+        "unanswered": refused("open", {**rows()[0], "messages": rows()[0]["messages"][:1]}),
+    }
+    image = {
+        "id": "img",
+        "messages": [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]},
+            {"role": "assistant", "content": "A fox."},
+        ],
+        "images": [png_bytes(test_images(0, [(30, 40)])[0])],
+    }
+    out["image"] = refused("img", image)
+    with tempfile.TemporaryDirectory() as scratch:
+        voxtral_kit.processor().save_pretrained(scratch)
+        voxtral_kit.tiny_model().config.save_pretrained(scratch)
+        loaded = model_family(scratch)
+        out["saved_family"] = type(loaded).__name__
+        out["saved_settings_equal"] = loaded.settings() == encoder.family.settings()
+        again = make_encoder(family=loaded).encode_sample("s1", rows()[1]).input_ids
+        ours = encoder.encode_sample("s1", rows()[1]).input_ids
+        out["saved_ids_equal"] = again.tolist() == ours.tolist()
+    prompted = make_encoder(family=voxtral_kit.processor(), system_prompt="Be brief.")
+    out["text_only_with_system"] = prompted.encode_sample("t", rows()[2]).input_ids.tolist()
+    out["settings"] = encoder.settings()
+    everything = make_encoder(family=voxtral_kit.processor(), loss_on="all")
+    out["all_off_audio"] = []
+    for row in rows():
+        encoded = everything.encode_sample(row["id"], row)
+        pairs = zip(encoded.input_ids.tolist(), encoded.loss_mask.tolist(), strict=True)
+        off = [token for token, on in pairs if not on]
+        out["all_off_audio"].append(off == [24] * sum(m.tokens for m in encoded.media))
+    return out
 
 
+@reported
 def model_checks(_: object) -> dict[str, Any]:
-    try:
-        return _model_checks()
-    except Exception:
-        return {"error": traceback.format_exc()}
-
-
-def _model_checks() -> dict[str, Any]:
     import torch
     import voxtral_kit
-    from family_kit import IGNORE, packed_matches_alone
+    from family_kit import IGNORE, packed_matches_alone, running_positions_differ
 
     from energon_pack import VLMPackingCollator
 
@@ -274,56 +256,48 @@ def _model_checks() -> dict[str, Any]:
             alone.append(inputs)
     packed["input_features"] = packed["input_features"].double()
     loss_error, worst = packed_matches_alone(model, alone, packed)
-    running = {**packed, "position_ids": torch.arange(packed["input_ids"].shape[1])[None]}
-    try:
-        packed_matches_alone(model, alone, running)
-        running_differs = False
-    except AssertionError:
-        running_differs = True
     return {
         "loss_error": loss_error,
         "worst": worst,
         "keys": sorted(packed),
         "chunks": int(packed["input_features"].shape[0]),
-        "running_differs": running_differs,
+        "running_differs": running_positions_differ(model, alone, packed),
     }
 
 
+@reported
 def verify_outcome(_: object) -> dict[str, Any]:
     """``verify_packing``'s verdicts on a Voxtral checkpoint directory (the tiny processor and
     model config) over four rows of audio, with eager and sdpa."""
-    try:
-        import json
+    import json
 
-        import voxtral_kit
-        from audio_files import encode_audio
+    import voxtral_kit
+    from audio_files import encode_audio
 
-        from energon_pack import verify_packing
+    from energon_pack import verify_packing
 
-        with tempfile.TemporaryDirectory() as scratch:
-            folder = Path(scratch)
-            voxtral_kit.processor().save_pretrained(folder)
-            voxtral_kit.tiny_model().config.save_pretrained(folder)
-            lines = []
-            for index, seconds in enumerate([1.0, 2.0, 0.5, 1.5]):
-                clip = encode_audio("wav", 16000, 1, int(16000 * seconds), sweep=True)
-                (folder / f"{index}.wav").write_bytes(clip)
-                user = [{"type": "audio"}, {"type": "text", "text": "What is it?"}]
-                messages = [
-                    {"role": "user", "content": user},
-                    {"role": "assistant", "content": f"A fox {index}."},
-                ]
-                lines.append(json.dumps({"messages": messages, "audios": [f"{index}.wav"]}))
-            (folder / "rows.jsonl").write_text("\n".join(lines))
-            report = verify_packing(
-                str(folder), data=str(folder / "rows.jsonl"), attn_implementations=["eager", "sdpa"]
-            )
-        return {
-            "samples": len(report.samples),
-            "verdicts": {r.attn_implementation: (r.verdict, r.reason) for r in report.results},
-        }
-    except Exception:
-        return {"error": traceback.format_exc()}
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        voxtral_kit.processor().save_pretrained(folder)
+        voxtral_kit.tiny_model().config.save_pretrained(folder)
+        lines = []
+        for index, seconds in enumerate([1.0, 2.0, 0.5, 1.5]):
+            clip = encode_audio("wav", 16000, 1, int(16000 * seconds), sweep=True)
+            (folder / f"{index}.wav").write_bytes(clip)
+            user = [{"type": "audio"}, {"type": "text", "text": "What is it?"}]
+            messages = [
+                {"role": "user", "content": user},
+                {"role": "assistant", "content": f"A fox {index}."},
+            ]
+            lines.append(json.dumps({"messages": messages, "audios": [f"{index}.wav"]}))
+        (folder / "rows.jsonl").write_text("\n".join(lines))
+        report = verify_packing(
+            str(folder), data=str(folder / "rows.jsonl"), attn_implementations=["eager", "sdpa"]
+        )
+    return {
+        "samples": len(report.samples),
+        "verdicts": {r.attn_implementation: (r.verdict, r.reason) for r in report.results},
+    }
 
 
 @cache

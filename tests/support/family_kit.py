@@ -209,6 +209,20 @@ def packed_matches_alone(
     return loss_error, worst
 
 
+def running_positions_differ(
+    model: PreTrainedModel, alone: Sequence[Inputs], packed: Inputs
+) -> bool:
+    """Whether ``packed`` with positions running on across its samples (0, 1, ... over the
+    whole row) fails :func:`packed_matches_alone`: restarting positions are what make it
+    exact."""
+    running = {**packed, "position_ids": torch.arange(packed["input_ids"].shape[1])[None]}
+    try:
+        packed_matches_alone(model, alone, running)
+    except AssertionError:
+        return True
+    return False
+
+
 def seeded(build: Callable[[], PreTrainedModel], seed: int = 0) -> PreTrainedModel:
     """``build()`` under a fixed torch seed, in float64 and training mode."""
     torch.manual_seed(seed)

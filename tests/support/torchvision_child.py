@@ -13,6 +13,7 @@ arrays), so the asserting stays in the test process.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import pickle
@@ -20,16 +21,32 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from qwen3_reference import REFERENCE_DIR, available
 
-__all__ = ["MISTRAL_DIR", "available", "run_in_child"]
+__all__ = ["MISTRAL_DIR", "available", "reported", "run_in_child"]
 
 MISTRAL_DIR = Path(sys.prefix) / "mistral"
 """Where ``scripts/venv.sh`` installs mistral-common and the audio readers its processor path
 needs."""
+
+
+def reported(check: Callable[[Any], dict[str, Any]]) -> Callable[[Any], dict[str, Any]]:
+    """``check`` for :func:`run_in_child`: its result, or an exception's traceback under
+    ``"error"`` (sent back whole: the test process asserts on it)."""
+
+    @functools.wraps(check)
+    def run(payload: Any) -> dict[str, Any]:
+        try:
+            return check(payload)
+        except Exception:
+            return {"error": traceback.format_exc()}
+
+    return run
 
 
 def run_in_child(
