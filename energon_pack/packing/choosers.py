@@ -111,11 +111,6 @@ class Chooser(Protocol):
         ...
 
 
-def _fullest(fitting: list[tuple[int, int]]) -> int | None:
-    """The bin id with the least free room among ``(free, bin_id)``; ties to the earlier."""
-    return min(fitting, key=lambda f: f[0])[1] if fitting else None
-
-
 class TokenChooser:
     """Packs by tokens alone: the fullest subset, older candidates preferred."""
 
@@ -211,19 +206,34 @@ class CappedChooser:
     def deadline_bin(
         self, pool: Pool, bins: Mapping[int, DeadlineBin], cand: Candidate, max_wait: int
     ) -> int | None:
-        return _fullest(self._fitting(pool, bins, cand))
+        return self._fullest_fitting(pool, bins, cand, None)[0]
 
-    def _fitting(
-        self, pool: Pool, bins: Mapping[int, DeadlineBin], cand: Candidate
-    ) -> list[tuple[int, int]]:
-        """``(free units, bin id)`` of the deadline bins ``cand`` fits within the caps."""
+    def _fullest_fitting(
+        self, pool: Pool, bins: Mapping[int, DeadlineBin], cand: Candidate, over: float | None
+    ) -> tuple[int | None, int | None]:
+        """The fullest deadline bin ``cand`` fits within the caps, and the fullest of those
+        whose vision tokens with it stay within ``over`` (None: not asked); ties to the
+        earlier, None where there is none."""
         budget = self.budget
-        return [
-            (pool.cap_units - b.units, bin_id)
-            for bin_id, b in bins.items()
-            if cand.units <= pool.cap_units - b.units
-            and budget.fits(b.vision + cand.vision, b.media + cand.media)
-        ]
+        room = pool.cap_units - cand.units
+        vision_room = room_left(budget.max_vision_tokens, cand.vision)
+        media_room = room_left(budget.max_media, cand.media)
+        best = best_within = None
+        best_units = best_within_units = -1
+        for bin_id, b in bins.items():
+            units = b.units
+            if (
+                units > room
+                or units <= best_within_units
+                or (vision_room is not None and b.vision > vision_room)
+                or (media_room is not None and b.media > media_room)
+            ):
+                continue
+            if units > best_units:
+                best, best_units = bin_id, units
+            if over is not None and b.vision + cand.vision <= over:
+                best_within, best_within_units = bin_id, units
+        return best, best_within
 
     def added(self, cand: Candidate) -> None:
         return None
@@ -253,7 +263,7 @@ class BalancedChooser(CappedChooser):
         super().__init__(budget)
         self._light = SubsetSums("units", (1 << (cap_units + 1)) - 1)
         self._dense = SubsetSums("vision", (1 << (capacity + 1)) - 1)
-        self._rebuilt: tuple[set[int], SubsetSums, SubsetSums] | None = None
+        self._rebuilt: dict[tuple[str, frozenset[int]], SubsetSums] = {}
         self._capacity = capacity
         self._light_steps = 0  # vision tokens per token of a light candidate, in LIGHT_STEPS
 
@@ -317,7 +327,8 @@ class BalancedChooser(CappedChooser):
         left = beside(pool, attempt)
         # forced to leave: nearly as full as the walks' fullest
         lowest = left.lowest(pool, FORCED_FILLS[0], early=early)
-        light, dense = self._without([pool.candidates[i] for i in attempt.forced])
+        leaving = {id(pool.candidates[i]) for i in attempt.forced}
+        light = self._without(self._light, leaving)
         limits = Limits(left.vision, left.media, attempt.goal - left.carried)
         least = attempt.least - left.carried
         room = left.units
@@ -326,28 +337,25 @@ class BalancedChooser(CappedChooser):
         if attempt.light_first:
             picked = _filled(light, [], _Need(room, lowest, least, limits, tries or LIGHT_SUMS))
         if picked is None and attempt.paired:
+            dense = self._without(self._dense, leaving)
             picked = _paired(light, dense, _Need(room, lowest, least, limits, tries))
         if picked is not None:
             return attempt.forced + _positions(pool, picked)
         return walked(pool, attempt, early=early)
 
-    def _without(self, members: list[Candidate]) -> tuple[SubsetSums, SubsetSums]:
-        """The light and the other candidates' sums without ``members`` (the kept ones where
-        none is among them; the last ones built are kept for the next attempt)."""
-        if not members:
-            return self._light, self._dense
-        leaving = {id(c) for c in members}
-        if self._rebuilt is not None and self._rebuilt[0] == leaving:
-            return self._rebuilt[1], self._rebuilt[2]
-        sums = []
-        for kept in (self._light, self._dense):
-            if any(id(c) in leaving for c in kept.items):
-                rebuilt = SubsetSums(kept.size, kept.mask)
-                rebuilt.reset([c for c in kept.items if id(c) not in leaving])
-                kept = rebuilt
-            sums.append(kept)
-        self._rebuilt = (leaving, sums[0], sums[1])
-        return sums[0], sums[1]
+    def _without(self, kept: SubsetSums, leaving: set[int]) -> SubsetSums:
+        """``kept`` (the light or the other candidates' sums) without the candidates whose
+        ``id`` is in ``leaving``; the last ones built of each kind are kept, and grow with
+        the candidates that enter, until a pack leaves."""
+        if not leaving:
+            return kept
+        key = (kept.size, frozenset(leaving))
+        found = self._rebuilt.get(key)
+        if found is None:
+            found = kept.without(leaving)
+            self._rebuilt = {k: v for k, v in self._rebuilt.items() if k[0] != kept.size}
+            self._rebuilt[key] = found
+        return found
 
     def deadline_bin(
         self, pool: Pool, bins: Mapping[int, DeadlineBin], cand: Candidate, max_wait: int
@@ -355,25 +363,29 @@ class BalancedChooser(CappedChooser):
         """A media-carrying candidate joins a deadline bin whose vision tokens stay within the
         target, since a deadline bin may have to leave as it is; failing that a new bin while
         ``max_wait`` leaves room for one."""
-        fitting = self._fitting(pool, bins, cand)
-        if cand.visual and fitting:
-            over = pool.vision_target() * (1 + BALANCE_TOLERANCE)
-            balanced = [f for f in fitting if bins[f[1]].vision + cand.vision <= over]
-            fitting = balanced or ([] if len(bins) < max_wait else fitting)
-        return _fullest(fitting)
+        if not cand.visual:
+            return self._fullest_fitting(pool, bins, cand, None)[0]
+        over = pool.vision_target() * (1 + BALANCE_TOLERANCE)
+        fullest, balanced = self._fullest_fitting(pool, bins, cand, over)
+        if balanced is not None or len(bins) < max_wait:
+            return balanced
+        return fullest
 
     def added(self, cand: Candidate) -> None:
-        (self._light if self._is_light(cand) else self._dense).append(cand)
-        self._rebuilt = None
+        kept = self._light if self._is_light(cand) else self._dense
+        kept.append(cand)
+        for (size, _), rebuilt in self._rebuilt.items():  # the new one is never left out
+            if size == kept.size and rebuilt is not kept:
+                rebuilt.append(cand)
 
     def removed(self, leaving: Sequence[Candidate]) -> None:
         ids = {id(c) for c in leaving}
         self._light.remove(ids)
         self._dense.remove(ids)
-        self._rebuilt = None
+        self._rebuilt = {}
 
     def reset(self, held: Sequence[Candidate]) -> None:
-        self._rebuilt = None
+        self._rebuilt = {}
         self._light.reset([c for c in held if self._is_light(c)])
         self._dense.reset([c for c in held if not self._is_light(c)])
 
@@ -399,12 +411,11 @@ def _filled(light: SubsetSums, taken: list[Candidate], need: _Need) -> list[Cand
     plain walk (older ones preferred), else one toward the limits' goal; from the fullest
     reachable sum down ``tries`` sums, else None."""
     room, lowest, least, limits = need.room, need.lowest, need.least, need.limits
-    vision = [c.vision for c in light.items]
+    vision, media = light.vision, light.media
     have = sum(c.vision for c in taken)
     carried = sum(vision)
     if have + carried < least:  # the light ones together cannot carry what is missing
         return None
-    media = [c.media for c in light.items]
     reach = light.prefix[-1] & ((1 << (room + 1)) - 1)
     total = reach.bit_length() - 1
     plain = Limits(limits.vision, limits.media, None)
@@ -431,10 +442,10 @@ def _paired(light: SubsetSums, dense: SubsetSums, need: _Need) -> list[Candidate
     high = limits.vision if limits.vision is not None else dense.mask.bit_length() - 1
     if high < 0:
         return None
-    light_units = sum(light.sizes)
-    light_rate = sum(c.vision for c in light.items) / light_units if light_units else 0.0
-    dense_units = sum(c.units for c in dense.items)
-    dense_rate = sum(dense.sizes) / dense_units if dense_units else 1.0
+    light_units = sum(light.units)
+    light_rate = sum(light.vision) / light_units if light_units else 0.0
+    dense_units = sum(dense.units)
+    dense_rate = sum(dense.vision) / dense_units if dense_units else 1.0
     share = 1 - light_rate / dense_rate if dense_rate > light_rate else 1.0
     aim = round(min(max((goal - room * light_rate) / share, 0.0), goal))
     reach = dense.prefix[-1]
@@ -470,9 +481,9 @@ def _tolerated(cap: int | None, goal: float) -> int:
 
 
 def _positions(pool: Pool, cands: Sequence[Candidate]) -> list[int]:
-    """Indices of ``cands`` among the held candidates."""
-    index = {id(c): i for i, c in enumerate(pool.candidates)}
-    return [index[id(c)] for c in cands]
+    """Indices of ``cands`` among the held candidates (in the pool's order)."""
+    wanted = {id(c) for c in cands}
+    return [i for i, c in enumerate(pool.candidates) if id(c) in wanted]
 
 
 def chooser_for(budget: VisionBudget, cap_units: int, capacity: int) -> Chooser:

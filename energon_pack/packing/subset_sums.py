@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Literal
 
 from energon_pack.packing.packer_state import Candidate
 
@@ -51,22 +52,49 @@ class SubsetSums:
     """Held candidates of one kind, in stream order, with the subset sums of one of their
     sizes (the text-only ones by units, the media-carrying ones by vision tokens)."""
 
-    def __init__(self, size: str, mask: int) -> None:
+    def __init__(self, size: Literal["units", "vision"], mask: int) -> None:
         self.size = size
         self.mask = mask
         self.items: list[Candidate] = []
-        self.sizes: list[int] = []
+        self.units: list[int] = []
+        self.vision: list[int] = []
+        self.media: list[int] = []
+        """The items' units, vision tokens and media, in their order (read by the walks)."""
+        self.sizes = self.units if size == "units" else self.vision
+        """The size the sums count: ``units`` or ``vision``, the same list."""
         self.prefix = [1]
 
     def reset(self, items: list[Candidate]) -> None:
         self.items = items
-        self.sizes = [getattr(c, self.size) for c in items]
+        self.units = [c.units for c in items]
+        self.vision = [c.vision for c in items]
+        self.media = [c.media for c in items]
+        self.sizes = self.units if self.size == "units" else self.vision
         self.prefix = prefixes(self.sizes, 1, self.mask)
 
+    def without(self, leaving: set[int]) -> SubsetSums:
+        """These sums without the candidates whose ``id`` is in ``leaving`` (self where none
+        is held; else a copy whose sums are rebuilt from the first one left out)."""
+        first = next((i for i, c in enumerate(self.items) if id(c) in leaving), None)
+        if first is None:
+            return self
+        rest = SubsetSums(self.size, self.mask)
+        rest.items = self.items[:first] + [c for c in self.items[first:] if id(c) not in leaving]
+        rest.units = [c.units for c in rest.items]
+        rest.vision = [c.vision for c in rest.items]
+        rest.media = [c.media for c in rest.items]
+        rest.sizes = rest.units if self.size == "units" else rest.vision
+        rest.prefix = self.prefix[:first] + prefixes(
+            rest.sizes[first:], self.prefix[first], self.mask
+        )
+        return rest
+
     def append(self, cand: Candidate) -> None:
-        size = getattr(cand, self.size)
         self.items.append(cand)
-        self.sizes.append(size)
+        self.units.append(cand.units)
+        self.vision.append(cand.vision)
+        self.media.append(cand.media)
+        size = cand.units if self.size == "units" else cand.vision
         reach = self.prefix[-1]
         self.prefix.append((reach | (reach << size)) & self.mask)
 
@@ -77,7 +105,10 @@ class SubsetSums:
             return
         kept = [i for i, c in enumerate(self.items) if id(c) not in leaving]
         self.items = [self.items[i] for i in kept]
-        self.sizes = [self.sizes[i] for i in kept]
+        self.units = [self.units[i] for i in kept]
+        self.vision = [self.vision[i] for i in kept]
+        self.media = [self.media[i] for i in kept]
+        self.sizes = self.units if self.size == "units" else self.vision
         rebuilt = prefixes(self.sizes[first:], self.prefix[first], self.mask)
         self.prefix[first + 1 :] = rebuilt[1:]
 

@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from energon_pack import BufferConfig, OnlineBinPacker, VisionBudget, straggler_ratio
 from energon_pack.packing.packer_state import Candidate
-from energon_pack.packing.subset_sums import Limits, prefixes, steered_subset, subset_with_sum
+from energon_pack.packing.subset_sums import (
+    Limits,
+    SubsetSums,
+    prefixes,
+    steered_subset,
+    subset_with_sum,
+)
 from energon_pack.packing.synthetic import VisionSample, vision_mix
 from energon_pack.packing.walks import due, first_fit
 
@@ -25,6 +31,46 @@ Item = tuple[int, int, int]
 held_items = st.lists(
     st.tuples(st.integers(1, 40), st.integers(0, 30), st.integers(0, 4)), min_size=0, max_size=14
 )
+
+
+def _fresh(size: str, items: list[Candidate]) -> SubsetSums:
+    sums = SubsetSums("units" if size == "units" else "vision", (1 << 121) - 1)
+    sums.reset(list(items))
+    return sums
+
+
+def _same_sums(got: SubsetSums, want: SubsetSums) -> None:
+    assert [id(c) for c in got.items] == [id(c) for c in want.items]
+    assert (got.units, got.vision, got.media) == (want.units, want.vision, want.media)
+    assert got.sizes == want.sizes
+    assert got.prefix == want.prefix
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    items=held_items,
+    size=st.sampled_from(["units", "vision"]),
+    data=st.data(),
+)
+def test_subset_sums_without_some_equal_the_sums_built_afresh(
+    items: list[Item], size: str, data: st.DataObject
+) -> None:
+    """``without`` (the balanced chooser's sums without a pack's forced members), then the
+    candidates that enter after it, equals the sums built from the kept ones; the sums it was
+    taken from are left as they were."""
+    cands = [Candidate(k, u, u, 0, -1, 0, v, m) for k, (u, v, m) in enumerate(items)]
+    held, later = cands[: len(cands) // 2 + 1], cands[len(cands) // 2 + 1 :]
+    sums = _fresh(size, held)
+    leaving = data.draw(st.sets(st.sampled_from(held))) if held else set()
+    rest = sums.without({id(c) for c in leaving})
+    for cand in later:
+        rest.append(cand)
+        if rest is not sums:
+            sums.append(cand)
+    _same_sums(rest, _fresh(size, [c for c in cands if c not in leaving]))
+    _same_sums(sums, _fresh(size, cands))
+    sums.remove({id(c) for c in leaving})
+    _same_sums(sums, _fresh(size, [c for c in cands if c not in leaving]))
 
 
 @settings(max_examples=400, deadline=None)
