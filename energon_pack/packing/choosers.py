@@ -262,7 +262,8 @@ class BalancedChooser(CappedChooser):
     def __init__(self, budget: VisionBudget, cap_units: int, capacity: int) -> None:
         super().__init__(budget)
         self._light = SubsetSums("units", (1 << (cap_units + 1)) - 1)
-        self._dense = SubsetSums("vision", (1 << (capacity + 1)) - 1)
+        most = capacity if budget.max_vision_tokens is None else budget.max_vision_tokens
+        self._dense = SubsetSums("vision", (1 << (min(most, capacity) + 1)) - 1)  # no pick passes
         self._rebuilt: dict[tuple[str, frozenset[int]], SubsetSums] = {}
         self._capacity = capacity
         self._light_steps = 0  # vision tokens per token of a light candidate, in LIGHT_STEPS

@@ -4,6 +4,8 @@ small images."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import statistics
 from typing import Any
@@ -14,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energon_pack import BufferConfig, OnlineBinPacker, VisionBudget, straggler_ratio
-from energon_pack.packing.packer_state import Candidate
+from energon_pack.packing.choosers import BalancedChooser, CappedChooser
+from energon_pack.packing.packer_state import Candidate, DeadlineBin
 from energon_pack.packing.subset_sums import (
     Limits,
     SubsetSums,
@@ -123,6 +126,54 @@ def test_a_walk_steered_to_a_goal_lands_nearer_it_than_the_plain_walk() -> None:
     assert steered is not None
     assert (sorted(plain.chosen), plain.vision) == ([0, 1, 2], 27)
     assert (sorted(steered.chosen), steered.vision) == ([3, 4, 5], 3)
+
+
+class _DeadlineRow:
+    """A packer as a deadline-bin choice reads it: a row of 100 units, a vision target of 40."""
+
+    cap_units = 100
+
+    def vision_target(self) -> float:
+        return 40.0
+
+
+def _bins(*held: tuple[int, int]) -> dict[int, DeadlineBin]:
+    """Deadline bins 0, 1, ... holding one candidate of ``(units, vision tokens)`` each."""
+    bins = {}
+    for bin_id, (units, vision) in enumerate(held):
+        bins[bin_id] = DeadlineBin()
+        bins[bin_id].add(Candidate(bin_id, units, units, 0, bin_id, 0, vision, 1))
+    return bins
+
+
+def test_a_candidate_joins_the_fullest_deadline_bin_it_fits_ties_to_the_earlier() -> None:
+    chooser = CappedChooser(VisionBudget(max_vision_tokens=50, max_media=3))
+    cand = Candidate("c", 30, 30, 0, -1, 0, 10, 1)
+    row = _DeadlineRow()
+    # bin 0 and 2 tie at 60 units; bin 1 is fuller but over the vision cap with it; 3 too long
+    bins = _bins((60, 5), (65, 45), (60, 0), (71, 0))
+    assert chooser.deadline_bin(row, bins, cand, max_wait=8) == 0  # type: ignore[arg-type]
+    bins = _bins((40, 5), (60, 5), (60, 5), (20, 0))
+    assert chooser.deadline_bin(row, bins, cand, max_wait=8) == 1  # type: ignore[arg-type]
+    assert chooser.deadline_bin(row, _bins((71, 0)), cand, max_wait=8) is None  # type: ignore[arg-type]
+
+
+def test_with_balance_a_media_candidate_joins_a_bin_within_the_target_else_a_new_one() -> None:
+    """Within: the bin's vision tokens with it at most 5% over the target (42 of 40)."""
+    chooser = BalancedChooser(VisionBudget(max_vision_tokens=50, balance=True), 100, 100)
+    cand = Candidate("c", 10, 10, 0, -1, 0, 12, 1)
+    row = _DeadlineRow()
+    bins = _bins((50, 31), (40, 30), (60, 0))  # 31 + 12 = 43 is over; 30 + 12 = 42 is within
+    assert chooser.deadline_bin(row, bins, cand, max_wait=8) == 2  # type: ignore[arg-type]
+    bins = _bins((50, 31), (40, 30))
+    assert chooser.deadline_bin(row, bins, cand, max_wait=8) == 1  # type: ignore[arg-type]
+    bins = _bins((50, 31), (40, 20), (40, 10))  # a tie within the target: the earlier
+    assert chooser.deadline_bin(row, bins, cand, max_wait=8) == 1  # type: ignore[arg-type]
+    bins = _bins((50, 31), (40, 35))
+    assert chooser.deadline_bin(row, bins, cand, max_wait=8) is None  # type: ignore[arg-type]
+    assert chooser.deadline_bin(row, bins, cand, max_wait=2) == 0  # type: ignore[arg-type]
+    text = Candidate("t", 10, 10, 0, -1, 0, 0, 0)  # no media: the fullest it fits
+    assert chooser.deadline_bin(row, bins, text, max_wait=8) == 0  # type: ignore[arg-type]
 
 
 class _Held:
@@ -237,3 +288,46 @@ def test_resume_at_eight_cut_points_where_most_samples_carry_small_images(
             save=OnlineBinPacker.state_dict,
             load=OnlineBinPacker.load_state_dict,
         )
+
+
+PINNED = {
+    "short-turns/16/caps": "1e37320b9fe0c2a5",
+    "short-turns/16/balance": "22af32420b473988",
+    "short-turns/64/caps": "9667271e66cf13d2",
+    "short-turns/64/balance": "b83f12b59fb1ed70",
+    "short-turns/256/caps": "9667271e66cf13d2",
+    "short-turns/256/balance": "1588012e2dae1198",
+    "small-images/16/caps": "133216582b70bddf",
+    "small-images/16/balance": "9eac5e308c080c2a",
+    "small-images/64/caps": "76fc7414a48413f4",
+    "small-images/64/balance": "3fb4ef22e9b17ed1",
+    "small-images/256/caps": "76fc7414a48413f4",
+    "small-images/256/balance": "b7181d954a6a310e",
+}
+"""sha256 (first 16 hex digits) of the packs' keys, in order, of 1,200 samples of each mix at seq
+8192 under caps of 4,800 vision tokens and 17 media, with and without balance."""
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_the_choices_under_a_vision_budget_are_pinned(name: str) -> None:
+    """What the capped and balanced choosers pick, pinned: a change that only makes them
+    cheaper keeps every pack; one that changes a pack updates this table and shows in
+    benchmarks/vision_budget.py that fill and balance are no worse."""
+    mix, buffer, rule = name.split("/")
+    kwargs = SMALL_IMAGES if mix == "small-images" else {"text_median": 150}
+    stream = vision_mix(1200, seed=5, cap=8192, **kwargs)
+    packer = OnlineBinPacker(
+        8192,
+        int(buffer),
+        overlong="skip",
+        vision=VisionBudget(4800, 17, balance=rule == "balance"),
+    )
+    packs: list[list[int | str]] = []
+    for key, s in enumerate(stream):
+        bins = packer.push(key, s.length, vision_tokens=s.vision_tokens, media=s.media)
+        packs += [list(b.keys) for b in bins]
+    packs += [list(b.keys) for b in packer.flush()]
+    packed = [k for pack in packs for k in pack]
+    assert len(set(packed)) == len(packed) == len(stream) - packer.stats.rejected
+    digest = hashlib.sha256(json.dumps(packs).encode()).hexdigest()[:16]
+    assert digest == PINNED[name]
