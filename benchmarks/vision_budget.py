@@ -36,14 +36,17 @@ without caps (interleaved rounds, median ratio).
 
 Usage: python benchmarks/vision_budget.py [--samples N] [--streams a,b] [--seq-lengths a,b]
        [--buffers a,b (0: AUTO)] [--no-cost | --cost-only] [--out results/vision_budget.json]
+       python benchmarks/vision_budget.py --profile small-images/256   (cProfile of caps + balance)
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import logging
 import math
+import pstats
 import statistics
 import time
 import warnings
@@ -336,11 +339,20 @@ def main() -> None:
     parser.add_argument("--no-cost", action="store_true", help="leave out the cost per item")
     parser.add_argument("--cost-only", action="store_true", help="only the cost per item")
     parser.add_argument(
+        "--profile",
+        metavar="STREAM/BUFFER",
+        help="only where caps + balance spend their time on one stream and buffer (cProfile)",
+    )
+    parser.add_argument(
         "--out", default=str(Path(__file__).parent / "results" / "vision_budget.json")
     )
     args = parser.parse_args()
     logging.getLogger("energon_pack.packing").setLevel(logging.ERROR)  # skips are counted here
     warnings.simplefilter("ignore", PackingWarning)  # buffers of 16 are measured on purpose
+    if args.profile:
+        stream, buffer = args.profile.split("/")
+        profile(stream, int(buffer), args.seed)
+        return
     streams = args.streams.split(",")
     seqs = [int(v) for v in args.seq_lengths.split(",")]
     buffers = [int(v) for v in args.buffers.split(",")]
@@ -367,13 +379,44 @@ def main() -> None:
     print(f"\nwrote {out}")
 
 
-def packer_cost(stream: str, seed: int) -> dict[int, dict[str, float]]:
-    """Cost per item of each budget on ``stream`` at seq 8192 and buffers 16-256, printed."""
+def cost_stream(stream: str, seed: int) -> tuple[list[VisionSample], dict[str, object]]:
+    """The 20,000 samples the cost is measured on, and their caps at seq 8192."""
     samples = vision_mix(20000, seed=seed, cap=8192, **STREAMS[stream])
     base = rank_packs(online(), samples, 8192, 64, 1)[0][0]
     vision = statistics.fmean(sum(samples[i].vision_tokens for i in p) for p in base)
     media = statistics.fmean(sum(samples[i].media for i in p) for p in base)
-    caps = {"max_vision_tokens": int(1.5 * vision), "max_media": math.ceil(1.5 * media)}
+    return samples, {"max_vision_tokens": int(1.5 * vision), "max_media": math.ceil(1.5 * media)}
+
+
+def profile(stream: str, buffer: int, seed: int) -> None:
+    """Where the packer with caps + balance spends its time on ``stream`` at ``buffer`` (seq
+    8192): why its packs left, and the functions that take the most time of their own."""
+    samples, caps = cost_stream(stream, seed)
+    size, bound = (AUTO_START, BufferConfig()) if buffer == AUTO else (buffer, COUNT_BOUND)
+    packer = OnlineBinPacker(
+        8192,
+        size,
+        overlong="skip",
+        buffer=bound,
+        vision=VisionBudget(**caps, balance=True),  # type: ignore[arg-type]
+    )
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for index, s in enumerate(samples):
+        packer.push(index, s.length, vision_tokens=s.vision_tokens, media=s.media)
+    profiler.disable()
+    stats = packer.stats
+    print(
+        f"{stream}, buffer {buffer_name(buffer)}, caps + balance ({caps}): {stats.bins} packs "
+        f"of {len(samples)} samples; left because {stats.emitted_by}; longest wait "
+        f"{stats.max_wait} packs (max_wait {bound.max_wait})"
+    )
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+
+
+def packer_cost(stream: str, seed: int) -> dict[int, dict[str, float]]:
+    """Cost per item of each budget on ``stream`` at seq 8192 and buffers 16-256, printed."""
+    samples, caps = cost_stream(stream, seed)
     budgets: dict[str, dict[str, object]] = {
         "none": {},
         "caps": caps,

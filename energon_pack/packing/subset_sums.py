@@ -25,14 +25,31 @@ def prefixes(sizes: Sequence[int], start: int, mask: int) -> list[int]:
 
 def subset_with_sum(prefix: Sequence[int], sizes: Sequence[int], target: int) -> list[int]:
     """Positions in ``sizes`` of a subset summing to ``target`` (a bit of ``prefix[-1]``),
-    preferring older (earlier) ones."""
-    chosen = []
-    for index in range(len(sizes) - 1, -1, -1):
-        if target == 0:
-            break
-        if not (prefix[index] >> target) & 1:
-            chosen.append(index)
-            target -= sizes[index]
+    preferring older (earlier) ones: newest first, each the newest item the rest of the sum
+    cannot be reached without.
+
+    The first ``i`` items reach a sum for every ``i`` from the least that reaches it on (each
+    prefix holds the one before), so that item is found by a search from the last one taken:
+    steps of 1, 2, 4, ... down, then bisection (a few big-int tests per item taken, where a
+    walk over every item tests each)."""
+    chosen: list[int] = []
+    high = len(sizes)
+    if not (prefix[high] >> target) & 1:
+        raise ValueError(f"the {high} items do not reach the sum {target}")
+    while target:  # prefix[high] reaches target: each step keeps that
+        step, low = 1, high - 1
+        while low > 0 and (prefix[low] >> target) & 1:
+            high, step = low, step * 2
+            low = max(high - step, 0)
+        while high - low > 1:  # prefix[0] reaches only 0
+            middle = (low + high) // 2
+            if (prefix[middle] >> target) & 1:
+                high = middle
+            else:
+                low = middle
+        chosen.append(low)  # the first `high` items reach target; the first `low` do not
+        target -= sizes[low]
+        high = low
     return chosen
 
 

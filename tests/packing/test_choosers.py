@@ -36,6 +36,13 @@ held_items = st.lists(
 )
 
 
+def test_a_sum_the_items_do_not_reach_is_an_error_not_a_wrong_subset() -> None:
+    prefix = prefixes([3, 5], 1, (1 << 20) - 1)  # reaches 0, 3, 5, 8
+    assert sorted(subset_with_sum(prefix, [3, 5], 8)) == [0, 1]
+    with pytest.raises(ValueError, match="do not reach the sum 4"):
+        subset_with_sum(prefix, [3, 5], 4)
+
+
 def _fresh(size: str, items: list[Candidate]) -> SubsetSums:
     sums = SubsetSums("units" if size == "units" else "vision", (1 << 121) - 1)
     sums.reset(list(items))
