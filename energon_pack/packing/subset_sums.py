@@ -168,14 +168,23 @@ def steered_subset(
     sum cannot be reached without it; where it can be reached both ways, the item is left out
     (older items preferred) unless ``limits.goal`` is set: then the choice whose projection is
     nearer the goal and within the media cap wins (what is taken so far, plus the rest of the
-    sum at the vision tokens and media per unit of the older items). Linear in the items."""
-    count = len(units)
+    sum at the vision tokens and media per unit of the older items). The plain walk is
+    :func:`subset_with_sum`'s; a steered one is linear in the items."""
     goal = limits.goal
-    scale = 1 / max(goal, 1.0) if goal is not None else 0.0
-    if goal is not None:  # what the older items carry, for the projections
-        below_units = [0, *accumulate(units)]
-        below_vision = [0, *accumulate(vision)]
-        below_media = [0, *accumulate(media)]
+    if goal is None:  # the plain walk takes what subset_with_sum takes, within the caps or not
+        plain = subset_with_sum(prefix, units, target)
+        got_vision = sum(vision[i] for i in plain)
+        got_media = sum(media[i] for i in plain)
+        if (limits.vision is not None and got_vision > limits.vision) or (
+            limits.media is not None and got_media > limits.media
+        ):
+            return None
+        return Walked(plain, got_vision, got_media)
+    count = len(units)
+    scale = 1 / max(goal, 1.0)
+    below_units = [0, *accumulate(units)]  # what the older items carry, for the projections
+    below_vision = [0, *accumulate(vision)]
+    below_media = [0, *accumulate(media)]
     chosen: list[int] = []
     got_vision = got_media = 0
     rest = target
@@ -185,8 +194,6 @@ def steered_subset(
             break
         reach = prefix[index]
         can_leave = (reach >> rest) & 1
-        if can_leave and goal is None:
-            continue
         size = units[index]
         can_take = (
             size <= rest
@@ -194,7 +201,7 @@ def steered_subset(
             and (most_vision is None or got_vision + vision[index] <= most_vision)
             and (most_media is None or got_media + media[index] <= most_media)
         )
-        if can_take and can_leave and goal is not None:
+        if can_take and can_leave:
             older = below_units[index]
             rate_vision = below_vision[index] / older if older else 0.0
             rate_media = below_media[index] / older if older else 0.0

@@ -36,6 +36,27 @@ held_items = st.lists(
 )
 
 
+def _walked_back(prefix: list[int], sizes: list[int], target: int) -> list[int]:
+    """The reference: every item from the newest back, taken where the rest of the sum cannot
+    be reached without it."""
+    chosen = []
+    for index in range(len(sizes) - 1, -1, -1):
+        if target and not (prefix[index] >> target) & 1:
+            chosen.append(index)
+            target -= sizes[index]
+    return chosen
+
+
+@settings(max_examples=400, deadline=None)
+@given(sizes=st.lists(st.integers(1, 40), max_size=40), data=st.data())
+def test_the_subset_at_a_sum_is_the_walk_back_over_every_item(
+    sizes: list[int], data: st.DataObject
+) -> None:
+    prefix = prefixes(sizes, 1, (1 << 401) - 1)
+    target = data.draw(st.sampled_from([s for s in range(401) if prefix[-1] >> s & 1]))
+    assert subset_with_sum(prefix, sizes, target) == _walked_back(prefix, sizes, target)
+
+
 def test_a_sum_the_items_do_not_reach_is_an_error_not_a_wrong_subset() -> None:
     prefix = prefixes([3, 5], 1, (1 << 20) - 1)  # reaches 0, 3, 5, 8
     assert sorted(subset_with_sum(prefix, [3, 5], 8)) == [0, 1]
@@ -107,9 +128,12 @@ def test_a_steered_walk_is_a_subset_at_the_sum_within_its_limits(
     walked = steered_subset(
         prefix, units, vision, media, target, Limits(vision_cap, media_cap, goal)
     )
-    if vision_cap is None and media_cap is None and goal is None:
-        assert walked is not None  # nothing can stop the plain walk: it is subset_with_sum's
-        assert walked.chosen == subset_with_sum(prefix, units, target)
+    if goal is None:  # the plain walk is subset_with_sum's, None only where it passes a cap
+        plain = subset_with_sum(prefix, units, target)
+        within = (vision_cap is None or sum(vision[i] for i in plain) <= vision_cap) and (
+            media_cap is None or sum(media[i] for i in plain) <= media_cap
+        )
+        assert (walked.chosen if walked is not None else None) == (plain if within else None)
     if walked is None:
         return
     assert len(set(walked.chosen)) == len(walked.chosen)
