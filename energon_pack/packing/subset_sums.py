@@ -189,6 +189,7 @@ def steered_subset(
     got_vision = got_media = 0
     rest = target
     most_vision, most_media = limits.vision, limits.media
+    media_scale = max(most_media or 0, 1)
     for index in range(count - 1, -1, -1):
         if rest == 0:
             break
@@ -208,11 +209,11 @@ def steered_subset(
             # projections: what is taken so far, plus the rest at the older items' rates
             taken = abs(got_vision + vision[index] + (rest - size) * rate_vision - goal) * scale
             left = abs(got_vision + rest * rate_vision - goal) * scale
-            if most_media is not None:
+            if most_media is not None:  # what the media would pass their cap by
                 over = got_media + media[index] + (rest - size) * rate_media - most_media
-                taken += max(over, 0.0) / max(most_media, 1)
+                taken += over / media_scale if over > 0.0 else 0.0
                 over = got_media + rest * rate_media - most_media
-                left += max(over, 0.0) / max(most_media, 1)
+                left += over / media_scale if over > 0.0 else 0.0
             take = taken < left
         else:
             take = bool(can_take) and not can_leave
