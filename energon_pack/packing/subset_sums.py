@@ -6,6 +6,7 @@ Python, used by :class:`~energon_pack.OnlineBinPacker`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -188,21 +189,27 @@ def steered_subset(
     chosen: list[int] = []
     got_vision = got_media = 0
     rest = target
-    most_vision, most_media = limits.vision, limits.media
+    most_media = limits.media
+    most_vision = math.inf if limits.vision is None else limits.vision
+    media_cap = math.inf if most_media is None else most_media
     media_scale = max(most_media or 0, 1)
-    for index in range(count - 1, -1, -1):
+    for index in range(count - 1, -1, -1):  # prefix[index + 1] reaches rest: each step keeps that
         if rest == 0:
             break
         reach = prefix[index]
-        can_leave = (reach >> rest) & 1
         size = units[index]
-        can_take = (
-            size <= rest
-            and (reach >> (rest - size)) & 1
-            and (most_vision is None or got_vision + vision[index] <= most_vision)
-            and (most_media is None or got_media + media[index] <= most_media)
-        )
-        if can_take and can_leave:
+        if not (reach >> rest) & 1:  # the rest needs this item: rest - size is in reach
+            if got_vision + vision[index] > most_vision or got_media + media[index] > media_cap:
+                return None
+            take = True
+        elif (
+            size > rest
+            or not (reach >> (rest - size)) & 1
+            or got_vision + vision[index] > most_vision
+            or got_media + media[index] > media_cap
+        ):
+            continue  # it can only be left out
+        else:
             older = below_units[index]
             rate_vision = below_vision[index] / older if older else 0.0
             rate_media = below_media[index] / older if older else 0.0
@@ -215,13 +222,9 @@ def steered_subset(
                 over = got_media + rest * rate_media - most_media
                 left += over / media_scale if over > 0.0 else 0.0
             take = taken < left
-        else:
-            take = bool(can_take) and not can_leave
         if take:
             chosen.append(index)
             rest -= size
             got_vision += vision[index]
             got_media += media[index]
-        elif not can_leave:
-            return None
     return Walked(chosen, got_vision, got_media) if rest == 0 else None

@@ -144,6 +144,72 @@ def test_a_steered_walk_is_a_subset_at_the_sum_within_its_limits(
     assert media_cap is None or walked.media <= media_cap
 
 
+def _steered_by_hand(
+    prefix: list[int], items: list[Item], target: int, limits: Limits
+) -> tuple[list[int], int, int] | None:
+    """The reference steered walk, item by item as its docstring states it: taken where the
+    rest cannot be reached without it (None if that passes a cap), left out where it cannot be
+    taken, else whichever projection is nearer the goal."""
+    goal = limits.goal
+    assert goal is not None
+    cap_v = math.inf if limits.vision is None else limits.vision
+    cap_m = math.inf if limits.media is None else limits.media
+    chosen, got_v, got_m, rest = [], 0, 0, target
+    for index in range(len(items) - 1, -1, -1):
+        if rest == 0:
+            break
+        size, vis, med = items[index]
+        older = items[:index]
+        units_below = sum(u for u, _, _ in older)
+        rate_v = sum(v for _, v, _ in older) / units_below if units_below else 0.0
+        rate_m = sum(m for _, _, m in older) / units_below if units_below else 0.0
+        can_leave = bool(prefix[index] >> rest & 1)
+        fits = got_v + vis <= cap_v and got_m + med <= cap_m
+        can_take = size <= rest and bool(prefix[index] >> (rest - size) & 1) and fits
+        if not can_leave and not can_take:
+            return None
+        take = not can_leave
+        if can_leave and can_take:
+            scale = 1 / max(goal, 1.0)
+            taken = abs(got_v + vis + (rest - size) * rate_v - goal) * scale
+            left = abs(got_v + rest * rate_v - goal) * scale
+            if limits.media is not None:
+                most = max(limits.media, 1)
+                taken += max(got_m + med + (rest - size) * rate_m - limits.media, 0.0) / most
+                left += max(got_m + rest * rate_m - limits.media, 0.0) / most
+            take = taken < left
+        if take:
+            chosen.append(index)
+            rest, got_v, got_m = rest - size, got_v + vis, got_m + med
+    return (chosen, got_v, got_m) if rest == 0 else None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    items=held_items,
+    data=st.data(),
+    vision_cap=st.one_of(st.none(), st.integers(0, 120)),
+    media_cap=st.one_of(st.none(), st.integers(0, 10)),
+    goal=st.floats(0, 150),
+)
+def test_a_steered_walk_is_the_walk_its_docstring_states(
+    items: list[Item],
+    data: st.DataObject,
+    vision_cap: int | None,
+    media_cap: int | None,
+    goal: float,
+) -> None:
+    units = [u for u, _, _ in items]
+    prefix = prefixes(units, 1, (1 << 201) - 1)
+    target = data.draw(st.sampled_from([s for s in range(201) if prefix[-1] >> s & 1]))
+    limits = Limits(vision_cap, media_cap, goal)
+    walked = steered_subset(
+        prefix, units, [v for _, v, _ in items], [m for _, _, m in items], target, limits
+    )
+    got = None if walked is None else (walked.chosen, walked.vision, walked.media)
+    assert got == _steered_by_hand(prefix, items, target, limits)
+
+
 def test_a_walk_steered_to_a_goal_lands_nearer_it_than_the_plain_walk() -> None:
     """Old items dense in vision, new ones light: the plain walk takes the old ones first; the
     walk steered to a low goal leaves them for light ones of the same units."""
