@@ -24,6 +24,11 @@ def prefixes(sizes: Sequence[int], start: int, mask: int) -> list[int]:
     return out
 
 
+WALKED_ITEMS = 48
+"""Up to this many items :func:`subset_with_sum` tests each one, newest first; over it, it
+searches (most of the few items a sum needs are then far apart)."""
+
+
 def subset_with_sum(prefix: Sequence[int], sizes: Sequence[int], target: int) -> list[int]:
     """Positions in ``sizes`` of a subset summing to ``target`` (a bit of ``prefix[-1]``),
     preferring older (earlier) ones: newest first, each the newest item the rest of the sum
@@ -37,6 +42,14 @@ def subset_with_sum(prefix: Sequence[int], sizes: Sequence[int], target: int) ->
     high = len(sizes)
     if not (prefix[high] >> target) & 1:
         raise ValueError(f"the {high} items do not reach the sum {target}")
+    if high <= WALKED_ITEMS:  # testing every item costs less than searching among few
+        for index in range(high - 1, -1, -1):
+            if not target:
+                break
+            if not (prefix[index] >> target) & 1:
+                chosen.append(index)
+                target -= sizes[index]
+        return chosen
     while target:  # prefix[high] reaches target: each step keeps that
         step, low = 1, high - 1
         while low > 0 and (prefix[low] >> target) & 1:

@@ -48,12 +48,19 @@ def _walked_back(prefix: list[int], sizes: list[int], target: int) -> list[int]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(sizes=st.lists(st.integers(1, 40), max_size=40), data=st.data())
+@given(
+    sizes=st.one_of(
+        st.lists(st.integers(1, 40), max_size=48),
+        st.lists(st.integers(1, 40), min_size=49, max_size=160),
+    ),
+    data=st.data(),
+)
 def test_the_subset_at_a_sum_is_the_walk_back_over_every_item(
     sizes: list[int], data: st.DataObject
 ) -> None:
-    prefix = prefixes(sizes, 1, (1 << 401) - 1)
-    target = data.draw(st.sampled_from([s for s in range(401) if prefix[-1] >> s & 1]))
+    """Over few items and over many (where it searches)."""
+    prefix = prefixes(sizes, 1, (1 << 1601) - 1)
+    target = data.draw(st.sampled_from([s for s in range(1601) if prefix[-1] >> s & 1]))
     assert subset_with_sum(prefix, sizes, target) == _walked_back(prefix, sizes, target)
 
 
