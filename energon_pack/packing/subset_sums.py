@@ -35,9 +35,9 @@ def subset_with_sum(prefix: Sequence[int], sizes: Sequence[int], target: int) ->
     cannot be reached without.
 
     The first ``i`` items reach a sum for every ``i`` from the least that reaches it on (each
-    prefix holds the one before), so that item is found by a search from the last one taken:
-    steps of 1, 2, 4, ... down, then bisection (a few big-int tests per item taken, where a
-    walk over every item tests each)."""
+    prefix holds the one before), so over :data:`WALKED_ITEMS` items that item is found by a
+    search from the last one taken: steps of 1, 2, 4, ... down, then bisection (a few big-int
+    tests per item taken, where a walk over every item tests each)."""
     chosen: list[int] = []
     high = len(sizes)
     if not (prefix[high] >> target) & 1:
