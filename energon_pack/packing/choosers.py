@@ -264,7 +264,7 @@ class BalancedChooser(CappedChooser):
         self._light = SubsetSums("units", (1 << (cap_units + 1)) - 1)
         most = capacity if budget.max_vision_tokens is None else budget.max_vision_tokens
         self._dense = SubsetSums("vision", (1 << (min(most, capacity) + 1)) - 1)  # no pick passes
-        self._rebuilt: dict[tuple[str, frozenset[int]], SubsetSums] = {}
+        self._rebuilt: dict[str, tuple[frozenset[int], SubsetSums]] = {}  # by kind
         self._capacity = capacity
         self._light_steps = 0  # vision tokens per token of a light candidate, in LIGHT_STEPS
 
@@ -350,13 +350,12 @@ class BalancedChooser(CappedChooser):
         the candidates that enter, until a pack leaves."""
         if not leaving:
             return kept
-        key = (kept.size, frozenset(leaving))
-        found = self._rebuilt.get(key)
-        if found is None:
-            found = kept.without(leaving)
-            self._rebuilt = {k: v for k, v in self._rebuilt.items() if k[0] != kept.size}
-            self._rebuilt[key] = found
-        return found
+        left_out = frozenset(leaving)
+        last = self._rebuilt.get(kept.size)
+        if last is None or last[0] != left_out:
+            last = (left_out, kept.without(leaving))
+            self._rebuilt[kept.size] = last
+        return last[1]
 
     def deadline_bin(
         self, pool: Pool, bins: Mapping[int, DeadlineBin], cand: Candidate, max_wait: int
@@ -375,9 +374,9 @@ class BalancedChooser(CappedChooser):
     def added(self, cand: Candidate) -> None:
         kept = self._light if self._is_light(cand) else self._dense
         kept.append(cand)
-        for (size, _), rebuilt in self._rebuilt.items():  # the new one is never left out
-            if size == kept.size and rebuilt is not kept:
-                rebuilt.append(cand)
+        last = self._rebuilt.get(kept.size)
+        if last is not None and last[1] is not kept:  # the new one is never left out
+            last[1].append(cand)
 
     def removed(self, leaving: Sequence[Candidate]) -> None:
         ids = {id(c) for c in leaving}
