@@ -12,6 +12,8 @@ growing from 16 samples):
   none           OnlineBinPacker, packs chosen by LLM tokens alone
   caps           max_vision_tokens = V, max_media = K
   caps+balance   the caps and balance=True
+  caps+balance+share  the same, with vision_share: the stream's vision tokens per token as
+                 `energon-pack tune` would report it, read from the stream's first TUNED samples
   balance        balance=True alone
   greedy         an InternVL-style greedy packer under the same caps: each sample joins the first
                  open pack it fits (tokens, V, K); a pack leaves once 99% full or at a cap; when
@@ -80,6 +82,8 @@ STREAMS: dict[str, dict[str, int]] = {
 """The mixes (keywords of energon_pack.packing.synthetic.vision_mix)."""
 RANKS = (8, 64)
 COST_BUFFERS = (16, 64, 256)
+TUNED = 2000
+"""Samples the vision share of ``caps+balance+share`` is read from (the stream's first)."""
 
 Pack = list[int]
 """Indices into the stream of one pack."""
@@ -161,6 +165,13 @@ def greedy(vision_cap: int, media_cap: int) -> Packer:
     return run
 
 
+def vision_share(samples: Sequence[VisionSample]) -> float:
+    """Vision tokens per token of the stream's first :data:`TUNED` samples, to 3 decimals (as
+    ``energon-pack tune`` prints it)."""
+    head = samples[:TUNED]
+    return round(sum(s.vision_tokens for s in head) / sum(s.length for s in head), 3)
+
+
 def rank_packs(
     packer: Packer, samples: Sequence[VisionSample], seq: int, buffer: int, ranks: int
 ) -> tuple[list[list[Pack]], int]:
@@ -232,16 +243,16 @@ def goals(records: dict[str, dict[str, float]]) -> dict[str, bool]:
     """The acceptance figures of one configuration (see docs/concepts/vision-budget.md)."""
     none, kept = records["none"], records["none (kept samples)"]
     out = {}
-    for name in ("caps", "caps+balance"):
+    for name in ("caps", "caps+balance", "caps+balance+share"):
         got = records[name]
         out[f"{name}: within caps"] = bool(got["within_caps@8"] and got["within_caps@64"])
         out[f"{name}: fill >= 0.99x uncapped (same samples)"] = (
             got["fill@8"] >= 0.99 * kept["fill@8"]
         )
         out[f"{name}: fill >= greedy"] = got["fill@8"] >= records["greedy"]["fill@8"]
-    for name in ("caps+balance", "balance"):
+    for name in ("caps+balance", "caps+balance+share", "balance"):
         got = records[name]
-        reference = kept if name == "caps+balance" else none
+        reference = none if name == "balance" else kept
         out[f"{name}: fill >= 0.99x uncapped"] = got["fill@8"] >= 0.99 * reference["fill@8"]
         for ranks, slack, least in ((8, 0.10, 1.10), (64, 0.20, 1.20)):
             goal = max(least, got[f"even_floor@{ranks}"] + slack)
@@ -267,6 +278,10 @@ def configuration(
         "none (kept samples)": (online(), kept),
         "caps": (online(**caps), samples),
         "caps+balance": (online(**caps, balance=True), samples),
+        "caps+balance+share": (
+            online(**caps, balance=True, vision_share=vision_share(samples)),
+            samples,
+        ),
         "balance": (online(balance=True), samples),
         "greedy": (greedy(cap_v, cap_k), samples),
     }
@@ -421,10 +436,11 @@ def packer_cost(stream: str, seed: int) -> dict[int, dict[str, float]]:
         "none": {},
         "caps": caps,
         "caps+balance": {**caps, "balance": True},
+        "caps+balance+share": {**caps, "balance": True, "vision_share": vision_share(samples)},
     }
     cost = {buffer: cost_per_item(samples, 8192, buffer, budgets) for buffer in COST_BUFFERS}
     print(f"\n{stream}: packer cost per item (us; medians of 7 interleaved rounds, seq 8192)")
-    ratios = ("caps/none", "caps+balance/none")
+    ratios = ("caps/none", "caps+balance/none", "caps+balance+share/none")
     cost_rows = [
         [buffer, *(f"{c[name]:.1f}" for name in budgets), *(f"{c[r]:.2f}x" for r in ratios)]
         for buffer, c in cost.items()

@@ -42,6 +42,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """A number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
 def rows_or_none(text: str) -> float | None:
     """A positive number of rows, or ``none``."""
     return None if text.lower() == "none" else positive_float(text)
@@ -127,6 +138,8 @@ CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], int] | type[str] | None], ..
 
 
 def vision_budget(args: argparse.Namespace) -> VisionBudget:
-    """The vision budget a tune's flags give (``--max-media``, ``--vision-balance``; the
-    ``--max-vision-tokens`` caps are swept one run each)."""
-    return VisionBudget(max_media=args.max_media, balance=args.vision_balance)
+    """The vision budget a tune's flags give (``--max-media``, ``--vision-balance``,
+    ``--vision-share``; the ``--max-vision-tokens`` caps are swept one run each)."""
+    return VisionBudget(
+        max_media=args.max_media, balance=args.vision_balance, vision_share=args.vision_share
+    )

@@ -28,6 +28,7 @@ from energon_pack.cli.args import (
     positive_float,
     positive_int,
     rows_or_none,
+    share,
 )
 from energon_pack.cli.exits import EXIT_IO, EXIT_USAGE
 from energon_pack.offline.spec import FORMATS
@@ -424,6 +425,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--vision-balance",
         action="store_true",
         help="keep each pack's vision tokens near the stream's mean (vision_balance=True)",
+    )
+    tune.add_argument(
+        "--vision-share",
+        type=share,
+        metavar="S",
+        help="with --vision-balance: the dataset's vision tokens per token, where every "
+        "worker's balance target starts (VisionBudget(vision_share=S); tune prints it)",
     )
     tune.add_argument(
         "--trust-dataset-code",

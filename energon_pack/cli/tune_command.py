@@ -29,10 +29,11 @@ if TYPE_CHECKING:
 
 
 def _vision_budget_note(settings: TuneSettings) -> str:
-    """``, max_media 6, vision_balance`` where the tune sets them."""
+    """``, max_media 6, vision_balance, vision_share 0.31`` where the tune sets them."""
     vision = settings.vision
     note = "" if vision.max_media is None else f", max_media {vision.max_media}"
-    return note + (", vision_balance" if vision.balance else "")
+    note += ", vision_balance" if vision.balance else ""
+    return note + ("" if vision.vision_share is None else f", vision_share {vision.vision_share}")
 
 
 @contextlib.contextmanager
@@ -102,6 +103,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         too_few_packs_note,
         tune_row,
         untimed_note,
+        vision_share_note,
         worker_total_mb,
     )
     from energon_pack.tune.plan_run import is_plan
@@ -184,6 +186,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print(f"\n{note}")
         for note in still_rising_notes(results):
             print(f"\n{note}")
+        if note := vision_share_note(results):
+            print(f"\n{note}")
         if any(r.skipped for r in results):
             print(f"\nskipped samples are logged with their keys in {out / 'tune.log'}")
         if interrupted is not None:
@@ -243,6 +247,7 @@ def _tune_plan(args: argparse.Namespace, plan_dir: Path) -> int:
             ("--max-vision-tokens", args.max_vision_tokens),
             ("--max-media", args.max_media),
             ("--vision-balance", args.vision_balance),
+            ("--vision-share", args.vision_share is not None),
             ("--eager", args.eager),
         )
         if given

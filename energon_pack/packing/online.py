@@ -262,11 +262,12 @@ class OnlineBinPacker:
         return self._emitted
 
     def vision_target(self) -> float:
-        """The stream's vision tokens per token so far (emitted and held) times the capacity."""
+        """The stream's vision tokens per token so far (emitted and held; starting from the
+        budget's ``vision_share`` where known) times the capacity."""
         stats = self.stats
         vision = stats.vision_tokens + self._held_vision
         tokens = stats.real_tokens + self._held_tokens
-        return vision_target(vision, tokens, self.capacity)
+        return vision_target(vision, tokens, self.capacity, self.budget.vision_share)
 
     # ----------------------------------------------------------------------------- public API
     def refusal(

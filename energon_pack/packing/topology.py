@@ -163,7 +163,10 @@ class TrainingSetup:
 
     def vision_budget(self) -> VisionBudget:
         """The vision caps and balance these settings give (``over_cap`` is a loader's)."""
-        return VisionBudget(self.max_vision_tokens, self.max_media, self.vision_balance)
+        share = None if self.vision is None else self.vision.vision_share
+        return VisionBudget(
+            self.max_vision_tokens, self.max_media, self.vision_balance, vision_share=share
+        )
 
     def _type_problem(self, name: str) -> str | None:
         value = getattr(self, name)

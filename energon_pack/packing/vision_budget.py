@@ -9,12 +9,13 @@ collator) take a :class:`VisionBudget`.
 Which candidates make a row within the budget is a chooser's decision
 (:mod:`~energon_pack.packing.choosers`). With caps, the fullest row by tokens is walked back
 never past a cap. With ``balance``, each row aims at the *target* (the stream's vision tokens per
-token so far times the row capacity): media-carrying samples are picked by their vision tokens
-and the rest of the row is filled with light ones (text-only, or little vision per token). A
-full row leaves early only if it is at most :data:`BALANCE_SLACK` below and
-:data:`BALANCE_TOLERANCE` above its target; a sample that alone passes that tolerance leads
-a row of its own, topped up with light samples (a sample cannot be split). Rows that must leave
-(full buffer, a ``max_wait`` due, the end of the stream) take the nearest they find.
+token so far, starting from ``vision_share`` where it is known, times the row capacity):
+media-carrying samples are picked by their vision tokens and the rest of the row is filled with
+light ones (text-only, or little vision per token). A full row leaves early only if it is at
+most :data:`BALANCE_SLACK` below and :data:`BALANCE_TOLERANCE` above its target; a sample that
+alone passes that tolerance leads a row of its own, topped up with light samples (a sample
+cannot be split). Rows that must leave (full buffer, a ``max_wait`` due, the end of the stream)
+take the nearest they find.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from energon_pack.packing.bins import Overlong
 BALANCE_TOLERANCE = 0.05
 """With ``balance``: how far above its target a row's vision tokens may be (a row above the mean
 delays the whole step)."""
+KNOWN_SHARE_ROWS = 16
+"""With ``vision_share``: how many rows' worth of tokens the known share counts as beside the
+tokens a packer has seen (the target starts at it, and the stream's own share takes over as the
+packer sees more: a rank's first rows no longer follow the few samples its buffer holds)."""
 BALANCE_SLACK = 0.15
 """With ``balance``: how far below its target a full row may be and still leave early (one
 below only lowers the step's mean)."""
@@ -64,12 +69,17 @@ class VisionBudget:
         over_cap: a sample alone over a cap: ``"error"`` raises, ``"skip"`` counts and skips
             it; None (default) follows the loader's ``overlong`` (``"truncate"`` skips, since
             cutting text does not lower a sample's vision tokens).
+        vision_share: with ``balance``, the dataset's vision tokens per token where known
+            (``energon-pack tune`` reports it): every rank's target starts from it instead of
+            from the few samples its buffer holds, and the share the packer sees takes over as
+            it packs (:data:`KNOWN_SHARE_ROWS`). None (default): the share seen so far alone.
     """
 
     max_vision_tokens: int | None = None
     max_media: int | None = None
     balance: bool = False
     over_cap: Overlong | None = None
+    vision_share: float | None = None
 
     def __post_init__(self) -> None:
         _check_cap("max_vision_tokens", self.max_vision_tokens)
@@ -82,6 +92,19 @@ class VisionBudget:
             raise ValueError(
                 f"over_cap must be None (as overlong), 'error' or 'skip', got {self.over_cap!r}"
             )
+        share = self.vision_share
+        if share is not None:
+            number = isinstance(share, (int, float)) and not isinstance(share, bool)
+            if not number or not 0 <= share <= 1:
+                raise ValueError(
+                    f"vision_share must be None or a number in [0, 1] (vision tokens per token of "
+                    f"the dataset, as energon-pack tune reports it), got {share!r}"
+                )
+            if not self.balance:
+                raise ValueError(
+                    f"vision_share={share} is where balance starts its target; it does nothing "
+                    "without balance: pass VisionBudget(balance=True, vision_share=...) or drop it"
+                )
 
     def over_cap_policy(self, overlong: str) -> Overlong:
         """What happens to a sample alone over a cap, given the loader's ``overlong``."""
@@ -106,6 +129,8 @@ class VisionBudget:
             out["vision_balance"] = True
         if self.over_cap is not None:
             out["over_cap"] = self.over_cap
+        if self.vision_share is not None:
+            out["vision_share"] = self.vision_share
         return out
 
     def fits(self, vision: int, media: int) -> bool:
@@ -138,9 +163,14 @@ def check_vision(key: object, vision: object, media: object) -> tuple[int, int]:
     return _count(key, "vision_tokens", vision), _count(key, "media", media)
 
 
-def vision_target(vision: int, tokens: int, capacity: int) -> float:
-    """A row's vision-token target: the stream's vision tokens per token times the capacity."""
-    return vision / tokens * capacity if tokens else 0.0
+def vision_target(vision: int, tokens: int, capacity: int, share: float | None = None) -> float:
+    """A row's vision-token target: the stream's vision tokens per token times the capacity;
+    with a known ``share``, that share counted as :data:`KNOWN_SHARE_ROWS` rows' worth of
+    tokens beside the ``tokens`` seen."""
+    if share is None:
+        return vision / tokens * capacity if tokens else 0.0
+    known = KNOWN_SHARE_ROWS * capacity
+    return (vision + share * known) / (tokens + known) * capacity
 
 
 def straggler_ratio(loads: Sequence[Sequence[float]]) -> float:

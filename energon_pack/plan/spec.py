@@ -46,6 +46,12 @@ class PlanSpec:
                 "PlanSpec(RowLayout(8192, pad_to_multiple_of=8))"
             )
         check_config("vision", self.vision, VisionBudget)
+        if self.vision.vision_share is not None:
+            raise ValueError(
+                f"vision_share={self.vision.vision_share}: a plan balances the packs of the "
+                "whole dataset, whose vision share it measures; drop vision_share (it is for "
+                "online packing, where each rank sees only its own samples)"
+            )
         check_int("data_parallel_size", self.data_parallel_size)
         check_int("global_batch_size", self.global_batch_size, none_ok=True)
         check_int("seed", self.seed, minimum=0)

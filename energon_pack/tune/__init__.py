@@ -44,6 +44,7 @@ from energon_pack.tune.table import (
     too_few_packs_note,
     tune_row,
     untimed_note,
+    vision_share_note,
     worker_total_mb,
 )
 from energon_pack.tune.tokenizers import (
@@ -89,5 +90,6 @@ __all__ = [
     "too_few_packs_note",
     "tune_row",
     "untimed_note",
+    "vision_share_note",
     "worker_total_mb",
 ]

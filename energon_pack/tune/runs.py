@@ -83,12 +83,17 @@ class TuneSettings:
         )
 
     def record(self) -> dict[str, Any]:
-        """The settings as the tune report writes them (the vision budget's ``max_media`` and
-        ``vision_balance`` as keys of their own)."""
+        """The settings as the tune report writes them (the vision budget's ``max_media``,
+        ``vision_balance`` and ``vision_share`` as keys of their own)."""
         out: dict[str, Any] = {}
         for name in (f.name for f in fields(self)):
             if name == "vision":
-                out.update(max_media=self.vision.max_media, vision_balance=self.vision.balance)
+                vision = self.vision
+                out.update(
+                    max_media=vision.max_media,
+                    vision_balance=vision.balance,
+                    vision_share=vision.vision_share,
+                )
             else:
                 out[name] = getattr(self, name)
         return out
@@ -135,6 +140,8 @@ class TuneResult:
     """Most vision tokens in one pack."""
     media_max: int = 0
     """Most images, videos and audios in one pack."""
+    vision_share: float = 0.0
+    """Vision tokens per token of the packed samples (``VisionBudget(vision_share=...)``)."""
     audio_tokens_mean: float = 0.0
     """Audio tokens per pack, over all workers (part of ``vision_tokens_mean``)."""
     audio_tokens_max: int = 0
@@ -447,6 +454,7 @@ def run_once(
         buffer_full_share=min(1.0, buffer_full / worker_packs) if worker_packs else 0.0,
         vision_tokens_mean=vision_tokens / worker_packs if worker_packs else 0.0,
         vision_tokens_max=max((s.vision_tokens_max for s in worker_stats.values()), default=0),
+        vision_share=vision_tokens / real if real else 0.0,
         media_max=max((s.media_max for s in worker_stats.values()), default=0),
         audio_tokens_mean=audio_tokens / worker_packs if worker_packs else 0.0,
         audio_tokens_max=max((s.audio_tokens_max for s in worker_stats.values()), default=0),

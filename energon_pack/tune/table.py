@@ -220,6 +220,20 @@ def buffer_bound_note(result: TuneResult) -> str | None:
     )
 
 
+def vision_share_note(results: Sequence[TuneResult]) -> str | None:
+    """The dataset's vision share, as the longest completed run measured it, and where to pass
+    it; None where no run packed vision tokens."""
+    done = [r for r in results if not r.interrupted and r.vision_share > 0]
+    if not done:
+        return None
+    share = round(max(done, key=lambda r: r.samples).vision_share, 3)
+    return (
+        f"vision share {share}: vision tokens per token of the packed samples. With balance, "
+        f"pass VisionBudget(balance=True, vision_share={share}) so every worker's target starts "
+        "there, not at the few samples its buffer holds first (more even steps early in a run)"
+    )
+
+
 def worker_total_mb(result: TuneResult) -> float:
     """Peak memory of one worker: its RSS and its decoder process's."""
     return result.peak_worker_rss_mb + result.peak_decoder_rss_mb

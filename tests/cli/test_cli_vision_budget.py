@@ -18,7 +18,8 @@ def test_tune_sweeps_the_vision_cap(tmp_path: Path, capsys: pytest.CaptureFixtur
     args = [
         "tune", str(ROOT / "fixtures" / "vlm_demo"), "--buffer-sizes", "16",
         "--max-vision-tokens", "300,600", "--max-media", "8", "--vision-balance",
-        "--num-workers", "1", "--one-epoch", "--out", str(tmp_path),
+        "--vision-share", "0.3", "--pad-to-multiple-of", "64", "--num-workers", "1", "--one-epoch",
+        "--out", str(tmp_path),
     ]  # fmt: skip
     assert main(args) == 0
     report = json.loads((tmp_path / "tune.json").read_text())
@@ -29,15 +30,41 @@ def test_tune_sweeps_the_vision_cap(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert run["media_max"] <= 8
         assert run["peak_worker_rss_mb"] > 0
         assert run["unaccounted"] == 0  # skipped samples are counted, by kind
+        real_per_pack = run["bin_fill"] * run["token_efficiency"] * 8192
+        assert run["vision_share"] == pytest.approx(run["vision_tokens_mean"] / real_per_pack)
     assert runs[300]["skipped"]["over_max_vision_tokens"] > runs[600]["skipped"].get(
         "over_max_vision_tokens", 0
     )
     assert report["settings"]["max_media"] == 8
     assert report["settings"]["vision_balance"] is True
+    assert report["settings"]["vision_share"] == 0.3
     assert (tmp_path / "vision_caps.png").stat().st_size > 0
     out = capsys.readouterr().out
-    assert "max_media 8, vision_balance" in out
+    assert "max_media 8, vision_balance, vision_share 0.3" in out
     assert "vision cap" in out
+    longest = max(runs.values(), key=lambda r: r["samples"])
+    share = round(longest["vision_share"], 3)
+    assert f"vision share {share}: " in out
+    assert f"VisionBudget(balance=True, vision_share={share})" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        (["--vision-share", "1.5"], "expected a number in [0, 1], got '1.5'"),
+        (["--vision-share", "0.3"], "vision_share=0.3 is where balance starts its target"),
+    ],
+)
+def test_tune_names_a_bad_vision_share(
+    extra: list[str], error: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["tune", str(ROOT / "fixtures" / "vlm_demo"), "--out", str(tmp_path), *extra]
+    try:
+        code = main(args)
+    except SystemExit as exit_:  # argparse's own usage error
+        code = exit_.code
+    assert code != 0
+    assert error in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

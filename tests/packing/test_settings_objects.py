@@ -242,3 +242,6 @@ def test_tune_and_the_topology_check_take_the_budget() -> None:
     record = TuneSettings("data", vision=budget).record()
     assert (record["max_media"], record["vision_balance"]) == (6, True)
     assert "vision" not in record  # the tune report keeps its keys
+    known = VisionBudget(max_media=6, balance=True, vision_share=0.3)
+    assert TrainingSetup(seq_length=8192, mode="online", vision=known).vision_budget() == known
+    assert TuneSettings("data", vision=known).record()["vision_share"] == 0.3

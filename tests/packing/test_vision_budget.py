@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 from energon_pack import BufferConfig, OnlineBinPacker, VisionBudget
 from energon_pack.packing.bins import aligned_length
 from energon_pack.packing.synthetic import vision_mix
-from energon_pack.packing.vision_budget import even_share, straggler_floor, straggler_ratio
+from energon_pack.packing.vision_budget import (
+    KNOWN_SHARE_ROWS,
+    even_share,
+    straggler_floor,
+    straggler_ratio,
+    vision_target,
+)
 
 Item = tuple[int, int, int]
 """(length, vision tokens, media) of one pushed sample."""
@@ -33,6 +39,7 @@ def budget_of(settings: dict[str, Any]) -> VisionBudget:
         settings.get("max_vision_tokens"),
         settings.get("max_media"),
         settings.get("vision_balance", False),
+        vision_share=settings.get("vision_share"),
     )
 
 
@@ -67,6 +74,8 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         "max_media": draw(st.one_of(st.none(), st.integers(1, 6))),
         "vision_balance": draw(st.booleans()),
     }
+    if config["vision_balance"]:
+        config["vision_share"] = draw(st.one_of(st.none(), st.floats(0, 1)))
     size = draw(st.integers(0, 80), label="stream length")
     return config, draw(st.lists(items(capacity), min_size=size, max_size=size))
 
@@ -147,6 +156,7 @@ MIX_ITEMS = [(s.length, s.vision_tokens, s.media) for s in MIX]
         {"max_vision_tokens": 6000, "max_media": 8},
         {"max_vision_tokens": 6000, "max_media": 8, "vision_balance": True},
         {"vision_balance": True},
+        {"vision_balance": True, "vision_share": 0.35},
     ],
 )
 def test_resume_at_eight_cut_points_on_a_vlm_mix(budget: dict[str, Any]) -> None:
@@ -185,6 +195,33 @@ def test_balance_evens_out_vision_tokens_between_ranks() -> None:
         steps = min(len(r) for r in ranks)
         ratios[balance] = straggler_ratio([[r[s] for r in ranks] for s in range(steps)])
     assert ratios[True] < 1.15 < 1.3 < ratios[False], ratios
+
+
+def test_a_known_vision_share_evens_out_the_first_steps() -> None:
+    """32 ranks of 200 samples each (3-4 steps): each rank's target from its own first samples
+    differs from the others'; started from the share the first 1,000 samples give (what
+    ``tune`` would report), every rank aims at the same level from its first pack."""
+    mix = vision_mix(6400, seed=2, cap=16384, text_median=150)
+    share = sum(s.vision_tokens for s in mix[:1000]) / sum(s.length for s in mix[:1000])
+    samples = [(s.length, s.vision_tokens, s.media) for s in mix]
+    ratios = {}
+    for known in (None, share):
+        ranks = [_packs(samples[r::32], vision_balance=True, vision_share=known) for r in range(32)]
+        steps = min(len(r) for r in ranks)
+        ratios[known] = straggler_ratio([[r[s] for r in ranks] for s in range(steps)])
+    assert ratios[share] < 1.12 < 1.2 < ratios[None], ratios
+
+
+def test_the_known_share_starts_the_target_and_the_seen_share_takes_over() -> None:
+    assert vision_target(0, 0, 1000, 0.25) == 250.0
+    assert vision_target(0, 0, 1000) == 0.0
+    seen = KNOWN_SHARE_ROWS * 1000  # as many tokens as the known share counts for
+    assert vision_target(seen // 2, seen, 1000, 0.25) == pytest.approx(375.0)
+    assert vision_target(seen * 100, seen * 1000, 1000, 0.9) < 101.0
+    packer = OnlineBinPacker(1000, 8, vision=VisionBudget(balance=True, vision_share=0.25))
+    assert packer.vision_target() == 250.0
+    packer.push("a", 100, vision_tokens=100, media=1)
+    assert packer.vision_target() == pytest.approx((100 + 0.25 * seen) / (100 + seen) * 1000)
 
 
 packs_of_samples = st.lists(
@@ -311,6 +348,21 @@ def test_bad_budget_settings(kwargs: dict[str, Any], message: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        ({"balance": True, "vision_share": 1.5}, r"vision_share must be .* \[0, 1\].*got 1.5"),
+        ({"balance": True, "vision_share": -0.1}, "vision_share must be None or a number"),
+        ({"balance": True, "vision_share": "0.3"}, "vision_share must be None or a number"),
+        ({"balance": True, "vision_share": True}, "vision_share must be None or a number"),
+        ({"vision_share": 0.3}, "vision_share=0.3 is where balance starts its target"),
+    ],
+)
+def test_bad_vision_share(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        VisionBudget(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
         ({"vision_tokens": -1}, "vision_tokens must be an int >= 0"),
         ({"vision_tokens": 1.5}, "vision_tokens must be an int >= 0"),
         ({"media": True}, "media must be an int >= 0"),
@@ -354,6 +406,11 @@ def test_a_state_saved_under_another_budget_is_refused_by_name() -> None:
     OnlineBinPacker(
         100, 8, buffer=BufferConfig(max_wait=4, min_fill=1.0), vision=VisionBudget(balance=True)
     ).load_state_dict(balanced)
+    known = VisionBudget(balance=True, vision_share=0.4)
+    with pytest.raises(ValueError, match=r"saved with vision_share=0\.3 but this packer has "):
+        OnlineBinPacker(
+            100, 8, buffer=BufferConfig(max_wait=4, min_fill=1.0), vision=known
+        ).load_state_dict(_held_state(vision_balance=True, vision_share=0.3))
 
 
 @pytest.mark.parametrize(

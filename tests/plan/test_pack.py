@@ -350,4 +350,6 @@ def test_spec_errors_name_the_setting_and_the_fix() -> None:
         PlanSpec(RowLayout(64), overlong="truncate")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"data_parallel_size"):
         PlanSpec(RowLayout(64), data_parallel_size=0)
+    with pytest.raises(ValueError, match=r"vision_share=0.3: a plan balances .* drop vision_share"):
+        PlanSpec(RowLayout(64), VisionBudget(balance=True, vision_share=0.3))
     assert PlanSpec(RowLayout(64), data_parallel_size=4).steps_of == 4

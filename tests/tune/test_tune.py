@@ -24,7 +24,7 @@ from PIL import Image
 from energon_pack.cli import main
 from energon_pack.cli.tune_plots import rss_axis
 from energon_pack.encoding.chatml import SPECIAL_TOKENS
-from energon_pack.tune import TuneResult, buffer_bound_note
+from energon_pack.tune import TuneResult, buffer_bound_note, vision_share_note
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far"]
@@ -438,6 +438,20 @@ def test_buffer_bound_note_needs_both_a_full_buffer_and_a_low_fill() -> None:
     assert buffer_bound_note(run(0.4, 0.7)) is None
     interrupted = TuneResult(16, "lazy", bin_fill=0.7, buffer_full_share=0.8, interrupted=True)
     assert buffer_bound_note(interrupted) is None  # a partial run says nothing of its buffer
+
+
+def test_vision_share_note_reads_the_longest_completed_run() -> None:
+    def run(samples: int, share: float, *, interrupted: bool = False) -> TuneResult:
+        return TuneResult(16, "lazy", samples=samples, vision_share=share, interrupted=interrupted)
+
+    note = vision_share_note(
+        [run(400, 0.31234), run(900, 0.2961), run(2000, 0.5, interrupted=True)]
+    )
+    assert note is not None
+    assert note.startswith("vision share 0.296: ")
+    assert "VisionBudget(balance=True, vision_share=0.296)" in note
+    assert vision_share_note([run(400, 0.0)]) is None  # no vision tokens: nothing to balance
+    assert vision_share_note([run(400, 0.3, interrupted=True)]) is None
 
 
 @pytest.mark.parametrize(
