@@ -79,3 +79,5 @@ def test_tune_on_a_plan_refuses_the_online_runs_flags(
     argv = ["tune", str(plan_dir), "--max-vision-tokens", "600", "--out", str(tmp_path)]
     assert main(argv) == 2
     assert "--max-vision-tokens: a plan's packs and budgets are fixed" in capsys.readouterr().err
+    assert main([*argv, "--vision-share", "0"]) == 2  # a share of 0 is given, too
+    assert "--max-vision-tokens, --vision-share: a plan's" in capsys.readouterr().err
