@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from energon_pack.packing.packer_state import Candidate, DeadlineBin
 from energon_pack.packing.subset_sums import (
@@ -393,8 +392,7 @@ class BalancedChooser(CappedChooser):
         return cand.vision * LIGHT_STEPS <= self._light_steps * cand.length
 
 
-@dataclass(frozen=True)
-class _Need:
+class _Need(NamedTuple):
     """What the rest of a row needs: at most ``room`` units and at least ``lowest``, at least
     ``least`` vision tokens, within ``limits``; ``tries`` sums (or picks) to try."""
 

@@ -184,6 +184,8 @@ class OnlineBinPacker:
         self.stats = PackerCounters(capacity=self.capacity)
         self._held: list[Candidate] = []
         self._units: list[int] = []  # the held candidates' units, in the same order
+        self._vision: list[int] = []  # and their vision tokens and media
+        self._media: list[int] = []
         self._held_bytes = 0
         self._prefix: list[int] = [1]  # _prefix[i]: subset sums reachable by _held[:i]
         self._chooser = chooser_for(self.budget, self._cap_units, self.capacity)
@@ -194,6 +196,7 @@ class OnlineBinPacker:
         self._full_units = 0
         self._warned_underfilled = False
         self._emitted = 0
+        self._fresh = 0  # candidates pushed since the last bin left
         self._deadline_bins: dict[int, DeadlineBin] = {}  # only used with max_wait
         self._next_deadline_bin = 0
 
@@ -242,6 +245,16 @@ class OnlineBinPacker:
         return self._units
 
     @property
+    def vision(self) -> list[int]:
+        """The held candidates' vision tokens, in stream order."""
+        return self._vision
+
+    @property
+    def media(self) -> list[int]:
+        """The held candidates' media, in stream order."""
+        return self._media
+
+    @property
     def prefix(self) -> list[int]:
         """Subset sums of the held units: ``prefix[i]`` for the first ``i`` candidates."""
         return self._prefix
@@ -260,6 +273,11 @@ class OnlineBinPacker:
     def emitted(self) -> int:
         """Bins emitted so far."""
         return self._emitted
+
+    @property
+    def fresh(self) -> int:
+        """Held candidates pushed since the last bin left."""
+        return self._fresh
 
     def vision_target(self) -> float:
         """The stream's vision tokens per token so far (emitted and held; starting from the
@@ -322,6 +340,9 @@ class OnlineBinPacker:
             cand.deadline_bin = self._deadline_bin_for(cand)
         self._held.append(cand)
         self._units.append(units)
+        self._vision.append(vision)
+        self._media.append(media)
+        self._fresh += 1
         self._held_bytes += nbytes
         self._held_vision += vision
         self._held_tokens += length
@@ -330,7 +351,10 @@ class OnlineBinPacker:
         self._prefix.append((last | (last << units)) & self._mask)
         self._chooser.added(cand)
         if self.max_wait is not None:
-            self._deadline_bins.setdefault(cand.deadline_bin, DeadlineBin()).add(cand)
+            deadline_bin = self._deadline_bins.get(cand.deadline_bin)
+            if deadline_bin is None:
+                deadline_bin = self._deadline_bins[cand.deadline_bin] = DeadlineBin()
+            deadline_bin.add(cand)
             while len(self._deadline_bins) > self.max_wait:
                 out.append(self._emit(self._most_urgent_subset(), "deadline"))
         while self._prefix[-1] >> self._fill_units:
@@ -412,7 +436,13 @@ class OnlineBinPacker:
         self._emitted = checked.emitted
         self._next_deadline_bin = checked.next_deadline_bin
         self._held = checked.held
+        self._fresh = next(
+            (n for n, c in enumerate(reversed(self._held)) if c.pushed_at != self._emitted),
+            len(self._held),
+        )
         self._units = [c.units for c in checked.held]
+        self._vision = [c.vision for c in checked.held]
+        self._media = [c.media for c in checked.held]
         self._held_bytes = sum(c.nbytes for c in checked.held)
         self._held_vision = sum(c.vision for c in checked.held)
         self._held_tokens = sum(c.length for c in checked.held)
@@ -459,6 +489,8 @@ class OnlineBinPacker:
     def _schedulable(self, chosen: list[int]) -> bool:
         """Whether the deadline bins left after emitting ``chosen`` can still all be on time."""
         assert self.max_wait is not None
+        if self._held[0].pushed_at + self.max_wait >= self._emitted + len(self._deadline_bins):
+            return True  # each deadline left is at least the oldest's, and no more bins are left
         leaving = {id(self._held[i]) for i in chosen}
         deadlines = []
         for deadline_bin in self._deadline_bins.values():
@@ -510,9 +542,10 @@ class OnlineBinPacker:
         stats.media_max = max(stats.media_max, media)
         stats.emitted_by[reason] += 1
         self._emitted += 1
-        chosen_set = set(chosen)
-        self._held = [c for i, c in enumerate(self._held) if i not in chosen_set]
-        self._units = [u for i, u in enumerate(self._units) if i not in chosen_set]
+        self._fresh = 0
+        for column in (self._held, self._units, self._vision, self._media):
+            for index in reversed(order):
+                del column[index]
         self._held_bytes -= sum(c.nbytes for c in cands)
         self._held_vision -= vision
         self._held_tokens -= sum(c.length for c in cands)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import accumulate
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from energon_pack.packing.packer_state import Candidate
 
@@ -148,8 +147,7 @@ class SubsetSums:
         return [self.items[p] for p in subset_with_sum(self.prefix, self.sizes, target)]
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     """What a steered walk may add (None: no cap) and the vision tokens it steers toward."""
 
     vision: int | None
@@ -158,8 +156,7 @@ class Limits:
     """Vision tokens the walk's subset should carry (None: no steering, older ones preferred)."""
 
 
-@dataclass(frozen=True)
-class Walked:
+class Walked(NamedTuple):
     """A subset found by :func:`steered_subset`: positions (newest first) and what they carry."""
 
     chosen: list[int]

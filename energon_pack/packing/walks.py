@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from energon_pack.packing.packer_state import Candidate
 from energon_pack.packing.subset_sums import Limits, prefixes, steered_subset
@@ -39,8 +38,7 @@ WALK_SUMS = 4
 """Reachable sums, from the fullest down, one attempt walks."""
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(NamedTuple):
     """One way to make the next pack: the candidates it must hold (indices into the pool), its
     caps on vision tokens and media (None: none), the vision tokens the walks over all
     candidates steer to, in turn (None: not steered; empty: no such walk), the least vision
@@ -65,14 +63,19 @@ class Attempt:
 
 class Pool(Protocol):
     """What a chooser reads of the packer: the held candidates in stream order, their aligned
-    units, the subset sums of their units (``prefix[i]``: sums reachable by the first ``i``),
-    the row's size in units, the units a pack needs to leave early, the packs emitted so far,
-    ``max_wait`` and the vision target."""
+    units, vision tokens and media, the subset sums of their units (``prefix[i]``: sums reachable
+    by the first ``i``), the row's size in units, the units a pack needs to leave early, the
+    packs emitted so far, the candidates pushed since the last one, ``max_wait`` and the vision
+    target."""
 
     @property
     def candidates(self) -> Sequence[Candidate]: ...
     @property
     def units(self) -> Sequence[int]: ...
+    @property
+    def vision(self) -> Sequence[int]: ...
+    @property
+    def media(self) -> Sequence[int]: ...
     @property
     def prefix(self) -> Sequence[int]: ...
     @property
@@ -81,6 +84,8 @@ class Pool(Protocol):
     def fill_units(self) -> int: ...
     @property
     def emitted(self) -> int: ...
+    @property
+    def fresh(self) -> int: ...
     @property
     def max_wait(self) -> int | None: ...
     def vision_target(self) -> float: ...
@@ -96,8 +101,7 @@ def room_left(cap: int | None, used: int) -> int | None:
     return None if cap is None else cap - used
 
 
-@dataclass(frozen=True)
-class Beside:
+class Beside(NamedTuple):
     """What an attempt's forced candidates leave of a row: units, vision tokens and media
     (None: no cap), and the vision tokens they carry."""
 
@@ -134,22 +138,29 @@ def walked(pool: Pool, attempt: Attempt, *, early: bool) -> list[int] | None:
     left = beside(pool, attempt)
     room, vision_room, media_room, base_vision = left.units, left.vision, left.media, left.carried
     kept = set(forced) | attempt.left_out
-    others = [
-        i
-        for i, c in enumerate(pool.candidates)
-        if i not in kept
-        and (vision_room is None or c.vision <= vision_room)
-        and (media_room is None or c.media <= media_room)
-    ]
-    if len(others) == len(pool.candidates):
-        units: Sequence[int] = pool.units
-        prefix: Sequence[int] = pool.prefix
-    else:  # the subset sums of the candidates that fit beside the forced ones
-        units = [pool.units[i] for i in others]
-        prefix = prefixes(units, 1, (1 << (room + 1)) - 1)
-    cands = [pool.candidates[i] for i in others]
-    vision = [c.vision for c in cands]
-    media = [c.media for c in cands]
+    units: Sequence[int] = pool.units
+    prefix: Sequence[int] = pool.prefix
+    vision: Sequence[int] = pool.vision
+    media: Sequence[int] = pool.media
+    others: Sequence[int] = range(len(units))
+    if (
+        kept
+        or (vision_room is not None and max(vision, default=0) > vision_room)
+        or (media_room is not None and max(media, default=0) > media_room)
+    ):  # the subset sums of the candidates that fit beside the forced ones
+        others = [
+            i
+            for i in others
+            if i not in kept
+            and (vision_room is None or vision[i] <= vision_room)
+            and (media_room is None or media[i] <= media_room)
+        ]
+        units = [units[i] for i in others]
+        first = next((n for n, i in enumerate(others) if n != i), len(others))  # none left out
+        rebuilt = prefixes(units[first:], prefix[first], (1 << (room + 1)) - 1)
+        prefix = [*prefix[:first], *rebuilt]  # bits above room differ, and are never read
+        vision = [vision[i] for i in others]
+        media = [media[i] for i in others]
     limits = [
         Limits(vision_room, media_room, None if goal is None else goal - base_vision)
         for goal in attempt.walks
@@ -186,14 +197,9 @@ def first_fit(pool: Pool, forced: list[int], budget: VisionBudget) -> list[int]:
 
 def due(pool: Pool) -> bool:
     """Whether an early pack is tried at this push: right after a pack left, and then after
-    1, 2, 4, 8, ... more pushes. Read from the held candidates (how many were pushed since the
-    last pack left), so a restored packer tries where the original did."""
-    fresh = 0
-    emitted = pool.emitted
-    for cand in reversed(pool.candidates):
-        if cand.pushed_at != emitted:
-            break
-        fresh += 1
+    1, 2, 4, 8, ... more pushes (``pool.fresh``; a restored packer counts them from its held
+    candidates, so it tries where the original did)."""
+    fresh = pool.fresh
     return fresh & (fresh - 1) == 0
 
 

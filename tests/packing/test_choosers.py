@@ -258,12 +258,11 @@ def test_with_balance_a_media_candidate_joins_a_bin_within_the_target_else_a_new
     assert chooser.deadline_bin(row, bins, text, max_wait=8) == 0  # type: ignore[arg-type]
 
 
-class _Held:
-    """A packer's held candidates and emitted count, as :func:`due` reads them."""
+class _Fresh:
+    """The candidates pushed since the last pack left, as :func:`due` reads them."""
 
-    def __init__(self, pushed_at: list[int], emitted: int) -> None:
-        self.candidates = [Candidate(k, 1, 1, at, -1, 0) for k, at in enumerate(pushed_at)]
-        self.emitted = emitted
+    def __init__(self, fresh: int) -> None:
+        self.fresh = fresh
 
 
 @pytest.mark.parametrize(
@@ -271,9 +270,25 @@ class _Held:
     [(0, True), (1, True), (2, True), (3, False), (4, True), (5, False), (7, False), (8, True)],
 )
 def test_an_early_pack_is_tried_after_1_2_4_8_pushes(fresh: int, tried: bool) -> None:
-    """Pushes since the last pack left are the held candidates pushed after it."""
-    held = _Held([0, 1, 1, *([2] * fresh)], emitted=2)
-    assert due(held) is tried  # type: ignore[arg-type]
+    assert due(_Fresh(fresh)) is tried  # type: ignore[arg-type]
+
+
+def test_the_pushes_since_the_last_pack_left_are_counted_and_restored() -> None:
+    """``fresh`` is the held candidates pushed after the last pack left (a pack leaving in a
+    push leaves its candidate behind it), and a restored packer counts the same."""
+    config = BufferConfig(min_rows=None, max_wait=None)
+    packer = OnlineBinPacker(100, 64, buffer=config)
+    seen = set()
+    for key, length in enumerate([60, 30, 5, 5, 50, 45, 20, 90, 10, 10, 10, 10, 3, 97, 40]):
+        packer.push(key, length)
+        behind = [c for c in packer.candidates if c.pushed_at == packer.emitted]
+        assert packer.fresh == len(behind)
+        restored = OnlineBinPacker(100, 64, buffer=config)
+        restored.load_state_dict(packer.state_dict())
+        assert restored.fresh == packer.fresh
+        seen.add(packer.fresh)
+    assert packer.emitted >= 3
+    assert {0, 1, 2} <= seen
 
 
 class _Row:
