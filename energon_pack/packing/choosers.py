@@ -86,8 +86,9 @@ class Chooser(Protocol):
 
     def choose(self, pool: Pool, forced: list[int], *, early: bool) -> list[int] | None:
         """Indices (into ``pool.candidates``) of the next pack, holding the ``forced`` ones.
-        ``early`` (a pack leaving by the fill rule; then ``forced`` is empty): only a pack good
-        enough to leave now, else None. Not ``early``: never None."""
+        ``early`` (a pack leaving by the fill rule): only a pack good enough to leave now (full
+        enough; within the budget's rules for an early pack), else None. Not ``early``: never
+        None."""
         ...
 
     def deadline_bin(
@@ -115,9 +116,10 @@ class TokenChooser:
 
     def choose(self, pool: Pool, forced: list[int], *, early: bool) -> list[int] | None:
         if forced:
-            return self._topped_up(pool, forced)
-        prefix = pool.prefix
-        chosen = subset_with_sum(prefix, pool.units, prefix[-1].bit_length() - 1)
+            chosen = self._topped_up(pool, forced)
+        else:
+            prefix = pool.prefix
+            chosen = subset_with_sum(prefix, pool.units, prefix[-1].bit_length() - 1)
         if early and units_of(pool, chosen) < pool.fill_units:
             return None
         return chosen

@@ -16,7 +16,8 @@ rows with a bounded candidate buffer. Pure Python, no I/O, no torch. Its rule:
 * ``max_wait``: no candidate waits for more than ``max_wait`` emitted bins. The held candidates
   are kept in best-fit "deadline bins" (a witness that every candidate can still leave in time);
   a bin is only chosen if the remaining deadline bins can still be emitted in deadline order,
-  otherwise the most urgent deadline bin leaves, topped up with the fullest subset of the rest.
+  otherwise the most urgent deadline bin leaves, topped up by the chooser with the best of the
+  rest (a bin leaving early that way must be as good as any early bin: full enough, balanced).
 
 * A vision budget (:class:`~energon_pack.VisionBudget`: ``max_vision_tokens``, ``max_media``,
   ``balance``; see :mod:`~energon_pack.packing.vision_budget`) bounds and balances what bins
@@ -61,7 +62,6 @@ from energon_pack.packing.packer_state import (
 from energon_pack.packing.row_layout import PackingWarning
 from energon_pack.packing.subset_sums import prefixes
 from energon_pack.packing.vision_budget import VISION_FIX, VisionBudget, check_vision, vision_target
-from energon_pack.packing.walks import units_of
 
 __all__ = ["HeldSize", "OnlineBinPacker", "PackerCounters", "Refusal"]
 
@@ -198,6 +198,7 @@ class OnlineBinPacker:
         self._emitted = 0
         self._fresh = 0  # candidates pushed since the last bin left
         self._deadline_bins: dict[int, DeadlineBin] = {}  # only used with max_wait
+        self._late: bool | None = None  # whether they are late unless some leave (None: unknown)
         self._next_deadline_bin = 0
 
     def _grow(self, min_rows: float | None, max_size: int) -> None:
@@ -459,11 +460,14 @@ class OnlineBinPacker:
     def _next_subset(self, *, early: bool) -> list[int] | None:
         """The bin to leave next. ``early`` (a bin leaving by the fill rule): only a bin good
         enough to leave now (full enough; balanced, with ``vision_balance``), else None."""
+        if early and self.max_wait is not None and self._late_unless_some_leave():
+            # late unless members of the deadline bins leave: the earliest deadline's lead the
+            # bin, which leaves early only where the chooser finds it good enough to
+            return self._chooser.choose(self, self._urgent(), early=True)
         chosen = self._chooser.choose(self, [], early=early)
         if chosen is None or self.max_wait is None or self._schedulable(chosen):
             return chosen
-        urgent = self._most_urgent_subset()
-        return None if early and units_of(self, urgent) < self._fill_units else urgent
+        return self._chooser.choose(self, self._urgent(), early=early)
 
     def _leaving(self) -> list[int]:
         """The bin that leaves when one must (full buffer, end of stream): never empty (the
@@ -486,6 +490,14 @@ class OnlineBinPacker:
         assert self.max_wait is not None
         return members[0].pushed_at + self.max_wait
 
+    def _late_unless_some_leave(self) -> bool:
+        """Whether the deadline bins are late if none of their members leaves in the next bin;
+        known until a bin leaves (a push never makes them late: a candidate joining a bin keeps
+        its deadline, a new bin has the latest one, and at most ``max_wait`` bins are kept)."""
+        if self._late is None:
+            self._late = not self._schedulable([])
+        return self._late
+
     def _schedulable(self, chosen: list[int]) -> bool:
         """Whether the deadline bins left after emitting ``chosen`` can still all be on time."""
         assert self.max_wait is not None
@@ -502,13 +514,16 @@ class OnlineBinPacker:
         after = self._emitted + 1
         return all(deadline >= after + j for j, deadline in enumerate(deadlines))
 
-    def _most_urgent_subset(self) -> list[int]:
-        """The earliest-deadline bin, topped up by the chooser with the best of the others."""
+    def _urgent(self) -> list[int]:
+        """Indices of the held candidates in the earliest-deadline bin."""
         urgent_id = min(
             self._deadline_bins, key=lambda b: (self._deadline(self._deadline_bins[b].members), b)
         )
-        urgent = [i for i, c in enumerate(self._held) if c.deadline_bin == urgent_id]
-        chosen = self._chooser.choose(self, urgent, early=False)
+        return [i for i, c in enumerate(self._held) if c.deadline_bin == urgent_id]
+
+    def _most_urgent_subset(self) -> list[int]:
+        """The earliest-deadline bin, topped up by the chooser with the best of the others."""
+        chosen = self._chooser.choose(self, self._urgent(), early=False)
         assert chosen is not None
         return chosen
 
@@ -543,6 +558,7 @@ class OnlineBinPacker:
         stats.emitted_by[reason] += 1
         self._emitted += 1
         self._fresh = 0
+        self._late = None
         for column in (self._held, self._units, self._vision, self._media):
             for index in reversed(order):
                 del column[index]

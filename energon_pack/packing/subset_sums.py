@@ -133,12 +133,10 @@ class SubsetSums:
         first = next((i for i, c in enumerate(self.items) if id(c) in leaving), None)
         if first is None:
             return
-        kept = [i for i, c in enumerate(self.items) if id(c) not in leaving]
-        self.items = [self.items[i] for i in kept]
-        self.units = [self.units[i] for i in kept]
-        self.vision = [self.vision[i] for i in kept]
-        self.media = [self.media[i] for i in kept]
-        self.sizes = self.units if self.size == "units" else self.vision
+        gone = [i for i in range(first, len(self.items)) if id(self.items[i]) in leaving]
+        for column in (self.items, self.units, self.vision, self.media):  # sizes is one of them
+            for index in reversed(gone):
+                del column[index]
         rebuilt = prefixes(self.sizes[first:], self.prefix[first], self.mask)
         self.prefix[first + 1 :] = rebuilt[1:]
 

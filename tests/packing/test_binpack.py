@@ -219,6 +219,23 @@ def test_online_invariants(scenario: Scenario) -> None:
     assert sum(stats.emitted_by.values()) == stats.bins
 
 
+@settings(max_examples=200, deadline=None)
+@given(scenarios())
+def test_whether_the_deadlines_are_late_unless_some_leave_is_known_after_every_push(
+    scenario: Scenario,
+) -> None:
+    """The packer keeps that answer until a bin leaves (a push never makes the deadline bins
+    late); it must equal the schedule checked afresh, whatever the pushes since."""
+    config, stream = scenario
+    if config["max_wait"] is None:
+        config = {**config, "max_wait": 2}
+    packer = packer_of(config, overlong="skip")
+    for key, (length, nbytes) in enumerate(stream):
+        packer.push(key, length, nbytes=nbytes)
+        if packer.held:
+            assert packer._late_unless_some_leave() is (not packer._schedulable([]))
+
+
 def _push_steps(stream: list[tuple[int, int]]) -> list[Callable[[OnlineBinPacker], Any]]:
     """Push every (length, nbytes) of ``stream`` under its index, flush, read the stats."""
     steps: list[Callable[[OnlineBinPacker], Any]] = [

@@ -26,6 +26,7 @@ from energon_pack.packing.subset_sums import (
     subset_with_sum,
 )
 from energon_pack.packing.synthetic import VisionSample, vision_mix
+from energon_pack.packing.vision_budget import BALANCE_TOLERANCE
 from energon_pack.packing.walks import due, first_fit
 
 Item = tuple[int, int, int]
@@ -364,6 +365,31 @@ def test_balance_evens_out_ranks_where_most_samples_carry_small_images() -> None
     assert ratios[True] < ratios[False] - 0.1, ratios
 
 
+def test_an_early_pack_under_balance_keeps_the_tolerance_even_around_a_deadline() -> None:
+    """A pack that leaves early under balance carries at most BALANCE_TOLERANCE above its goal
+    (the target, or its heaviest sample where that is more), also where the pack the chooser
+    picked first would leave a ``max_wait`` deadline late and the earliest-deadline bin leaves
+    instead: such a pack waits until one within the tolerance is found, or a deadline or the
+    full buffer forces it out."""
+    samples = vision_mix(3000, seed=3, cap=8192, **SMALL_IMAGES)
+    caps = _caps(samples, 8192, 64)
+    budget = VisionBudget(caps.max_vision_tokens, caps.max_media, balance=True)
+    packer = OnlineBinPacker(
+        8192, 256, overlong="skip", buffer=BufferConfig(min_rows=None), vision=budget
+    )
+    early = 0
+    for key, s in enumerate(samples):
+        before = dict(packer.stats.emitted_by)
+        bins = packer.push(key, s.length, vision_tokens=s.vision_tokens, media=s.media)
+        target = packer.vision_target()  # emitting leaves it as it is
+        counts = [packer.stats.emitted_by[r] - before.get(r, 0) for r in ("deadline", "fill")]
+        for b in bins[counts[0] : counts[0] + counts[1]]:  # deadline packs leave first, then fill
+            goal = max(target, *(samples[k].vision_tokens for k in b.keys))
+            assert b.vision_tokens <= math.floor(goal * (1 + BALANCE_TOLERANCE)), (key, b.keys)
+            early += 1
+    assert early >= 50
+
+
 @pytest.mark.parametrize(
     "budget",
     [VisionBudget(4800, 17), VisionBudget(4800, 17, balance=True), VisionBudget(balance=True)],
@@ -399,7 +425,7 @@ PINNED = {
     "small-images/64/caps": "76fc7414a48413f4",
     "small-images/64/balance": "3fb4ef22e9b17ed1",
     "small-images/256/caps": "76fc7414a48413f4",
-    "small-images/256/balance": "b7181d954a6a310e",
+    "small-images/256/balance": "abde755ab7e36761",
 }
 """sha256 (first 16 hex digits) of the packs' keys, in order, of 1,200 samples of each mix at seq
 8192 under caps of 4,800 vision tokens and 17 media, with and without balance."""
