@@ -156,7 +156,7 @@ def walked(pool: Pool, attempt: Attempt, *, early: bool) -> list[int] | None:
             and (media_room is None or media[i] <= media_room)
         ]
         units = [units[i] for i in others]
-        first = next((n for n, i in enumerate(others) if n != i), len(others))  # none left out
+        first = next((n for n, i in enumerate(others) if n != i), len(others))  # 1st left out
         rebuilt = prefixes(units[first:], prefix[first], (1 << (room + 1)) - 1)
         prefix = [*prefix[:first], *rebuilt]  # bits above room differ, and are never read
         vision = [vision[i] for i in others]
