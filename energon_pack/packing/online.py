@@ -16,8 +16,7 @@ rows with a bounded candidate buffer. Pure Python, no I/O, no torch. Its rule:
 * ``max_wait``: no candidate waits for more than ``max_wait`` emitted bins. The held candidates
   are kept in best-fit "deadline bins" (a witness that every candidate can still leave in time);
   a bin is only chosen if the remaining deadline bins can still be emitted in deadline order,
-  otherwise the most urgent deadline bin leaves, topped up by the chooser with the best of the
-  rest (a bin leaving early that way must be as good as any early bin: full enough, balanced).
+  otherwise the most urgent deadline bin leads it (a bin leaving early so is as good as any).
 
 * A vision budget (:class:`~energon_pack.VisionBudget`: ``max_vision_tokens``, ``max_media``,
   ``balance``; see :mod:`~energon_pack.packing.vision_budget`) bounds and balances what bins
@@ -34,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from energon_pack._moved import renamed
@@ -56,7 +55,9 @@ from energon_pack.packing.packer_state import (
     STATE_VERSION,
     Candidate,
     DeadlineBin,
+    HeldSize,
     PackerCounters,
+    Refusal,
     StateReader,
 )
 from energon_pack.packing.row_layout import PackingWarning
@@ -85,33 +86,6 @@ MOVED = {
     "vision_balance": Moved("vision", "VisionBudget", "balance"),
 }
 """The packer's keywords from before :class:`BufferConfig` and :class:`VisionBudget`."""
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why a sample cannot be in any pack: longer than a row, or alone over a vision cap."""
-
-    reason: str
-    """``"overlong"``, ``"over_max_vision_tokens"`` or ``"over_max_media"``."""
-    message: str
-    """The statement naming the sample, its size and the limit."""
-    fix: str
-    """What to change."""
-
-    def policy(self, overlong: Overlong, budget: VisionBudget) -> Overlong:
-        """What the sample gets: ``overlong`` for its tokens, the budget's ``over_cap`` rule
-        for a vision cap."""
-        return overlong if self.reason == "overlong" else budget.over_cap_policy(overlong)
-
-
-@dataclass(frozen=True)
-class HeldSize:
-    """What a held candidate weighs, as the packer recorded it at its push."""
-
-    key: Key
-    length: int
-    vision_tokens: int
-    media: int
 
 
 class OnlineBinPacker:
@@ -352,8 +326,7 @@ class OnlineBinPacker:
         self._prefix.append((last | (last << units)) & self._mask)
         self._chooser.added(cand)
         if self.max_wait is not None:
-            deadline_bin = self._deadline_bins.get(cand.deadline_bin)
-            if deadline_bin is None:
+            if (deadline_bin := self._deadline_bins.get(cand.deadline_bin)) is None:
                 deadline_bin = self._deadline_bins[cand.deadline_bin] = DeadlineBin()
             deadline_bin.add(cand)
             while len(self._deadline_bins) > self.max_wait:
@@ -437,10 +410,8 @@ class OnlineBinPacker:
         self._emitted = checked.emitted
         self._next_deadline_bin = checked.next_deadline_bin
         self._held = checked.held
-        self._fresh = next(
-            (n for n, c in enumerate(reversed(self._held)) if c.pushed_at != self._emitted),
-            len(self._held),
-        )
+        fresh = (n for n, c in enumerate(reversed(self._held)) if c.pushed_at != self._emitted)
+        self._fresh = next(fresh, len(self._held))
         self._units = [c.units for c in checked.held]
         self._vision = [c.vision for c in checked.held]
         self._media = [c.media for c in checked.held]
@@ -461,8 +432,6 @@ class OnlineBinPacker:
         """The bin to leave next. ``early`` (a bin leaving by the fill rule): only a bin good
         enough to leave now (full enough; balanced, with ``vision_balance``), else None."""
         if early and self.max_wait is not None and self._late_unless_some_leave():
-            # late unless members of the deadline bins leave: the earliest deadline's lead the
-            # bin, which leaves early only where the chooser finds it good enough to
             return self._chooser.choose(self, self._urgent(), early=True)
         chosen = self._chooser.choose(self, [], early=early)
         if chosen is None or self.max_wait is None or self._schedulable(chosen):
@@ -491,9 +460,8 @@ class OnlineBinPacker:
         return members[0].pushed_at + self.max_wait
 
     def _late_unless_some_leave(self) -> bool:
-        """Whether the deadline bins are late if none of their members leaves in the next bin;
-        known until a bin leaves (a push never makes them late: a candidate joining a bin keeps
-        its deadline, a new bin has the latest one, and at most ``max_wait`` bins are kept)."""
+        """Whether the deadline bins are late unless the next bin takes some of their members (the
+        earliest deadline's); kept until a bin leaves, since a push never makes them late."""
         if self._late is None:
             self._late = not self._schedulable([])
         return self._late

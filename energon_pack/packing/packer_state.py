@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from energon_pack._moved import renamed
 from energon_pack.checks import shown
-from energon_pack.packing.bins import Key, aligned_length
+from energon_pack.packing.bins import Key, Overlong, aligned_length
 from energon_pack.packing.vision_budget import VisionBudget
 
 STATE_VERSION = 3
@@ -103,6 +103,33 @@ if TYPE_CHECKING:  # the old name, for type checkers
     PackerStats = PackerCounters
 else:  # the old name, with a DeprecationWarning
     __getattr__ = renamed(__name__, "PackerStats")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a sample cannot be in any pack: longer than a row, or alone over a vision cap."""
+
+    reason: str
+    """``"overlong"``, ``"over_max_vision_tokens"`` or ``"over_max_media"``."""
+    message: str
+    """The statement naming the sample, its size and the limit."""
+    fix: str
+    """What to change."""
+
+    def policy(self, overlong: Overlong, budget: VisionBudget) -> Overlong:
+        """What the sample gets: ``overlong`` for its tokens, the budget's ``over_cap`` rule
+        for a vision cap."""
+        return overlong if self.reason == "overlong" else budget.over_cap_policy(overlong)
+
+
+@dataclass(frozen=True)
+class HeldSize:
+    """What a held candidate weighs, as the packer recorded it at its push."""
+
+    key: Key
+    length: int
+    vision_tokens: int
+    media: int
 
 
 @dataclass(eq=False)
