@@ -12,7 +12,8 @@ rows with a bounded candidate buffer. Pure Python, no I/O, no torch. Its rule:
   ``buffer_size`` candidates make the buffer full only once they hold ``min_rows`` rows' worth
   of tokens; below that it grows, up to ``max_size`` candidates (and ``max_bytes``). When packs
   keep leaving a full buffer under-filled, one :class:`~energon_pack.PackingWarning` names the
-  fill, the samples a row needs and the setting to raise.
+  fill, the samples a row needs and the setting to raise
+  (:mod:`~energon_pack.packing.underfilled`).
 * ``max_wait``: no candidate waits for more than ``max_wait`` emitted bins. The held candidates
   are kept in best-fit "deadline bins" (a witness that every candidate can still leave in time);
   a bin is only chosen if the remaining deadline bins can still be emitted in deadline order,
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,7 @@ from energon_pack.packing.bins import (
     check_length,
     overlong_refusal,
 )
-from energon_pack.packing.buffer import DEFAULT_MIN_ROWS, BufferConfig
+from energon_pack.packing.buffer import BufferConfig
 from energon_pack.packing.choosers import chooser_for
 from energon_pack.packing.packer_state import (
     GROWTH_SETTINGS,
@@ -60,8 +60,8 @@ from energon_pack.packing.packer_state import (
     Refusal,
     StateReader,
 )
-from energon_pack.packing.row_layout import PackingWarning
 from energon_pack.packing.subset_sums import prefixes
+from energon_pack.packing.underfilled import UnderfilledWatch
 from energon_pack.packing.vision_budget import VISION_FIX, VisionBudget, check_vision, vision_target
 
 __all__ = ["HeldSize", "OnlineBinPacker", "PackerCounters", "Refusal"]
@@ -72,10 +72,6 @@ BUDGET_MIN_ROWS = 4.0
 """Under a vision budget, a growing buffer (``min_rows``) holds at least this many rows' worth
 of tokens before a full buffer forces a pack out: rows within caps and near the balance target
 need more candidates to choose among than rows by tokens alone."""
-UNDERFILLED_PACKS = 8
-"""Packs that must have left a full buffer before :data:`UNDERFILLED_FILL` is judged."""
-UNDERFILLED_FILL = 0.9
-"""Below this fill, packs leaving a full buffer draw the once-only :class:`PackingWarning`."""
 
 MOVED = {
     "max_wait": Moved("buffer", "BufferConfig", "max_wait"),
@@ -166,9 +162,14 @@ class OnlineBinPacker:
         self._held_vision = 0
         self._held_tokens = 0
         self._held_units = 0
-        self._full_bins = 0  # bins that left a full buffer, and their units
-        self._full_units = 0
-        self._warned_underfilled = False
+        self._underfilled = UnderfilledWatch(
+            self.capacity,
+            self.align,
+            self.buffer_size,
+            self.min_rows,
+            self.max_size,
+            self.max_bytes,
+        )
         self._emitted = 0
         self._fresh = 0  # candidates pushed since the last bin left
         self._deadline_bins: dict[int, DeadlineBin] = {}  # only used with max_wait
@@ -339,7 +340,7 @@ class OnlineBinPacker:
         while bound := self._full():
             held = len(self._held)
             out.append(self._emit(self._leaving(), "buffer"))
-            self._note_full_buffer(out[-1].used // self.align, bound, held)
+            self._underfilled.note(out[-1].used // self.align, bound, held, self.stats)
         return out
 
     def _full(self) -> str:
@@ -551,46 +552,6 @@ class OnlineBinPacker:
             capacity=self.capacity,
             vision_tokens=vision,
             media=media,
-        )
-
-    def _note_full_buffer(self, units: int, bound: str, held: int) -> None:
-        """Count a bin that left a buffer full by ``bound`` holding ``held`` candidates; warn
-        once when most bins leave so, under-filled."""
-        self._full_bins += 1
-        self._full_units += units
-        bins = self._full_bins
-        fill = self._full_units / (bins * self._cap_units)
-        if (
-            self._warned_underfilled
-            or self.buffer_size == 1  # one sample per row, as asked
-            or bins < UNDERFILLED_PACKS
-            or 2 * bins < self.stats.bins
-            or fill >= UNDERFILLED_FILL
-        ):
-            return
-        self._warned_underfilled = True
-        message = self._underfilled_message(fill, bound, held)
-        warnings.warn(message, PackingWarning, stacklevel=4)
-
-    def _underfilled_message(self, fill: float, bound: str, held: int) -> str:
-        stats = self.stats
-        mean = stats.aligned_tokens / stats.items
-        per_row = self.capacity / mean
-        rows = self.min_rows or DEFAULT_MIN_ROWS
-        wanted = math.ceil(rows * per_row)
-        fixes = {
-            "max_bytes": f"raise BufferConfig(max_bytes={self.max_bytes}), the byte bound it hit",
-            "buffer_size": f"raise packing_buffer_size to about {wanted}, or pass "
-            f"BufferConfig(min_rows={rows:g}) to let the buffer grow to {rows:g} rows' worth",
-            "max_size": f"raise BufferConfig(max_size={self.max_size}) to about {wanted}",
-            "min_rows": f"raise BufferConfig(min_rows={self.min_rows})",
-        }
-        fix = fixes[bound]
-        return (
-            f"{self._full_bins} of {stats.bins} packs left because the candidate buffer was "
-            f"full ({bound}), at bin fill {fill:.2f}: it held {held} samples, but at this "
-            f"stream's mean of {mean:.0f} tokens a row of seq_length={self.capacity} needs about "
-            f"{per_row:.0f}, and the buffer about {wanted} to choose among; {fix}"
         )
 
 

@@ -1,0 +1,81 @@
+"""The once-only warning of :class:`~energon_pack.OnlineBinPacker` when most packs leave a full
+buffer under-filled: the buffer holds too few samples to fill a row at this stream's lengths. The
+warning names the fill, the samples a row needs and the setting to raise. Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from energon_pack.packing.buffer import DEFAULT_MIN_ROWS
+from energon_pack.packing.packer_state import PackerCounters
+from energon_pack.packing.row_layout import PackingWarning
+
+__all__ = ["UNDERFILLED_FILL", "UNDERFILLED_PACKS", "UnderfilledWatch"]
+
+UNDERFILLED_PACKS = 8
+"""Packs that must have left a full buffer before :data:`UNDERFILLED_FILL` is judged."""
+UNDERFILLED_FILL = 0.9
+"""Below this fill, packs leaving a full buffer draw the once-only :class:`PackingWarning`."""
+
+
+class UnderfilledWatch:
+    """Counts the packs that left a full buffer and the units they filled; warns once where
+    most packs left so, under-filled. ``min_rows`` and ``max_size`` are the growing buffer's
+    (None: ``buffer_size`` alone bounds it); ``max_bytes`` the byte bound."""
+
+    def __init__(
+        self,
+        capacity: int,
+        align: int,
+        buffer_size: int,
+        min_rows: float | None,
+        max_size: int,
+        max_bytes: int | None,
+    ) -> None:
+        self.capacity = capacity
+        self.align = align
+        self.buffer_size = buffer_size
+        self.min_rows = min_rows
+        self.max_size = max_size
+        self.max_bytes = max_bytes
+        self.packs = 0
+        self.units = 0
+        self.warned = False
+
+    def note(self, units: int, bound: str, held: int, stats: PackerCounters) -> None:
+        """A pack of ``units`` left a buffer full by ``bound`` holding ``held`` candidates;
+        ``stats`` are the packer's counters after it left."""
+        self.packs += 1
+        self.units += units
+        fill = self.units / (self.packs * (self.capacity // self.align))
+        if (
+            self.warned
+            or self.buffer_size == 1  # one sample per row, as asked
+            or self.packs < UNDERFILLED_PACKS
+            or 2 * self.packs < stats.bins
+            or fill >= UNDERFILLED_FILL
+        ):
+            return
+        self.warned = True
+        warnings.warn(self._message(fill, bound, held, stats), PackingWarning, stacklevel=4)
+
+    def _message(self, fill: float, bound: str, held: int, stats: PackerCounters) -> str:
+        mean = stats.aligned_tokens / stats.items
+        per_row = self.capacity / mean
+        rows = self.min_rows or DEFAULT_MIN_ROWS
+        wanted = math.ceil(rows * per_row)
+        fixes = {
+            "max_bytes": f"raise BufferConfig(max_bytes={self.max_bytes}), the byte bound it hit",
+            "buffer_size": f"raise packing_buffer_size to about {wanted}, or pass "
+            f"BufferConfig(min_rows={rows:g}) to let the buffer grow to {rows:g} rows' worth",
+            "max_size": f"raise BufferConfig(max_size={self.max_size}) to about {wanted}",
+            "min_rows": f"raise BufferConfig(min_rows={self.min_rows})",
+        }
+        return (
+            f"{self.packs} of {stats.bins} packs left because the candidate buffer was full "
+            f"({bound}), at bin fill {fill:.2f}: it held {held} samples, but at this stream's "
+            f"mean of {mean:.0f} tokens a row of seq_length={self.capacity} needs about "
+            f"{per_row:.0f}, and the buffer about {wanted} to choose among; {fixes[bound]}"
+        )
