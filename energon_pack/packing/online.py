@@ -174,6 +174,7 @@ class OnlineBinPacker:
         self._fresh = 0  # candidates pushed since the last bin left
         self._deadline_bins: dict[int, DeadlineBin] = {}  # only used with max_wait
         self._late: bool | None = None  # whether they are late unless some leave (None: unknown)
+        self._urgent_bin: tuple[int, list[int]] | None = None  # its id and members' indices
         self._next_deadline_bin = 0
 
     def _grow(self, min_rows: float | None, max_size: int) -> None:
@@ -330,6 +331,8 @@ class OnlineBinPacker:
             if (deadline_bin := self._deadline_bins.get(cand.deadline_bin)) is None:
                 deadline_bin = self._deadline_bins[cand.deadline_bin] = DeadlineBin()
             deadline_bin.add(cand)
+            if self._urgent_bin is not None and self._urgent_bin[0] == cand.deadline_bin:
+                self._urgent_bin[1].append(len(self._held) - 1)
             while len(self._deadline_bins) > self.max_wait:
                 out.append(self._emit(self._most_urgent_subset(), "deadline"))
         while self._prefix[-1] >> self._fill_units:
@@ -484,11 +487,14 @@ class OnlineBinPacker:
         return all(deadline >= after + j for j, deadline in enumerate(deadlines))
 
     def _urgent(self) -> list[int]:
-        """Indices of the held candidates in the earliest-deadline bin."""
-        urgent_id = min(
-            self._deadline_bins, key=lambda b: (self._deadline(self._deadline_bins[b].members), b)
-        )
-        return [i for i, c in enumerate(self._held) if c.deadline_bin == urgent_id]
+        """Indices of the held candidates in the earliest-deadline bin; kept until a bin leaves
+        (a push adds to a bin without changing its oldest member, or opens the latest one)."""
+        if self._urgent_bin is None:
+            bins = self._deadline_bins
+            urgent_id = min(bins, key=lambda b: (self._deadline(bins[b].members), b))
+            members = [i for i, c in enumerate(self._held) if c.deadline_bin == urgent_id]
+            self._urgent_bin = (urgent_id, members)
+        return list(self._urgent_bin[1])
 
     def _most_urgent_subset(self) -> list[int]:
         """The earliest-deadline bin, topped up by the chooser with the best of the others."""
@@ -527,7 +533,7 @@ class OnlineBinPacker:
         stats.emitted_by[reason] += 1
         self._emitted += 1
         self._fresh = 0
-        self._late = None
+        self._late = self._urgent_bin = None
         for column in (self._held, self._units, self._vision, self._media):
             for index in reversed(order):
                 del column[index]

@@ -236,6 +236,25 @@ def test_whether_the_deadlines_are_late_unless_some_leave_is_known_after_every_p
             assert packer._late_unless_some_leave() is (not packer._schedulable([]))
 
 
+@settings(max_examples=200, deadline=None)
+@given(scenarios())
+def test_the_earliest_deadline_bin_is_known_after_every_push(scenario: Scenario) -> None:
+    """The packer keeps the earliest-deadline bin's members until a bin leaves (a push adds to
+    a bin without changing its oldest member, or opens the latest); they must equal the bin
+    found afresh, whatever the pushes since."""
+    config, stream = scenario
+    if config["max_wait"] is None:
+        config = {**config, "max_wait": 2}
+    packer = packer_of(config, overlong="skip")
+    for key, (length, nbytes) in enumerate(stream):
+        packer.push(key, length, nbytes=nbytes)
+        if packer.held:
+            bins = packer._deadline_bins
+            urgent = min(bins, key=lambda b: (bins[b].members[0].pushed_at, b))
+            want = [i for i, c in enumerate(packer.candidates) if c.deadline_bin == urgent]
+            assert packer._urgent() == want
+
+
 def _push_steps(stream: list[tuple[int, int]]) -> list[Callable[[OnlineBinPacker], Any]]:
     """Push every (length, nbytes) of ``stream`` under its index, flush, read the stats."""
     steps: list[Callable[[OnlineBinPacker], Any]] = [
