@@ -31,8 +31,22 @@ def assert_pack_is_the_collators(batch: PackedBatch, collator: Any, samples: Sam
     got, expected = batch.family_inputs.tensors(), want.family_inputs.tensors()
     assert set(got) == set(expected)
     for name, tensor in expected.items():
-        assert torch.equal(got[name], tensor), (keys, name)
+        assert torch.equal(got[name], tensor), (keys, name, _difference(got[name], tensor))
     return want
+
+
+def _difference(got: torch.Tensor, want: torch.Tensor) -> str:
+    """How ``got`` differs from ``want``: shapes and dtypes, and where they agree, the largest
+    difference, how many elements differ and the first rows that hold one."""
+    head = f"{tuple(got.shape)} {got.dtype} against {tuple(want.shape)} {want.dtype}"
+    if got.shape != want.shape or got.ndim == 0:
+        return head
+    apart = (got.double() - want.double()).abs()
+    rows = (apart.flatten(1) > 0).any(1).nonzero().flatten().tolist() if got.ndim > 1 else []
+    return (
+        f"{head}: largest difference {float(apart.max())}, {int((apart > 0).sum())} of "
+        f"{apart.numel()} elements differ (rows {rows[:5]} of {len(rows)})"
+    )
 
 
 def assert_model_inputs_are_the_collators(
