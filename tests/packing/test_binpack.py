@@ -6,7 +6,7 @@ import logging
 import os
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -219,13 +219,9 @@ def test_online_invariants(scenario: Scenario) -> None:
     assert sum(stats.emitted_by.values()) == stats.bins
 
 
-@settings(max_examples=200, deadline=None)
-@given(scenarios())
-def test_whether_the_deadlines_are_late_unless_some_leave_is_known_after_every_push(
-    scenario: Scenario,
-) -> None:
-    """The packer keeps that answer until a bin leaves (a push never makes the deadline bins
-    late); it must equal the schedule checked afresh, whatever the pushes since."""
+def _holding_after_each_push(scenario: Scenario) -> Iterator[OnlineBinPacker]:
+    """The packer of ``scenario`` (with ``max_wait``, 2 where it has none) after each push that
+    leaves it holding candidates."""
     config, stream = scenario
     if config["max_wait"] is None:
         config = {**config, "max_wait": 2}
@@ -233,7 +229,18 @@ def test_whether_the_deadlines_are_late_unless_some_leave_is_known_after_every_p
     for key, (length, nbytes) in enumerate(stream):
         packer.push(key, length, nbytes=nbytes)
         if packer.held:
-            assert packer._late_unless_some_leave() is (not packer._schedulable([]))
+            yield packer
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios())
+def test_whether_the_deadlines_are_late_unless_some_leave_is_known_after_every_push(
+    scenario: Scenario,
+) -> None:
+    """The packer keeps that answer until a bin leaves (a push never makes the deadline bins
+    late); it must equal the schedule checked afresh, whatever the pushes since."""
+    for packer in _holding_after_each_push(scenario):
+        assert packer._late_unless_some_leave() is (not packer._schedulable([]))
 
 
 @settings(max_examples=200, deadline=None)
@@ -242,17 +249,11 @@ def test_the_earliest_deadline_bin_is_known_after_every_push(scenario: Scenario)
     """The packer keeps the earliest-deadline bin's members until a bin leaves (a push adds to
     a bin without changing its oldest member, or opens the latest); they must equal the bin
     found afresh, whatever the pushes since."""
-    config, stream = scenario
-    if config["max_wait"] is None:
-        config = {**config, "max_wait": 2}
-    packer = packer_of(config, overlong="skip")
-    for key, (length, nbytes) in enumerate(stream):
-        packer.push(key, length, nbytes=nbytes)
-        if packer.held:
-            bins = packer._deadline_bins
-            urgent = min(bins, key=lambda b: (bins[b].members[0].pushed_at, b))
-            want = [i for i, c in enumerate(packer.candidates) if c.deadline_bin == urgent]
-            assert packer._urgent() == want
+    for packer in _holding_after_each_push(scenario):
+        bins = packer._deadline_bins
+        urgent = min(bins, key=lambda b: (bins[b].members[0].pushed_at, b))
+        want = [i for i, c in enumerate(packer.candidates) if c.deadline_bin == urgent]
+        assert packer._urgent() == want
 
 
 def _push_steps(stream: list[tuple[int, int]]) -> list[Callable[[OnlineBinPacker], Any]]:
