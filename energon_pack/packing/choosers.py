@@ -253,6 +253,8 @@ class BalancedChooser(CappedChooser):
     vision tokens. A pack is, in turn:
 
     * led by the candidate that should go next (:meth:`_lead`), topped up with light ones;
+      early, a lead that carries vision tokens leaves only within :data:`BALANCE_SLACK` below
+      its goal (a text-only one may leave lighter: only its row could take it);
     * media-carrying candidates whose vision tokens sum near the aim, topped up with light ones
       walked toward the target (:meth:`_paired`): early, only within :data:`BALANCE_SLACK`
       below and :data:`BALANCE_TOLERANCE` above the target;
@@ -283,13 +285,15 @@ class BalancedChooser(CappedChooser):
         attempts = []
         lead = None if forced else self._lead(pool, target)
         if lead is not None:
-            goal = max(target, pool.candidates[lead].vision)
+            led = pool.candidates[lead].vision
+            goal = max(target, led)
             attempts.append(
                 Attempt(
                     [lead],
                     _tolerated(cap, goal),
                     most,
                     () if early else (goal,),
+                    math.ceil(goal * (1 - BALANCE_SLACK)) if early and led else 0,
                     goal=goal,
                     forced_fill=BALANCED_FILL,
                     light_first=True,
