@@ -254,7 +254,7 @@ class BalancedChooser(CappedChooser):
 
     * led by the candidate that should go next (:meth:`_lead`), topped up with light ones;
       early, a lead that carries vision tokens leaves only within :data:`BALANCE_SLACK` below
-      its goal (a text-only one may leave lighter: only its row could take it);
+      its goal (a text-only one may leave lighter);
     * media-carrying candidates whose vision tokens sum near the aim, topped up with light ones
       walked toward the target (:meth:`_paired`): early, only within :data:`BALANCE_SLACK`
       below and :data:`BALANCE_TOLERANCE` above the target;
