@@ -252,9 +252,10 @@ class BalancedChooser(CappedChooser):
     (:data:`LIGHT_STEPS`) as a subset-sum bitset of their units and the others as one of their
     vision tokens. A pack is, in turn:
 
-    * led by the candidate that should go next (:meth:`_lead`), topped up with light ones;
-      early, a lead that carries vision tokens leaves only within :data:`BALANCE_SLACK` below
-      its goal (a text-only one may leave lighter);
+    * led by the candidate that should go next (:meth:`_lead`), topped up with light ones
+      (with no vision tokens where the lead alone passes the target); early, a lead that
+      carries vision tokens leaves only within :data:`BALANCE_SLACK` below its goal (a
+      text-only one may leave lighter);
     * media-carrying candidates whose vision tokens sum near the aim, topped up with light ones
       walked toward the target (:meth:`_paired`): early, only within :data:`BALANCE_SLACK`
       below and :data:`BALANCE_TOLERANCE` above the target;
@@ -290,7 +291,7 @@ class BalancedChooser(CappedChooser):
             attempts.append(
                 Attempt(
                     [lead],
-                    _tolerated(cap, goal),
+                    led if led > target else _tolerated(cap, goal),
                     most,
                     () if early else (goal,),
                     math.ceil(goal * (1 - BALANCE_SLACK)) if early and led else 0,
