@@ -294,7 +294,7 @@ class BalancedChooser(CappedChooser):
                     led if led > target else _tolerated(cap, goal),
                     most,
                     () if early else (goal,),
-                    math.ceil(goal * (1 - BALANCE_SLACK)) if early and led else 0,
+                    _slackened(goal) if early and led else 0,
                     goal=goal,
                     forced_fill=BALANCED_FILL,
                     light_first=True,
@@ -302,9 +302,8 @@ class BalancedChooser(CappedChooser):
                 )
             )
         goal = max([target, *(pool.candidates[i].vision for i in forced)])
-        least = math.ceil(goal * (1 - BALANCE_SLACK))
         within = _tolerated(cap, goal)
-        attempts.append(Attempt(forced, within, most, (), least, goal=goal, paired=True))
+        attempts.append(Attempt(forced, within, most, (), _slackened(goal), goal=goal, paired=True))
         if not early:
             aims = tuple(goal * aim for aim in AIMS)
             attempts.append(
@@ -477,6 +476,11 @@ def _paired(light: SubsetSums, dense: SubsetSums, need: _Need) -> list[Candidate
         if filled is not None:
             return filled
     return None
+
+
+def _slackened(goal: float) -> int:
+    """The fewest vision tokens an early pack aimed at ``goal`` leaves with: its slack below it."""
+    return math.ceil(goal * (1 - BALANCE_SLACK))
 
 
 def _tolerated(cap: int | None, goal: float) -> int:
