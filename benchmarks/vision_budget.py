@@ -405,26 +405,34 @@ def cost_stream(stream: str, seed: int) -> tuple[list[VisionSample], dict[str, o
 
 def profile(stream: str, buffer: int, seed: int) -> None:
     """Where the packer with caps + balance spends its time on ``stream`` at ``buffer`` (seq
-    8192): why its packs left, and the functions that take the most time of their own."""
+    8192): why its packs left, how many candidates it holds on average (against caps alone:
+    the searches and the subset sums rebuilt after each pack grow with them), and the functions
+    that take the most time of their own."""
     samples, caps = cost_stream(stream, seed)
     size, bound = (AUTO_START, BufferConfig()) if buffer == AUTO else (buffer, COUNT_BOUND)
-    packer = OnlineBinPacker(
-        8192,
-        size,
-        overlong="skip",
-        buffer=bound,
-        vision=VisionBudget(**caps, balance=True),  # type: ignore[arg-type]
-    )
+
+    def packer(balance: bool) -> OnlineBinPacker:
+        budget = VisionBudget(**caps, balance=balance)  # type: ignore[arg-type]
+        return OnlineBinPacker(8192, size, overlong="skip", buffer=bound, vision=budget)
+
+    def held_on_average(packer: OnlineBinPacker) -> float:
+        held = 0
+        for index, s in enumerate(samples):
+            packer.push(index, s.length, vision_tokens=s.vision_tokens, media=s.media)
+            held += len(packer.candidates)
+        return held / len(samples)
+
+    balanced = packer(balance=True)
     profiler = cProfile.Profile()
     profiler.enable()
-    for index, s in enumerate(samples):
-        packer.push(index, s.length, vision_tokens=s.vision_tokens, media=s.media)
+    held = held_on_average(balanced)
     profiler.disable()
-    stats = packer.stats
+    stats = balanced.stats
     print(
         f"{stream}, buffer {buffer_name(buffer)}, caps + balance ({caps}): {stats.bins} packs "
         f"of {len(samples)} samples; left because {stats.emitted_by}; longest wait "
-        f"{stats.max_wait} packs (max_wait {bound.max_wait})"
+        f"{stats.max_wait} packs (max_wait {bound.max_wait}); {held:.0f} candidates held on "
+        f"average after a push ({held_on_average(packer(balance=False)):.0f} with caps alone)"
     )
     pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
 
