@@ -479,7 +479,8 @@ def _paired(light: SubsetSums, dense: SubsetSums, need: _Need) -> list[Candidate
 
 
 def _slackened(goal: float) -> int:
-    """The fewest vision tokens an early pack aimed at ``goal`` leaves with: its slack below it."""
+    """The fewest vision tokens a pack kept near ``goal`` leaves with: :data:`BALANCE_SLACK`
+    below it."""
     return math.ceil(goal * (1 - BALANCE_SLACK))
 
 
