@@ -411,7 +411,7 @@ def profile(stream: str, buffer: int, seed: int) -> None:
     samples, caps = cost_stream(stream, seed)
     size, bound = (AUTO_START, BufferConfig()) if buffer == AUTO else (buffer, COUNT_BOUND)
 
-    def packer(balance: bool) -> OnlineBinPacker:
+    def new_packer(balance: bool) -> OnlineBinPacker:
         budget = VisionBudget(**caps, balance=balance)  # type: ignore[arg-type]
         return OnlineBinPacker(8192, size, overlong="skip", buffer=bound, vision=budget)
 
@@ -422,7 +422,7 @@ def profile(stream: str, buffer: int, seed: int) -> None:
             held += len(packer.candidates)
         return held / len(samples)
 
-    balanced = packer(balance=True)
+    balanced = new_packer(balance=True)
     profiler = cProfile.Profile()
     profiler.enable()
     held = held_on_average(balanced)
@@ -432,7 +432,7 @@ def profile(stream: str, buffer: int, seed: int) -> None:
         f"{stream}, buffer {buffer_name(buffer)}, caps + balance ({caps}): {stats.bins} packs "
         f"of {len(samples)} samples; left because {stats.emitted_by}; longest wait "
         f"{stats.max_wait} packs (max_wait {bound.max_wait}); {held:.0f} candidates held on "
-        f"average after a push ({held_on_average(packer(balance=False)):.0f} with caps alone)"
+        f"average after a push ({held_on_average(new_packer(balance=False)):.0f} with caps alone)"
     )
     pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
 
