@@ -258,7 +258,9 @@ class BalancedChooser(CappedChooser):
       text-only one may leave lighter);
     * media-carrying candidates whose vision tokens sum near the aim, topped up with light ones
       walked toward the target (:meth:`_paired`): early, only within :data:`BALANCE_SLACK`
-      below and :data:`BALANCE_TOLERANCE` above the target;
+      below and :data:`BALANCE_TOLERANCE` above the target; right after a pack left, where
+      that pick finds none, a walk over all candidates steered to the target within the same
+      bounds (:func:`_steered_early`);
     * forced to leave: walks over all candidates steered to the target (:data:`AIMS`), then any
       walk within the caps, then the fallback of :class:`CappedChooser`.
     """
@@ -302,8 +304,9 @@ class BalancedChooser(CappedChooser):
                 )
             )
         goal = max([target, *(pool.candidates[i].vision for i in forced)])
-        within = _tolerated(cap, goal)
-        attempts.append(Attempt(forced, within, most, (), _slackened(goal), goal=goal, paired=True))
+        within, least = _tolerated(cap, goal), _slackened(goal)
+        steered = (goal,) if early and _steered_early(pool, least) else ()
+        attempts.append(Attempt(forced, within, most, steered, least, goal=goal, paired=True))
         if not early:
             aims = tuple(goal * aim for aim in AIMS)
             attempts.append(
@@ -476,6 +479,14 @@ def _paired(light: SubsetSums, dense: SubsetSums, need: _Need) -> list[Candidate
         if filled is not None:
             return filled
     return None
+
+
+def _steered_early(pool: Pool, least: int) -> bool:
+    """Whether an early paired pick that finds nothing also walks over all held candidates
+    steered to its goal: only right after a pack left (once per pack: such a walk costs more than
+    the pick), and only where the held candidates together carry the ``least`` vision tokens the
+    pack must leave with (else no walk finds one)."""
+    return pool.fresh == 0 and sum(pool.vision) >= least
 
 
 def _slackened(goal: float) -> int:
