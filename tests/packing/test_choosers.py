@@ -312,21 +312,17 @@ def test_first_fit_takes_the_oldest_that_fit_the_row_and_the_caps() -> None:
     assert first_fit(row, [], VisionBudget(max_media=1)) == [0, 2]  # type: ignore[arg-type]
 
 
-class _Held:
-    """A balanced chooser's view of the packer: held candidates (units, vision tokens) in a row
-    of 100 units that must be full to leave early, a fixed vision target, and the pushes since
-    the last pack left."""
+class _Held(_Row):
+    """A balanced chooser's view of the packer: held candidates (units, vision tokens; one
+    medium each where they carry vision tokens) in a row of 100 units that must be full to leave
+    early, a fixed vision target, and the pushes since the last pack left."""
 
     def __init__(self, sizes: list[tuple[int, int]], target: float, fresh: int) -> None:
-        self.candidates = [
-            Candidate(k, u, u, 0, -1, 0, vision=v, media=int(v > 0))
-            for k, (u, v) in enumerate(sizes)
-        ]
-        self.units = [u for u, _ in sizes]
-        self.vision = [v for _, v in sizes]
-        self.media = [int(v > 0) for _, v in sizes]
+        super().__init__([(u, v, int(v > 0)) for u, v in sizes], cap_units=100)
+        self.vision = [c.vision for c in self.candidates]
+        self.media = [c.media for c in self.candidates]
         self.prefix = prefixes(self.units, 1, (1 << 101) - 1)
-        self.cap_units = self.fill_units = 100
+        self.fill_units = 100
         self.emitted, self.fresh, self.max_wait = 0, fresh, None
         self._target = target
 
