@@ -42,6 +42,7 @@ from energon_pack.packing.vision_budget import BALANCE_SLACK, BALANCE_TOLERANCE,
 from energon_pack.packing.walks import (
     FORCED_FILLS,
     Attempt,
+    Beside,
     Pool,
     beside,
     due,
@@ -345,7 +346,7 @@ class BalancedChooser(CappedChooser):
         tries = 1 if early else 0  # 0: as many as a forced pack tries
         if attempt.light_first:
             picked = _filled(light, [], _Need(room, lowest, least, limits, tries or LIGHT_SUMS))
-        if picked is None and attempt.paired:
+        if picked is None and attempt.paired and not _paired_as_filled(attempt, left):
             dense = self._without(self._dense, leaving)
             picked = _paired(light, dense, _Need(room, lowest, least, limits, tries))
         if picked is not None:
@@ -479,6 +480,13 @@ def _paired(light: SubsetSums, dense: SubsetSums, need: _Need) -> list[Candidate
         if filled is not None:
             return filled
     return None
+
+
+def _paired_as_filled(attempt: Attempt, left: Beside) -> bool:
+    """Whether the paired pick of ``attempt`` would only repeat its light-first one: the forced
+    candidates leave no vision tokens (the one pick is then of no media-carrying candidate, the
+    rest filled with light ones as the light-first one fills it, toward the same goal)."""
+    return attempt.light_first and left.vision == 0 and attempt.goal >= left.carried
 
 
 def _steered_early(pool: Pool, least: int) -> bool:

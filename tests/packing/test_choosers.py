@@ -16,7 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energon_pack import BufferConfig, OnlineBinPacker, VisionBudget, straggler_ratio
-from energon_pack.packing.choosers import BalancedChooser, CappedChooser
+from energon_pack.packing.choosers import (
+    LIGHT_SUMS,
+    BalancedChooser,
+    CappedChooser,
+    _filled,
+    _Need,
+    _paired,
+    _paired_as_filled,
+)
 from energon_pack.packing.packer_state import Candidate, DeadlineBin
 from energon_pack.packing.subset_sums import (
     Limits,
@@ -27,7 +35,7 @@ from energon_pack.packing.subset_sums import (
 )
 from energon_pack.packing.synthetic import VisionSample, vision_mix
 from energon_pack.packing.vision_budget import BALANCE_SLACK, BALANCE_TOLERANCE
-from energon_pack.packing.walks import due, first_fit
+from energon_pack.packing.walks import Attempt, Beside, due, first_fit
 
 Item = tuple[int, int, int]
 """(units, vision tokens, media) of one held item."""
@@ -154,6 +162,49 @@ def test_a_steered_walk_is_a_subset_at_the_sum_within_its_limits(
     assert walked.media == sum(media[i] for i in walked.chosen)
     assert vision_cap is None or walked.vision <= vision_cap
     assert media_cap is None or walked.media <= media_cap
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    light_items=st.lists(  # mostly text-only: a row left no vision tokens takes only those
+        st.tuples(st.integers(1, 40), st.sampled_from([0, 0, 0, 2]), st.integers(0, 4)),
+        max_size=14,
+    ),
+    dense_items=held_items,
+    room=st.integers(0, 120),
+    lowest=st.integers(-20, 120),
+    least=st.integers(-30, 30),
+    media_cap=st.one_of(st.none(), st.integers(0, 10)),
+    goal=st.floats(0, 60),
+    tries=st.sampled_from([0, 1]),
+)
+def test_with_no_vision_tokens_left_the_paired_pick_is_the_light_fill(
+    light_items: list[Item],
+    dense_items: list[Item],
+    room: int,
+    lowest: int,
+    least: int,
+    media_cap: int | None,
+    goal: float,
+    tries: int,
+) -> None:
+    """Where a row's forced candidates leave it no vision tokens, the paired pick (some
+    media-carrying candidates, topped up with light ones) picks none of them and tops up as the
+    light-first fill does: the balanced chooser skips it after that fill found nothing."""
+    light = _fresh(
+        "units", [Candidate(k, u, u, 0, -1, 0, v, m) for k, (u, v, m) in enumerate(light_items)]
+    )
+    dense = _fresh(
+        "vision",
+        [Candidate(100 + k, u, u, 0, -1, 0, v + 1, m) for k, (u, v, m) in enumerate(dense_items)],
+    )
+    need = _Need(room, lowest, least, Limits(0, media_cap, goal), tries)
+    filled = _filled(light, [], need._replace(tries=tries or LIGHT_SUMS))
+    assert _paired(light, dense, need) == filled
+    forced = Attempt([0], 5, None, (), goal=5.0 + goal, light_first=True, paired=True)
+    assert _paired_as_filled(forced, Beside(room, 0, media_cap, 5))
+    assert not _paired_as_filled(forced, Beside(room, 1, media_cap, 5))
+    assert not _paired_as_filled(forced._replace(goal=4.0), Beside(room, 0, media_cap, 5))
 
 
 def _steered_by_hand(
