@@ -494,7 +494,7 @@ def _steered_early(pool: Pool, least: int) -> bool:
     steered to its goal: only right after a pack left (once per pack: such a walk costs more than
     the pick), and only where the held candidates together carry the ``least`` vision tokens the
     pack must leave with (else no walk finds one)."""
-    return pool.fresh == 0 and sum(pool.vision) >= least
+    return pool.fresh == 0 and pool.held_vision >= least
 
 
 def _slackened(goal: float) -> int:

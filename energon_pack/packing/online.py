@@ -256,6 +256,11 @@ class OnlineBinPacker:
         """Held candidates pushed since the last bin left."""
         return self._fresh
 
+    @property
+    def held_vision(self) -> int:
+        """Vision tokens of the held candidates together."""
+        return self._held_vision
+
     def vision_target(self) -> float:
         """The stream's vision tokens per token so far (emitted and held; starting from the
         budget's ``vision_share`` where known) times the capacity."""

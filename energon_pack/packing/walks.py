@@ -65,8 +65,8 @@ class Pool(Protocol):
     """What a chooser reads of the packer: the held candidates in stream order, their aligned
     units, vision tokens and media, the subset sums of their units (``prefix[i]``: sums reachable
     by the first ``i``), the row's size in units, the units a pack needs to leave early, the
-    packs emitted so far, the candidates pushed since the last one, ``max_wait`` and the vision
-    target."""
+    packs emitted so far, the candidates pushed since the last one, ``max_wait``, the held
+    candidates' vision tokens together and the vision target."""
 
     @property
     def candidates(self) -> Sequence[Candidate]: ...
@@ -88,6 +88,8 @@ class Pool(Protocol):
     def fresh(self) -> int: ...
     @property
     def max_wait(self) -> int | None: ...
+    @property
+    def held_vision(self) -> int: ...
     def vision_target(self) -> float: ...
 
 

@@ -372,6 +372,7 @@ class _Held(_Row):
         super().__init__([(u, v, int(v > 0)) for u, v in sizes], cap_units=100)
         self.vision = [c.vision for c in self.candidates]
         self.media = [c.media for c in self.candidates]
+        self.held_vision = sum(self.vision)
         self.prefix = prefixes(self.units, 1, (1 << 101) - 1)
         self.fill_units = 100
         self.emitted, self.fresh, self.max_wait = 0, fresh, None
