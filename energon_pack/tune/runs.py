@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from energon_pack.encoding.families import ProcessorFamily
 from energon_pack.encoding.family import model_family
 from energon_pack.formats.dataset_trust import check_dataset_code
@@ -207,17 +209,76 @@ def sigint_held() -> Iterator[list[int]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def stop_workers(loader: Any) -> None:
-    """Stop the worker processes of a savable ``loader`` now (none started: nothing to do).
+STOP_GRACE_S = 2.0
+"""Seconds :func:`stop_workers` lets the loader workers, then the processes they started, end
+on their own before it terminates them."""
+
+
+def stop_workers(loader: Any, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop the worker processes of a savable ``loader`` now (none started: nothing to do), and
+    the processes they started (their media decoder processes).
 
     Energon's loader keeps its torch iterator (persistent workers) in a reference cycle, so
     without this the workers live until gc finalizes it, at a random later point and about 5 s
-    per worker; torch has no public call for it, so this is the one that finalizer makes.
+    per worker; torch has no public call for it, so this is the one that finalizer makes. A
+    worker still busy with a pack after ``grace_s`` is terminated (torch would wait 5 s for each
+    in turn), and so is a process it started that is still there ``grace_s`` after it (a decoder
+    process still starting reads its end of input only once it has started).
     """
     iterator = getattr(loader, "_iterator", None)
     shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
+    if shutdown is None:
+        return
+    workers = list(getattr(iterator, "_workers", ()))
+    started = _started_by(workers)
+
+    def terminate_stragglers() -> None:
+        started.update(_started_by(workers))  # and what they started meanwhile
+        for worker in workers:
+            with contextlib.suppress(OSError, ValueError):  # gone, or closed meanwhile
+                if worker.is_alive():
+                    worker.terminate()
+
+    stragglers = threading.Timer(grace_s, terminate_stragglers)
+    stragglers.start()
+    try:
         shutdown()
+    finally:
+        stragglers.cancel()
+        stragglers.join()
+    alive = _still_running(list(started.values()), grace_s)
+    for process in alive:  # Python's resource trackers ignore SIGTERM, and end after the rest
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _still_running(alive, grace_s)
+
+
+def _started_by(workers: list[Any]) -> dict[int, psutil.Process]:
+    """The live processes the ``workers`` started, and those started by them, and so on, by
+    process id."""
+    started: dict[int, psutil.Process] = {}
+    for worker in workers:
+        with contextlib.suppress(psutil.Error, ValueError):  # gone, or closed
+            if worker.pid is not None:  # started
+                children = psutil.Process(worker.pid).children(recursive=True)
+                started.update((child.pid, child) for child in children)
+    return started
+
+
+def _still_running(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running after up to ``timeout_s`` (an exited one whose
+    parent has not reaped it yet has ended: :func:`psutil.wait_procs` would wait for it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = []
+        for process in processes:
+            with contextlib.suppress(psutil.Error):  # gone
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    running.append(process)
+        if not running or time.monotonic() >= deadline:
+            return running
+        processes = running
+        time.sleep(0.05)
 
 
 def _quiet_on_reset(hook: Callable[..., object], kind: type[BaseException], *rest: Any) -> None:

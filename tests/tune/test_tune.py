@@ -233,14 +233,21 @@ def left_in_group(group: int, grace_s: float) -> list[str]:
 
 
 def interrupt_tune(
-    dataset: Path, out: Path, *extra: str, when: tuple[str, str], again: bool = False
+    dataset: Path,
+    out: Path,
+    *extra: str,
+    when: tuple[str, str],
+    again: bool = False,
+    path: tuple[Path, ...] = (),
 ) -> tuple[int | None, float, str, str]:
     """Run ``energon-pack tune`` in a child process and press Ctrl-C (SIGINT to its process
     group, as a terminal does) once its ``when = (stream, regex)`` output appears (``again``:
-    once more 0.3 s later). Returns the exit status (None: no exit within ``EXIT_SECONDS``),
-    the seconds from the first Ctrl-C to the exit, stdout and stderr."""
+    once more 0.3 s later); ``path``: folders on its PYTHONPATH after the project's. Returns the
+    exit status (None: no exit within ``EXIT_SECONDS``), the seconds from the first Ctrl-C to
+    the exit, stdout and stderr."""
     args = tune(dataset, out, "--rss-budget-mb", "100000", *extra)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    python_path = os.pathsep.join(map(str, (ROOT, *path)))
+    env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "energon_pack.cli", *args],
         env=env,
@@ -349,6 +356,32 @@ def test_ctrl_c_in_every_phase_exits_130_within_seconds(
         assert runs == [(8, True)]
         assert report["interrupted"] is True
         assert "interrupted (Ctrl-C) during the lazy buffer 8 run" in stdout
+
+
+SLOW_DECODER_START = """
+import sys, time
+if "energon_pack.media" in " ".join(sys.orig_argv):  # a media decoder process, not the rest
+    print("decoder process starting", file=sys.stderr, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_ctrl_c_stops_decoder_processes_that_are_still_starting(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """A decoder process that takes long to start (a loaded machine) holds its loader worker in
+    the pack it is making: Ctrl-C still exits within seconds, and neither the worker nor the
+    decoder process outlives it (one that sleeps 60 s before it starts, and would read the end
+    of its input only then)."""
+    slow = tmp_path / "slow_start"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW_DECODER_START)
+    when = ("stderr", r"(?s)decoder process starting.*decoder process starting")  # both workers
+    status, seconds, stdout, stderr = interrupt_tune(
+        dataset, tmp_path / "out", *ENDLESS, when=when, path=(slow,)
+    )
+    assert_interrupted_exit(status, seconds, stderr)
+    assert "interrupted (Ctrl-C) during the lazy buffer 8 run" in stdout
 
 
 def test_tune_reads_a_bridge_dataset_through_another_description(tmp_path: Path) -> None:
