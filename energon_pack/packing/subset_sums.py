@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import accumulate
 from typing import Literal, NamedTuple
 
 from energon_pack.packing.packer_state import Candidate
@@ -191,9 +190,8 @@ def steered_subset(
         return Walked(plain, got_vision, got_media)
     count = len(units)
     scale = 1 / max(goal, 1.0)
-    below_units = [0, *accumulate(units)]  # what the older items carry, for the projections
-    below_vision = [0, *accumulate(vision)]
-    below_media = [0, *accumulate(media)]
+    # what the items older than the one walked carry, for the projections
+    older_units, older_vision, older_media = sum(units), sum(vision), sum(media)
     chosen: list[int] = []
     got_vision = got_media = 0
     rest = target
@@ -201,26 +199,32 @@ def steered_subset(
     most_vision = math.inf if limits.vision is None else limits.vision
     media_cap = math.inf if most_media is None else most_media
     media_scale = max(most_media or 0, 1)
+    half = prefix[-1].bit_length() >> 1  # a bit below it is read by a mask, above by a shift
     for index in range(count - 1, -1, -1):  # prefix[index + 1] reaches rest: each step keeps that
         if rest == 0:
             break
         reach = prefix[index]
         size = units[index]
-        if not (reach >> rest) & 1:  # the rest needs this item: rest - size is in reach
+        older_units -= size
+        older_vision -= vision[index]
+        older_media -= media[index]
+        if not (reach & (1 << rest) if rest < half else (reach >> rest) & 1):
+            # the rest needs this item: rest - size is in reach
             if got_vision + vision[index] > most_vision or got_media + media[index] > media_cap:
                 return None
             take = True
         elif (
             size > rest
-            or not (reach >> (rest - size)) & 1
+            or not (
+                reach & (1 << (rest - size)) if rest - size < half else (reach >> (rest - size)) & 1
+            )
             or got_vision + vision[index] > most_vision
             or got_media + media[index] > media_cap
         ):
             continue  # it can only be left out
         else:
-            older = below_units[index]
-            rate_vision = below_vision[index] / older if older else 0.0
-            rate_media = below_media[index] / older if older else 0.0
+            rate_vision = older_vision / older_units if older_units else 0.0
+            rate_media = older_media / older_units if older_units else 0.0
             # projections: what is taken so far, plus the rest at the older items' rates
             taken = abs(got_vision + vision[index] + (rest - size) * rate_vision - goal) * scale
             left = abs(got_vision + rest * rate_vision - goal) * scale
