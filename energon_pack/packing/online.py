@@ -72,6 +72,10 @@ BUDGET_MIN_ROWS = 4.0
 """Under a vision budget, a growing buffer (``min_rows``) holds at least this many rows' worth
 of tokens before a full buffer forces a pack out: rows within caps and near the balance target
 need more candidates to choose among than rows by tokens alone."""
+BALANCE_MIN_ROWS = 8.0
+"""With balance (``VisionBudget(balance=True)``), the same at least this many: rows near the
+target choose among still more candidates (at 4 rows' worth the most loaded of 8 ranks stayed up
+to 0.08 further above its floor with small images)."""
 
 MOVED = {
     "max_wait": Moved("buffer", "BufferConfig", "max_wait"),
@@ -179,13 +183,14 @@ class OnlineBinPacker:
 
     def _grow(self, min_rows: float | None, max_size: int) -> None:
         """Set the growing buffer's bounds (``min_rows=None``: ``buffer_size`` alone; under a
-        vision budget at least :data:`BUDGET_MIN_ROWS`). A buffer of one never grows: it is how
-        a row holds one sample (nothing packed)."""
+        vision budget at least :data:`BUDGET_MIN_ROWS`, with balance :data:`BALANCE_MIN_ROWS`).
+        A buffer of one never grows: it is how a row holds one sample (nothing packed)."""
         min_rows = None if self.buffer_size == 1 else min_rows
         self.min_rows = min_rows
         self.max_size = max_size
         if min_rows is not None and self.budget.active:
-            min_rows = max(min_rows, BUDGET_MIN_ROWS)
+            least = BALANCE_MIN_ROWS if self.budget.balance else BUDGET_MIN_ROWS
+            min_rows = max(min_rows, least)
         self._grow_units = 0 if min_rows is None else math.ceil(min_rows * self._cap_units)
         grows = min_rows is not None
         self.max_held = max(self.buffer_size, max_size) if grows else self.buffer_size

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from energon_pack import BufferConfig, OnlineBinPacker, PackingWarning
+from energon_pack import BufferConfig, OnlineBinPacker, PackingWarning, VisionBudget
 from energon_pack.packing.bins import Bin
 
 SEQ = 8192
@@ -66,6 +66,29 @@ def test_growth_stops_at_max_size_and_max_bytes() -> None:
         for key, length in enumerate(lengths):
             by_bytes.push(key, length, nbytes=1000)
             assert by_bytes.held_bytes <= 5000
+
+
+@pytest.mark.parametrize(
+    ("budget", "rows"),
+    [
+        (VisionBudget(), 2),
+        (VisionBudget(max_vision_tokens=4000), 4),
+        (VisionBudget(balance=True), 8),
+        (VisionBudget(max_vision_tokens=4000, balance=True), 8),
+    ],
+    ids=["tokens", "caps", "balance", "caps+balance"],
+)
+def test_a_vision_budget_grows_the_buffer_to_more_rows(budget: VisionBudget, rows: int) -> None:
+    """Samples of 100 tokens never fill a row of 1024 early (their sums are multiples of 100),
+    so the first row leaves when the full buffer holds its rows' worth: 2 by default, 4 under
+    caps, 8 with balance."""
+    packer = OnlineBinPacker(1024, 4, buffer=BufferConfig(max_wait=None), vision=budget)
+    pushed = 0
+    while not packer.push(pushed, 100, vision_tokens=10, media=1):
+        pushed += 1
+    assert pushed == rows * 1024 // 100  # the push that reached the rows' worth
+    assert packer.stats.bins == 1
+    assert packer.stats.items + packer.held == pushed + 1  # none lost
 
 
 def test_a_buffer_of_one_never_grows() -> None:
