@@ -25,7 +25,7 @@ from energon_pack.sources.files import name_os_errors
 
 if TYPE_CHECKING:
     from energon_pack.packing.packed import Decode
-    from energon_pack.tune import TuneResult, TuneSettings
+    from energon_pack.tune import CtrlC, TuneResult, TuneSettings
 
 
 def _vision_budget_note(settings: TuneSettings) -> str:
@@ -57,6 +57,7 @@ def _measure(
     vision_caps: Sequence[int | None],
     out: Path,
     results: list[TuneResult],
+    ctrl_c: CtrlC,
 ) -> None:
     """Run every (decode, buffer size, vision cap), appending to ``results``; a Ctrl-C leaves
     its run's row marked as interrupted and propagates."""
@@ -76,7 +77,7 @@ def _measure(
                 total = None if settings.one_epoch else settings.min_packs
                 with tqdm(desc=description, unit=" packs", total=total) as bar:
                     results[-1] = run_once(
-                        settings, buffer_size, decode, report_dir, bar.update, cap
+                        settings, buffer_size, decode, report_dir, ctrl_c.checked(bar.update), cap
                     )
                 if results[-1].interrupted:
                     raise KeyboardInterrupt
@@ -158,7 +159,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         try:
             with _log_to(out / "tune.log"):
                 caps = args.max_vision_tokens or [None]
-                _measure(settings, decodes, args.buffer_sizes, caps, out, results)
+                _measure(settings, decodes, args.buffer_sizes, caps, out, results, ctrl_c)
         except KeyboardInterrupt:
             pass
         except TuneError as error:
@@ -277,7 +278,7 @@ def _tune_plan(args: argparse.Namespace, plan_dir: Path) -> int:
         total = None if settings.one_epoch else settings.min_packs
         try:
             with _log_to(out / "tune.log"), tqdm(desc="plan", unit=" packs", total=total) as bar:
-                result = run_plan(settings, report_dir, bar.update)
+                result = run_plan(settings, report_dir, ctrl_c.checked(bar.update))
         except TuneError as error:
             ctrl_c.hold()
             log = out / "tune-error.log"

@@ -167,7 +167,8 @@ class TuneError(ValueError):
 class CtrlC:
     """Ctrl-C (SIGINT) in the main thread while active: the first one raises KeyboardInterrupt,
     unless :meth:`hold` was called; every later one, and any while held, is only counted, so
-    stopping the workers and writing what was measured is never cut short (no traceback)."""
+    stopping the workers and writing what was measured is never cut short (no traceback).
+    A run's per-pack callback wrapped by :meth:`checked` raises it again where it was lost."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -187,6 +188,19 @@ class CtrlC:
     def hold(self) -> None:
         """From now on a Ctrl-C is only counted."""
         self.held = True
+
+    def checked(self, on_pack: Callable[[], object]) -> Callable[[], None]:
+        """``on_pack``, then KeyboardInterrupt once a Ctrl-C came and nothing is held. The one
+        the Ctrl-C raised can be lost: raised inside the module init of a C extension being
+        imported (``numpy.random`` as a run starts), it is cleared there, and the run would go
+        on to its end."""
+
+        def call() -> None:
+            on_pack()
+            if self.count and not self.held:
+                raise KeyboardInterrupt
+
+        return call
 
     def _on_sigint(self, signum: int, frame: object) -> None:
         self.count += 1

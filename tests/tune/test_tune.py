@@ -384,6 +384,44 @@ def test_ctrl_c_stops_decoder_processes_that_are_still_starting(
     assert "interrupted (Ctrl-C) during the lazy buffer 8 run" in stdout
 
 
+SWALLOWED_CTRL_C = """
+import signal
+_install = signal.signal
+
+
+def _swallowing(signum, handler):
+    # The KeyboardInterrupt of tune's Ctrl-C handler is lost, as where it is raised inside the
+    # module init of a C extension being imported (numpy.random), which clears it.
+    if getattr(handler, "__name__", "") != "_on_sigint":
+        return _install(signum, handler)
+
+    def swallowed(signum, frame):
+        try:
+            handler(signum, frame)
+        except KeyboardInterrupt:
+            pass
+
+    return _install(signum, swallowed)
+
+
+signal.signal = _swallowing
+"""
+
+
+def test_a_ctrl_c_whose_interrupt_is_lost_still_ends_the_run(dataset: Path, tmp_path: Path) -> None:
+    """The KeyboardInterrupt a Ctrl-C raises can be cleared by code it lands in (a C extension's
+    module init, as tune imports numpy.random while a run starts): the run still ends at its
+    next pack, and tune exits 130 within seconds, leaving no process."""
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    (lost / "sitecustomize.py").write_text(SWALLOWED_CTRL_C)
+    status, seconds, stdout, stderr = interrupt_tune(
+        dataset, tmp_path / "out", *ENDLESS, when=("stderr", RECEIVED), path=(lost,)
+    )
+    assert_interrupted_exit(status, seconds, stderr)
+    assert "interrupted (Ctrl-C) during the lazy buffer 8 run" in stdout
+
+
 def test_tune_reads_a_bridge_dataset_through_another_description(tmp_path: Path) -> None:
     """``--dataset-config crude.yaml``: a ChatMLWebdataset's shards, tuned without Bridge."""
     mantis = ROOT / "fixtures" / "bridge_layouts" / "mantis"
