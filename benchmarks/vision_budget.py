@@ -18,7 +18,7 @@ growing from 16 samples):
   greedy         an InternVL-style greedy packer under the same caps: each sample joins the first
                  open pack it fits (tokens, V, K); a pack leaves once 99% full or at a cap; when
                  the buffer holds `buffer` samples the fullest pack leaves (at AUTO, once it
-                 also holds BUDGET_MIN_ROWS rows' worth, as the budgeted online packer)
+                 also holds BUDGET_MIN_ROWS rows' worth, as the capped online packer)
 
 V = 1.5x the uncapped mean vision tokens per pack and K = ceil(1.5x its mean media per pack).
 Figures: bin fill, vision tokens per pack (mean, max), the share of packs above 1.5x the
