@@ -170,7 +170,7 @@ class OnlineBinPacker:
             self.capacity,
             self.align,
             self.buffer_size,
-            self.min_rows,
+            self.grown_rows,
             self.max_size,
             self.max_bytes,
         )
@@ -191,6 +191,9 @@ class OnlineBinPacker:
         if min_rows is not None and self.budget.active:
             least = BALANCE_MIN_ROWS if self.budget.balance else BUDGET_MIN_ROWS
             min_rows = max(min_rows, least)
+        self.grown_rows = min_rows
+        """The rows' worth a growing buffer holds before it is full: ``min_rows``, raised under a
+        vision budget (None: bounded by ``buffer_size`` alone)."""
         self._grow_units = 0 if min_rows is None else math.ceil(min_rows * self._cap_units)
         grows = min_rows is not None
         self.max_held = max(self.buffer_size, max_size) if grows else self.buffer_size
@@ -414,9 +417,11 @@ class OnlineBinPacker:
             logger.warning(
                 "restoring a packer state saved by a buffer bounded by its count alone: this run "
                 "keeps packing_buffer_size=%d as its bound, as it was saved (BufferConfig("
-                "min_rows=None)); a fresh run grows the buffer to min_rows=%s rows' worth",
+                "min_rows=None)); a fresh run grows the buffer to %s rows' worth (min_rows=%s%s)",
                 self.buffer_size,
+                self.grown_rows,
                 self.min_rows,
+                ", raised under the vision budget" if self.grown_rows != self.min_rows else "",
             )
             self._grow(None, self.max_size)
         self._reset()

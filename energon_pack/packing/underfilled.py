@@ -22,8 +22,9 @@ UNDERFILLED_FILL = 0.9
 
 class UnderfilledWatch:
     """Counts the packs that left a full buffer and the units they filled; warns once where
-    most packs left so, under-filled. ``min_rows`` and ``max_size`` are the growing buffer's
-    (None: ``buffer_size`` alone bounds it); ``max_bytes`` the byte bound."""
+    most packs left so, under-filled. ``min_rows`` (the rows' worth it grows to, raised under a
+    vision budget) and ``max_size`` are the growing buffer's (None: ``buffer_size`` alone bounds
+    it); ``max_bytes`` the byte bound."""
 
     def __init__(
         self,
@@ -71,7 +72,7 @@ class UnderfilledWatch:
             "buffer_size": f"raise packing_buffer_size to about {wanted}, or pass "
             f"BufferConfig(min_rows={rows:g}) to let the buffer grow to {rows:g} rows' worth",
             "max_size": f"raise BufferConfig(max_size={self.max_size}) to about {wanted}",
-            "min_rows": f"raise BufferConfig(min_rows={self.min_rows})",
+            "min_rows": f"raise BufferConfig(min_rows=...) above {rows:g}",
         }
         return (
             f"{self.packs} of {stats.bins} packs left because the candidate buffer was full "

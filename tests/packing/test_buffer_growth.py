@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import warnings
 
 import pytest
@@ -116,6 +117,24 @@ def test_a_buffer_held_at_max_size_names_max_size() -> None:
         run(packer, short_turns(2000))
 
 
+@pytest.mark.parametrize(
+    ("budget", "rows"),
+    [(VisionBudget(), 2), (VisionBudget(balance=True), 8)],
+    ids=["tokens", "balance"],
+)
+def test_the_max_size_advice_counts_the_rows_a_budget_raises(
+    budget: VisionBudget, rows: int
+) -> None:
+    """The buffer must hold the rows' worth it grows to, 8 with balance, not the setting's 2."""
+    packer = OnlineBinPacker(SEQ, 8, buffer=BufferConfig(max_size=12), vision=budget)
+    with pytest.warns(PackingWarning) as caught:
+        run(packer, short_turns(2000))
+    message = str(caught[0].message)
+    per_row = int(re.search(r"needs about (\d+)", message)[1])  # type: ignore[index]
+    wanted = int(re.search(r"max_size=12\) to about (\d+)", message)[1])  # type: ignore[index]
+    assert abs(wanted - rows * per_row) <= rows  # per_row is rounded in the message
+
+
 def test_a_filling_buffer_does_not_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", PackingWarning)
@@ -149,6 +168,22 @@ def test_a_count_bounded_state_restores_as_it_was_saved(caplog: pytest.LogCaptur
     assert after == original
     assert restored.min_rows is None
     assert "keeps packing_buffer_size=16 as its bound" in caplog.text
+
+
+def test_a_count_bounded_state_restored_under_balance_names_the_rows_it_grows_to(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    balance = VisionBudget(balance=True)
+    count_bound = BufferConfig(min_rows=None)
+    saved_by = OnlineBinPacker(SEQ, 16, align=8, buffer=count_bound, vision=balance)
+    for key, length in enumerate(short_turns(40)):
+        saved_by.push(key, length)
+    restored = OnlineBinPacker(SEQ, 16, align=8, vision=balance)
+    with caplog.at_level(logging.WARNING, logger="energon_pack.packing"):
+        restored.load_state_dict(saved_by.state_dict())
+    assert "grows the buffer to 8.0 rows' worth (min_rows=2.0, raised under the vision" in (
+        caplog.text
+    )
 
 
 def test_a_growing_state_is_refused_by_a_count_bounded_packer() -> None:
