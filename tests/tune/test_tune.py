@@ -3,22 +3,15 @@ errors from loader workers, and Ctrl-C."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import pytest
 from helpers import fixture_maker, image_bytes
+from interrupted import assert_interrupted_exit, interrupt_cli, losing
 from PIL import Image
 
 from energon_pack.cli import main
@@ -204,32 +197,9 @@ def test_an_error_in_a_worker_is_one_line_with_the_fix(
     assert "DataLoader worker process" in (tmp_path / "tune-error.log").read_text()
 
 
-EXIT_SECONDS = 10.0
-"""From Ctrl-C to the exit of a tune (it prints and writes what it measured): a few seconds, also
-on a loaded machine; a run once hung for minutes."""
 # The progress bar on stderr counts the packs the main process has received.
 RECEIVED = r"lazy buffer 8:.*?\b[1-9]\d*(?:/\d+ | packs)"  # n/total or n
 ENDLESS = ("--min-packs", "100000000")  # far beyond the data: repeat it until interrupted
-
-
-def _read(fd: int, into: list[bytes]) -> None:
-    while chunk := os.read(fd, 65536):  # not by lines: the progress bar redraws with \r
-        into.append(chunk)
-
-
-def left_in_group(group: int, grace_s: float) -> list[str]:
-    """The live processes of a process group (its loader workers, their decoder processes)
-    that are still there after ``grace_s``."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        left = []
-        for proc in psutil.process_iter(["name", "status"]):
-            with contextlib.suppress(OSError, psutil.Error):
-                if os.getpgid(proc.pid) == group and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                    left.append(f"{proc.pid} {proc.info['name']}")
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
 
 
 def interrupt_tune(
@@ -240,66 +210,9 @@ def interrupt_tune(
     again: bool = False,
     path: tuple[Path, ...] = (),
 ) -> tuple[int | None, float, str, str]:
-    """Run ``energon-pack tune`` in a child process and press Ctrl-C (SIGINT to its process
-    group, as a terminal does) once its ``when = (stream, regex)`` output appears (``again``:
-    once more 0.3 s later); ``path``: folders on its PYTHONPATH after the project's. Returns the
-    exit status (None: no exit within ``EXIT_SECONDS``), the seconds from the first Ctrl-C to
-    the exit, stdout and stderr."""
+    """:func:`interrupt_cli` on ``energon-pack tune`` over ``dataset`` (buffers 8 and 32)."""
     args = tune(dataset, out, "--rss-budget-mb", "100000", *extra)
-    python_path = os.pathsep.join(map(str, (ROOT, *path)))
-    env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "energon_pack.cli", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group, as in a terminal
-    )
-    assert process.stdout is not None
-    assert process.stderr is not None
-    streams: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
-    readers = [
-        threading.Thread(target=_read, args=(pipe.fileno(), streams[name]), daemon=True)
-        for name, pipe in (("stdout", process.stdout), ("stderr", process.stderr))
-    ]
-    for reader in readers:
-        reader.start()
-
-    def text(name: str) -> str:
-        return b"".join(streams[name]).decode(errors="replace")
-
-    stream, pattern = when
-    deadline = time.monotonic() + 300
-    try:
-        while not re.search(pattern, text(stream)):
-            assert process.poll() is None, text("stderr")
-            assert time.monotonic() < deadline, f"no {pattern!r} in {stream}: {text(stream)}"
-            time.sleep(0.05)
-        interrupted = time.monotonic()
-        os.killpg(process.pid, signal.SIGINT)
-        if again:
-            time.sleep(0.3)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=EXIT_SECONDS)
-        seconds = time.monotonic() - interrupted
-        left = left_in_group(process.pid, grace_s=2.0)
-        assert not left, f"processes outlived tune: {left}"
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the workers too, if any is left
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    for reader in readers:
-        reader.join(timeout=10)
-    print(f"exit {seconds:.2f} s after Ctrl-C")  # shown with -s
-    return process.returncode if seconds < EXIT_SECONDS else None, seconds, *map(text, streams)
-
-
-def assert_interrupted_exit(status: int | None, seconds: float, stderr: str) -> None:
-    assert status is not None, f"no exit {seconds:.1f} s after Ctrl-C: {stderr}"
-    assert status == 130, stderr
-    assert "Traceback" not in stderr
+    return interrupt_cli(args, when=when, again=again, path=path)
 
 
 def test_ctrl_c_exits_130_and_marks_the_interrupted_run(dataset: Path, tmp_path: Path) -> None:
@@ -384,39 +297,12 @@ def test_ctrl_c_stops_decoder_processes_that_are_still_starting(
     assert "interrupted (Ctrl-C) during the lazy buffer 8 run" in stdout
 
 
-SWALLOWED_CTRL_C = """
-import signal
-_install = signal.signal
-
-
-def _swallowing(signum, handler):
-    # The KeyboardInterrupt of tune's Ctrl-C handler is lost, as where it is raised inside the
-    # module init of a C extension being imported (numpy.random), which clears it.
-    if getattr(handler, "__name__", "") != "_on_sigint":
-        return _install(signum, handler)
-
-    def swallowed(signum, frame):
-        try:
-            handler(signum, frame)
-        except KeyboardInterrupt:
-            pass
-
-    return _install(signum, swallowed)
-
-
-signal.signal = _swallowing
-"""
-
-
 def test_a_ctrl_c_whose_interrupt_is_lost_still_ends_the_run(dataset: Path, tmp_path: Path) -> None:
     """The KeyboardInterrupt a Ctrl-C raises can be cleared by code it lands in (a C extension's
     module init, as tune imports numpy.random while a run starts): the run still ends at its
     next pack, and tune exits 130 within seconds, leaving no process."""
-    lost = tmp_path / "lost"
-    lost.mkdir()
-    (lost / "sitecustomize.py").write_text(SWALLOWED_CTRL_C)
     status, seconds, stdout, stderr = interrupt_tune(
-        dataset, tmp_path / "out", *ENDLESS, when=("stderr", RECEIVED), path=(lost,)
+        dataset, tmp_path / "out", *ENDLESS, when=("stderr", RECEIVED), path=(losing(tmp_path),)
     )
     assert_interrupted_exit(status, seconds, stderr)
     assert "interrupted (Ctrl-C) during the lazy buffer 8 run" in stdout

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from interrupted import assert_interrupted_exit, interrupt_cli, losing
 from plan_rows import ChatRows, write_chat_rows
 
 from energon_pack import MonitorConfig, PlannedDataset, PlanSampler, RowLayout, make_encoder
 from energon_pack.cli import main
 from energon_pack.memory.report import load_report
 from energon_pack.plan import Plan, PlanSpec, plan_dataset
+
+RECEIVED = r"plan:.*?\b[1-9]\d*(?:/\d+ | packs)"  # the progress bar: packs received, n/total
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +84,23 @@ def test_tune_on_a_plan_refuses_the_online_runs_flags(
     assert "--max-vision-tokens: a plan's packs and budgets are fixed" in capsys.readouterr().err
     assert main([*argv, "--vision-share", "0"]) == 2  # a share of 0 is given, too
     assert "--max-vision-tokens, --vision-share: a plan's" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["ctrl_c", "ctrl_c_lost"])
+def test_ctrl_c_while_tune_reads_a_plan_exits_130(
+    plan_dir: Path, tmp_path: Path, lost: bool
+) -> None:
+    """Ctrl-C once packs arrive: tune stops its workers, writes what it read, marked
+    interrupted, and exits 130 within seconds, leaving no process; also where the
+    KeyboardInterrupt is lost (tune's own check ends the run at its next pack)."""
+    out = tmp_path / "out"
+    args = ["tune", str(plan_dir), "--num-workers", "2", "--min-packs", "100000000"]
+    path = (losing(tmp_path),) if lost else ()
+    status, seconds, stdout, stderr = interrupt_cli(
+        [*args, "--out", str(out)], when=("stderr", RECEIVED), path=path
+    )
+    assert_interrupted_exit(status, seconds, stderr)
+    (result,) = json.loads((out / "tune.json").read_text())["results"]
+    assert result["interrupted"] is True
+    assert result["packs"] > 0
+    assert "a plan's packs, 2 workers" in stdout
