@@ -19,12 +19,11 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
-from energon_pack import MediaConfig, PackingTaskEncoder
+from energon_pack import MediaConfig, PackingTaskEncoder, VisionBudget
 from energon_pack.cli.tables import format_table
 from energon_pack.tune import stop_workers
 
@@ -69,17 +68,17 @@ def main() -> None:
 
     main_process = psutil.Process(os.getpid())
     baseline_fds = main_process.num_fds()
-    budget: dict[str, Any] = (
-        {"max_vision_tokens": 300, "max_media": 6, "vision_balance": True}
+    budget = (
+        VisionBudget(max_vision_tokens=300, max_media=6, balance=True)
         if args.vision_budget
-        else {}
+        else VisionBudget()
     )
     encoder = PackingTaskEncoder(
         seq_length=8192,
         pad_to_multiple_of=8,
         media=MediaConfig(max_pixels=64 * 28 * 28, video_max_frames=4),
         overlong="skip",
-        **budget,
+        vision=budget,
     )
     dataset = get_train_dataset(
         ROOT / "fixtures" / "vlm_demo",
@@ -142,7 +141,7 @@ def main() -> None:
         )
     print(
         f"{samples} samples in {packs} packs, {elapsed:.0f} s ({samples / elapsed:.0f} samples/s), "
-        f"buffer {args.buffer}, 2 workers, vision budget {'on' if budget else 'off'}"
+        f"buffer {args.buffer}, 2 workers, vision budget {'on' if budget.active else 'off'}"
     )
     headers = ["process", "readings", "RSS MB first", "after warm-up", "last", "MB / 10k", "fds"]
     print(format_table(headers, rows))
@@ -157,7 +156,7 @@ def main() -> None:
         "samples": samples,
         "packs": packs,
         "seconds": elapsed,
-        "vision_budget": budget,
+        "vision_budget": budget.settings(),
         "processes": records,
         "children_left": len(left),
         "fds_before": baseline_fds,

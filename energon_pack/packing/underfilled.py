@@ -1,6 +1,7 @@
 """The once-only warning of :class:`~energon_pack.OnlineBinPacker` when most packs leave a full
-buffer under-filled: the buffer holds too few samples to fill a row at this stream's lengths. The
-warning names the fill, the samples a row needs and the setting to raise. Pure Python.
+buffer under-filled: the buffer holds too few samples to fill a row at this stream's lengths, or
+the vision caps keep out samples that would fill it. The warning names the fill, and the samples
+a row needs and the setting to raise, or the caps. Pure Python.
 """
 
 from __future__ import annotations
@@ -43,13 +44,22 @@ class UnderfilledWatch:
         self.max_bytes = max_bytes
         self.packs = 0
         self.units = 0
+        self.capped = 0
+        """Packs the vision caps kept held samples out of (samples that fit by tokens)."""
+        self.caps = ""
         self.warned = False
 
-    def note(self, units: int, bound: str, held: int, stats: PackerCounters) -> None:
+    def note(
+        self, units: int, bound: str, held: int, stats: PackerCounters, *, capped: str = ""
+    ) -> None:
         """A pack of ``units`` left a buffer full by ``bound`` holding ``held`` candidates;
-        ``stats`` are the packer's counters after it left."""
+        ``stats`` are the packer's counters after it left; ``capped``: the vision caps that
+        kept held samples out of it, as ``name=value`` settings ("" for none)."""
         self.packs += 1
         self.units += units
+        if capped:
+            self.capped += 1
+            self.caps = capped
         fill = self.units / (self.packs * (self.capacity // self.align))
         if (
             self.warned
@@ -63,6 +73,17 @@ class UnderfilledWatch:
         warnings.warn(self._message(fill, bound, held, stats), PackingWarning, stacklevel=4)
 
     def _message(self, fill: float, bound: str, held: int, stats: PackerCounters) -> str:
+        left = (
+            f"{self.packs} of {stats.bins} packs left because the candidate buffer was full "
+            f"({bound}), at bin fill {fill:.2f}"
+        )
+        if 2 * self.capped >= self.packs:
+            return (
+                f"{left}: in {self.capped} of them the vision budget's caps ({self.caps}) kept "
+                "out held samples that fit by tokens, so the caps, not the buffer, hold the fill "
+                "at this mix; raise the caps where the model's memory allows, or keep them and "
+                "this fill (a larger buffer helps only where it brings samples with fewer media)"
+            )
         mean = stats.aligned_tokens / stats.items
         per_row = self.capacity / mean
         rows = self.min_rows or DEFAULT_MIN_ROWS
@@ -75,8 +96,7 @@ class UnderfilledWatch:
             "min_rows": f"raise BufferConfig(min_rows=...) above {rows:g}",
         }
         return (
-            f"{self.packs} of {stats.bins} packs left because the candidate buffer was full "
-            f"({bound}), at bin fill {fill:.2f}: it held {held} samples, but at this stream's "
+            f"{left}: it held {held} samples, but at this stream's "
             f"mean of {mean:.0f} tokens a row of seq_length={self.capacity} needs about "
             f"{per_row:.0f}, and the buffer about {wanted} to choose among; {fixes[bound]}"
         )

@@ -99,8 +99,11 @@ def test_a_buffer_of_one_never_grows() -> None:
     assert "min_rows" not in packer.settings()
 
 
-def test_an_underfilled_full_buffer_warns_once_naming_the_fix() -> None:
-    packer = OnlineBinPacker(SEQ, 16, align=8, buffer=BufferConfig(min_rows=None))
+@pytest.mark.parametrize("budget", [VisionBudget(), VisionBudget(max_media=4)], ids=["", "caps"])
+def test_an_underfilled_full_buffer_warns_once_naming_the_fix(budget: VisionBudget) -> None:
+    """Text alone: caps or none, the buffer holds the fill down."""
+    count_bound = BufferConfig(min_rows=None)
+    packer = OnlineBinPacker(SEQ, 16, align=8, buffer=count_bound, vision=budget)
     with pytest.warns(PackingWarning) as caught:
         run(packer, short_turns(2000))
     assert len(caught) == 1
@@ -133,6 +136,36 @@ def test_the_max_size_advice_counts_the_rows_a_budget_raises(
     per_row = int(re.search(r"needs about (\d+)", message)[1])  # type: ignore[index]
     wanted = int(re.search(r"max_size=12\) to about (\d+)", message)[1])  # type: ignore[index]
     assert abs(wanted - rows * per_row) <= rows  # per_row is rounded in the message
+
+
+def test_caps_that_hold_the_fill_down_are_named_instead_of_the_buffer() -> None:
+    """Every sample carries an image and a row takes at most 4: rows stay a quarter full however
+    large the buffer, and the warning names the cap, not a buffer setting."""
+    packer = OnlineBinPacker(SEQ, 16, vision=VisionBudget(max_media=4))
+    with pytest.warns(PackingWarning) as caught:
+        for key in range(2000):
+            packer.push(key, 500, vision_tokens=100, media=1)
+    (warning,) = caught
+    message = str(warning.message)
+    assert "at bin fill 0.24: in 8 of them the vision budget's caps (max_media=4) kept out" in (
+        message
+    )
+    assert "BufferConfig" not in message
+    assert "packing_buffer_size" not in message
+
+
+def test_caps_are_not_named_where_no_held_sample_fits_by_tokens() -> None:
+    """Samples of 5000 tokens never pair in a row of 8192: the cap of one image per row would
+    keep the others out too, but it is not what holds the fill down."""
+    packer = OnlineBinPacker(
+        SEQ, 4, buffer=BufferConfig(min_rows=None), vision=VisionBudget(max_media=1)
+    )
+    with pytest.warns(PackingWarning) as caught:
+        for key in range(100):
+            packer.push(key, 5000, vision_tokens=100, media=1)
+    (warning,) = caught
+    assert "kept out" not in str(warning.message)
+    assert "raise packing_buffer_size" in str(warning.message)
 
 
 def test_a_filling_buffer_does_not_warn() -> None:
