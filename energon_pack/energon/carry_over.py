@@ -102,6 +102,10 @@ class PackingStats:
     left_buffer_full: int = 0
     """Packs that left because the buffer was full, not because they were full enough. Most of
     them with a low ``bin_fill``: the buffer holds fewer samples than a row needs."""
+    left_capped: int = 0
+    """Of those, packs that left under 0.9 of the row while the vision caps kept out a held
+    sample that fit by tokens: the caps, not the buffer, held their fill down (counted since
+    the worker's packer started or was restored)."""
     vision_tokens_mean: float = 0.0
     """Vision tokens per pack so far (as chosen, before any media failure)."""
     vision_tokens_max: int = 0
@@ -548,6 +552,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             mean_wait=packer_stats.mean_wait,
             max_wait=packer_stats.max_wait,
             left_buffer_full=packer_stats.emitted_by["buffer"],
+            left_capped=self.packer.capped_underfilled,
             vision_tokens_mean=packer_stats.vision_tokens_mean,
             vision_tokens_max=packer_stats.vision_tokens_max,
             media_mean=packer_stats.media_mean,

@@ -205,6 +205,13 @@ class OnlineBinPacker:
         return len(self._held)
 
     @property
+    def capped_underfilled(self) -> int:
+        """Packs that left a full buffer under :data:`UNDERFILLED_FILL` of the row while the
+        vision caps kept out a held sample that fit by tokens: the caps, not the buffer, held
+        their fill down (counted since this packer started or was restored; not saved)."""
+        return self._underfilled.capped
+
+    @property
     def held_bytes(self) -> int:
         """Sum of the held candidates' ``nbytes``."""
         return self._held_bytes
@@ -365,13 +372,11 @@ class OnlineBinPacker:
     def _caps_kept_out(self, left: Bin) -> str:
         """The vision caps, as ``name=value`` settings, where ``left`` (a pack that left a full
         buffer under-filled) could have taken a held candidate by tokens but not within them;
-        "" otherwise (and once the under-filled warning was given)."""
+        "" otherwise."""
         budget = self.budget
         if (
-            (budget.max_vision_tokens is None and budget.max_media is None)
-            or self._underfilled.warned
-            or left.used >= UNDERFILLED_FILL * left.capacity
-        ):
+            budget.max_vision_tokens is None and budget.max_media is None
+        ) or left.used >= UNDERFILLED_FILL * left.capacity:
             return ""
         room = self._cap_units - left.used // self.align
         for cand in self._held:

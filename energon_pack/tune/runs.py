@@ -136,6 +136,9 @@ class TuneResult:
     """Peak RSS of a worker's decoder process (:mod:`energon_pack.media.guard`), 0 without one."""
     buffer_full_share: float = 0.0
     """Share of the packs that left because the buffer was full (over all workers)."""
+    capped_share: float = 0.0
+    """Share of the packs that left a full buffer under-filled while the vision caps kept out a
+    held sample that fit by tokens (over all workers)."""
     vision_tokens_mean: float = 0.0
     """Vision tokens per pack, over all workers."""
     vision_tokens_max: int = 0
@@ -511,6 +514,7 @@ def run_once(
     vision_tokens = sum(s.vision_tokens_mean * s.packs for s in worker_stats.values())
     audio_tokens = sum(s.audio_tokens_mean * s.packs for s in worker_stats.values())
     buffer_full = sum(s.left_buffer_full for s in worker_stats.values())
+    capped = sum(s.left_capped for s in worker_stats.values())
     return TuneResult(
         buffer_size=buffer_size,
         decode=decode,
@@ -527,6 +531,7 @@ def run_once(
         peak_buffer_mb=max((w.peak_buffer_bytes for w in workers), default=0) / MB,
         peak_decoder_rss_mb=max((w.peak_decoder_rss or 0 for w in workers), default=0) / MB,
         buffer_full_share=min(1.0, buffer_full / worker_packs) if worker_packs else 0.0,
+        capped_share=min(1.0, capped / worker_packs) if worker_packs else 0.0,
         vision_tokens_mean=vision_tokens / worker_packs if worker_packs else 0.0,
         vision_tokens_max=max((s.vision_tokens_max for s in worker_stats.values()), default=0),
         vision_share=vision_tokens / real if real else 0.0,

@@ -200,13 +200,23 @@ BUFFER_BOUND_FILL = 0.95
 
 
 def buffer_bound_note(result: TuneResult) -> str | None:
-    """A line for a completed run whose buffer holds fewer samples than a row needs, else None."""
+    """A line for a completed run whose packs mostly left a full buffer under-filled, else None:
+    the buffer holds fewer samples than a row needs, or, where in at least half of those packs
+    the vision caps kept out samples that fit by tokens, the caps hold the fill."""
     if (
         result.interrupted
         or result.buffer_full_share <= BUFFER_BOUND_SHARE
         or result.bin_fill >= BUFFER_BOUND_FILL
     ):
         return None
+    if 2 * result.capped_share >= result.buffer_full_share:
+        return (
+            f"{result.decode} buffer {result.buffer_size}: bin fill {result.bin_fill:.3f} with "
+            f"{result.buffer_full_share:.0%} of packs leaving because the buffer was full, "
+            f"{result.capped_share:.0%} with the vision caps keeping out samples that fit by "
+            "tokens: the caps, not the buffer, hold the fill at this mix (raise "
+            "--max-vision-tokens / --max-media where the model's memory allows)"
+        )
     grows = (
         " (decoded samples weigh MBs, so an eager buffer does not grow)"
         if result.decode == "eager"

@@ -385,6 +385,22 @@ def test_tune_names_a_buffer_too_small_to_fill_a_row(
     assert not re.search(r"buffer 32: bin fill \S+ with", out)
 
 
+def test_tune_names_the_caps_where_they_hold_the_fill(
+    vlm_demo_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At most 2 images per row, and most of the demo's samples carry one: rows leave the full
+    buffer a quarter full, and tune names the caps, not the buffer."""
+    args = ["tune", str(vlm_demo_path), "--seq-length", "8192", "--buffer-sizes", "32"]
+    args += ["--one-epoch", "--max-media", "2", "--num-workers", "1", "--out", str(tmp_path)]
+    assert main(args) == 0
+    (result,) = json.loads((tmp_path / "tune.json").read_text())["results"]
+    assert result["bin_fill"] < 0.5
+    assert result["capped_share"] > 0.5
+    out = capsys.readouterr().out
+    assert "the caps, not the buffer, hold the fill at this mix" in out
+    assert "a larger packing_buffer_size fills more" not in out
+
+
 def test_buffer_bound_note_needs_both_a_full_buffer_and_a_low_fill() -> None:
     def run(share: float, fill: float) -> TuneResult:
         return TuneResult(16, "lazy", bin_fill=fill, buffer_full_share=share, packs=10)
@@ -395,6 +411,11 @@ def test_buffer_bound_note_needs_both_a_full_buffer_and_a_low_fill() -> None:
     assert buffer_bound_note(run(0.4, 0.7)) is None
     interrupted = TuneResult(16, "lazy", bin_fill=0.7, buffer_full_share=0.8, interrupted=True)
     assert buffer_bound_note(interrupted) is None  # a partial run says nothing of its buffer
+    capped = TuneResult(16, "lazy", bin_fill=0.7, buffer_full_share=0.8, capped_share=0.4)
+    assert "the caps, not the buffer" in str(buffer_bound_note(capped))
+    assert "packing_buffer_size" not in str(buffer_bound_note(capped))
+    few_capped = TuneResult(16, "lazy", bin_fill=0.7, buffer_full_share=0.8, capped_share=0.3)
+    assert "packing_buffer_size" in str(buffer_bound_note(few_capped))
 
 
 def test_vision_share_note_reads_the_longest_completed_run() -> None:
