@@ -61,7 +61,7 @@ from energon_pack.packing.packer_state import (
     StateReader,
 )
 from energon_pack.packing.subset_sums import prefixes
-from energon_pack.packing.underfilled import UNDERFILLED_FILL, UnderfilledWatch
+from energon_pack.packing.underfilled import UnderfilledWatch, caps_kept_out
 from energon_pack.packing.vision_budget import VISION_FIX, VisionBudget, check_vision, vision_target
 
 __all__ = ["HeldSize", "OnlineBinPacker", "PackerCounters", "Refusal"]
@@ -206,7 +206,7 @@ class OnlineBinPacker:
 
     @property
     def capped_underfilled(self) -> int:
-        """Packs that left a full buffer under :data:`UNDERFILLED_FILL` of the row while the
+        """Packs that left a full buffer under 0.9 of the row (``UNDERFILLED_FILL``) while the
         vision caps kept out a held sample that fit by tokens: the caps, not the buffer, held
         their fill down (counted since this packer started or was restored; not saved)."""
         return self._underfilled.capped
@@ -363,32 +363,10 @@ class OnlineBinPacker:
         while bound := self._full():
             held = len(self._held)
             out.append(self._emit(self._leaving(), "buffer"))
-            capped = self._caps_kept_out(out[-1])
-            self._underfilled.note(
-                out[-1].used // self.align, bound, held, self.stats, capped=capped
-            )
+            units = out[-1].used // self.align
+            capped = caps_kept_out(self.budget, out[-1], self._held, self._cap_units - units)
+            self._underfilled.note(units, bound, held, self.stats, capped=capped)
         return out
-
-    def _caps_kept_out(self, left: Bin) -> str:
-        """The vision caps, as ``name=value`` settings, where ``left`` (a pack that left a full
-        buffer under-filled) could have taken a held candidate by tokens but not within them;
-        "" otherwise."""
-        budget = self.budget
-        if (
-            budget.max_vision_tokens is None and budget.max_media is None
-        ) or left.used >= UNDERFILLED_FILL * left.capacity:
-            return ""
-        room = self._cap_units - left.used // self.align
-        for cand in self._held:
-            if cand.units <= room and not budget.fits(
-                left.vision_tokens + cand.vision, left.media + cand.media
-            ):
-                caps = (
-                    ("max_vision_tokens", budget.max_vision_tokens),
-                    ("max_media", budget.max_media),
-                )
-                return ", ".join(f"{name}={cap}" for name, cap in caps if cap is not None)
-        return ""
 
     def _full(self) -> str:
         """What makes a bin leave now ("" for nothing): ``max_bytes`` held, or ``buffer_size``

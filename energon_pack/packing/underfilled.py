@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 
+from energon_pack.packing.bins import Bin
 from energon_pack.packing.buffer import DEFAULT_MIN_ROWS
-from energon_pack.packing.packer_state import PackerCounters
+from energon_pack.packing.packer_state import Candidate, PackerCounters
 from energon_pack.packing.row_layout import PackingWarning
+from energon_pack.packing.vision_budget import VisionBudget
 
-__all__ = ["UNDERFILLED_FILL", "UNDERFILLED_PACKS", "UnderfilledWatch"]
+__all__ = ["UNDERFILLED_FILL", "UNDERFILLED_PACKS", "UnderfilledWatch", "caps_kept_out"]
 
 UNDERFILLED_PACKS = 8
 """Packs that must have left a full buffer before :data:`UNDERFILLED_FILL` is judged."""
@@ -100,3 +103,23 @@ class UnderfilledWatch:
             f"mean of {mean:.0f} tokens a row of seq_length={self.capacity} needs about "
             f"{per_row:.0f}, and the buffer about {wanted} to choose among; {fixes[bound]}"
         )
+
+
+def caps_kept_out(budget: VisionBudget, left: Bin, held: Sequence[Candidate], room: int) -> str:
+    """The vision caps, as ``name=value`` settings, where ``left`` (a pack that left a full
+    buffer, under :data:`UNDERFILLED_FILL` of the row) could have taken one of the ``held``
+    candidates by tokens (``room`` units left) but not within the caps; "" otherwise."""
+    if (
+        budget.max_vision_tokens is None and budget.max_media is None
+    ) or left.used >= UNDERFILLED_FILL * left.capacity:
+        return ""
+    for cand in held:
+        if cand.units <= room and not budget.fits(
+            left.vision_tokens + cand.vision, left.media + cand.media
+        ):
+            caps = (
+                ("max_vision_tokens", budget.max_vision_tokens),
+                ("max_media", budget.max_media),
+            )
+            return ", ".join(f"{name}={cap}" for name, cap in caps if cap is not None)
+    return ""

@@ -23,6 +23,12 @@ def short_turns(count: int, seed: int = 0) -> list[int]:
     return [rng.randint(100, 600) for _ in range(count)]
 
 
+def push_images(packer: OnlineBinPacker, count: int, length: int) -> None:
+    """``count`` samples of ``length`` tokens, each with one image of 100 vision tokens."""
+    for key in range(count):
+        packer.push(key, length, vision_tokens=100, media=1)
+
+
 def run(packer: OnlineBinPacker, lengths: list[int]) -> list[Bin]:
     bins: list[Bin] = []
     for key, length in enumerate(lengths):
@@ -143,8 +149,7 @@ def test_caps_that_hold_the_fill_down_are_named_instead_of_the_buffer() -> None:
     large the buffer, and the warning names the cap, not a buffer setting."""
     packer = OnlineBinPacker(SEQ, 16, vision=VisionBudget(max_media=4))
     with pytest.warns(PackingWarning) as caught:
-        for key in range(2000):
-            packer.push(key, 500, vision_tokens=100, media=1)
+        push_images(packer, 2000, 500)
     (warning,) = caught
     message = str(warning.message)
     assert "at bin fill 0.24: in 8 of them the vision budget's caps (max_media=4) kept out" in (
@@ -161,8 +166,7 @@ def test_caps_are_not_named_where_no_held_sample_fits_by_tokens() -> None:
         SEQ, 4, buffer=BufferConfig(min_rows=None), vision=VisionBudget(max_media=1)
     )
     with pytest.warns(PackingWarning) as caught:
-        for key in range(100):
-            packer.push(key, 5000, vision_tokens=100, media=1)
+        push_images(packer, 100, 5000)
     (warning,) = caught
     assert "kept out" not in str(warning.message)
     assert "raise packing_buffer_size" in str(warning.message)
