@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,8 @@ def main() -> None:
     }
     for _ in range(args.rounds):
         for name, data in files.items():
-            probe = timed(lambda data=data: probe_audio(data), args.repeats)
-            decode = timed(lambda data=data: decode_audio(data, config=IN_PROCESS), args.repeats)
+            probe = timed(partial(probe_audio, data), args.repeats)
+            decode = timed(partial(decode_audio, data, config=IN_PROCESS), args.repeats)
             runs[name]["probe"].append(probe)
             runs[name]["decode"].append(decode)
             runs[name]["ratio"].append(probe / decode)

@@ -189,6 +189,7 @@ def packed_errors(name: str) -> tuple[float, float]:
     batch = parity.samples()
     collate = VLMPackingCollator(seq_length=4096, family=family, output="hf", hf_model=model)
     packed = collate(batch)
+    assert isinstance(packed, dict)  # output="hf"
     packed.pop("use_cache")
     alone = parity.alone(processor, family, batch)
     return packed_matches_alone(model, alone, packed, rtol=1.0, tensor_rtol=1.0)

@@ -54,11 +54,13 @@ import psutil
 import torch
 from PIL import Image
 
-from energon_pack import media, model_family
+from energon_pack import MediaConfig, ModelFamily, media, model_family
 from energon_pack.cli.tables import format_table
 from energon_pack.formats.native import parse_sample
 from energon_pack.media import decode as media_decode
 from energon_pack.media import guard as media_guard
+from energon_pack.media.assembly import MediaItem, MediaTensors
+from energon_pack.media.config import MediaKind
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = ROOT / "fixtures" / "vlm_demo"
@@ -75,7 +77,7 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def fixture_media() -> list[tuple[str, str, str, bytes]]:
+def fixture_media() -> list[tuple[str, str, MediaKind, bytes]]:
     """``(key, member, kind, bytes)`` for every media member, in placeholder order."""
     samples: dict[str, dict[str, bytes]] = {}
     for shard in sorted(DATASET.glob("*.tar")):
@@ -88,6 +90,7 @@ def fixture_media() -> list[tuple[str, str, str, bytes]]:
     items = []
     for key, sample in samples.items():
         for member, kind, data in parse_sample(key, sample).media:
+            assert isinstance(data, bytes)  # a member of a tar, not decoded
             items.append((key, member, kind, data))
     return items
 
@@ -119,6 +122,8 @@ def paired_seconds(
 
 def measure_guard(kind: str, data: bytes, repeats: int) -> dict[str, float]:
     """Guarded versus unguarded decode (and probe, for videos) times of one item."""
+    decode: Callable[..., object]
+    probe: Callable[..., object] | None
     if kind == "image":
         decode, probe = media.process_image, None
     else:
@@ -183,8 +188,8 @@ class PackSample:
     """A fixture sample as :func:`energon_pack.media.decode_vision` reads it."""
 
     key: str
-    media: list[media.MediaItem]
-    vision: media.MediaTensors | None = None
+    media: list[MediaItem]
+    vision: MediaTensors | None = None
 
 
 def fixture_packs(per_pack: int) -> list[list[PackSample]]:
@@ -371,7 +376,14 @@ def versus_references(rows: list[dict[str, Any]], rounds: int) -> list[dict[str,
     return results
 
 
-QWEN3 = model_family("qwen3_vl").media_config(decode_isolation="off")
+def qwen3_media() -> MediaConfig:
+    """Qwen3-VL's media settings, decoded in this process."""
+    family = model_family("qwen3_vl")
+    assert isinstance(family, ModelFamily)  # a name gives a model family
+    return family.media_config(decode_isolation="off")
+
+
+QWEN3 = qwen3_media()
 QWEN3_UINT8 = replace(QWEN3, pixel_dtype="uint8")
 
 

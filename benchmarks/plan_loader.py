@@ -289,7 +289,7 @@ def build_plans(work: Path) -> dict[str, Path]:
     """The plans of B (the Energon dataset) and C (its samples as JSONL rows and media files),
     built on a local Ray (reused when ``work`` already holds them up to date)."""
     sys.path.insert(0, str(SUPPORT))
-    from plan_rows import write_chat_rows  # type: ignore[import-not-found]
+    from plan_rows import write_chat_rows
 
     spec = PlanSpec(LAYOUT)
     energon = plan_dataset(DATASET, work / "plan-energon", spec, make_encoder(None))

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
@@ -77,7 +78,7 @@ def rate(source: JsonSource, encoder: object, cpus: int) -> tuple[float, float]:
     return whole, later / (arrivals[-1][0] - arrivals[0][0])
 
 
-def cluster_matches(rows: Path, media: Path, work: Path, encoder: object) -> dict:
+def cluster_matches(rows: Path, media: Path, work: Path, encoder: object) -> dict[str, Any]:
     """Plan locally, then on a two-node cluster on this machine; whether they agree."""
     import pyarrow.parquet as pq
 

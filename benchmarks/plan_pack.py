@@ -33,6 +33,7 @@ import tracemalloc
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from vision_budget import STREAMS
 
@@ -62,11 +63,11 @@ def online_fill(samples: Sequence[VisionSample], seq: int, budget: VisionBudget)
     return used / (packs * seq)
 
 
-def plan_figures(samples: Sequence[VisionSample], seq: int, budget: VisionBudget) -> dict:
+def plan_figures(samples: Sequence[VisionSample], seq: int, budget: VisionBudget) -> dict[str, Any]:
     lengths = [s.length for s in samples]
     vision = [s.vision_tokens for s in samples]
     media = [s.media for s in samples]
-    out: dict = {}
+    out: dict[str, Any] = {}
     for ranks in RANKS:
         spec = PlanSpec(RowLayout(seq), budget, data_parallel_size=ranks)
         start = time.perf_counter()
@@ -87,7 +88,7 @@ def plan_figures(samples: Sequence[VisionSample], seq: int, budget: VisionBudget
     return out
 
 
-def compare(stream: str, seq: int, count: int) -> dict:
+def compare(stream: str, seq: int, count: int) -> dict[str, Any]:
     samples = vision_mix(count, seed=0, cap=seq, **STREAMS[stream])
     uncapped = first_fit_decreasing([s.length for s in samples], seq)
     packs = len(uncapped)
@@ -119,7 +120,7 @@ def pack_step(columns: tuple[list[int], list[int], list[int]], spec: PlanSpec) -
     lay_out_steps(pack_vision, pack_vision, spec)
 
 
-def scale(count: int) -> list[dict]:
+def scale(count: int) -> list[dict[str, Any]]:
     """The pack step's seconds, then (a second run, under tracemalloc, which slows Python
     down) its peak traced memory, on ``count`` short-turns samples."""
     samples = vision_mix(count, seed=0, cap=8192, text_median=150)
@@ -148,14 +149,14 @@ def scale(count: int) -> list[dict]:
     return rows
 
 
-def partition_check(count: int) -> dict:
+def partition_check(count: int) -> dict[str, Any]:
     """Fill and seconds of the capped pack step (no balance) in partitions and globally."""
     samples = vision_mix(count, seed=0, cap=8192, text_median=150)
     budget = VisionBudget(max_vision_tokens=5000, max_media=12)
     kept = [s for s in samples if budget.fits(s.vision_tokens, s.media)]
     columns = ([s.length for s in kept], [s.vision_tokens for s in kept], [s.media for s in kept])
     spec = PlanSpec(RowLayout(8192), budget)
-    out: dict = {"samples": len(kept), "partition_rows": plan_pack.PARTITION_ROWS}
+    out: dict[str, Any] = {"samples": len(kept), "partition_rows": plan_pack.PARTITION_ROWS}
     partition_rows = plan_pack.PARTITION_ROWS
     for name, rows in (("partitions", partition_rows), ("global", len(kept) + 1)):
         plan_pack.PARTITION_ROWS = rows

@@ -26,6 +26,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +115,14 @@ def sweep(name: str, conversations: list[Case]) -> dict[str, Any]:
     differing: list[str] = []
     start = time.perf_counter()
     for case in conversations:
+        tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
+            None if case.tools is None else list(case.tools)
+        )
         released = tokenizer.apply_chat_template(
-            case.messages, tools=case.tools, chat_template=RELEASED[name], tokenize=False
+            case.messages, tools=tools, chat_template=RELEASED[name], tokenize=False
         )
         marked = tokenizer.apply_chat_template(
-            case.messages, tools=case.tools, chat_template=MARKED[name], tokenize=False
+            case.messages, tools=tools, chat_template=MARKED[name], tokenize=False
         )
         if released != marked:
             raise AssertionError(f"{name}: the marked template renders {case.key} differently")

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,15 @@ from energon_pack.cli.tables import format_table  # noqa: E402
 
 CLIPS = [(320, 240, 20, 15), (640, 352, 8, 30), (1280, 720, 4, 25)]
 """(width, height, seconds, fps) of each clip."""
-FAMILIES = ("llava_onevision", "internvl", "qwen2_5_omni", "qwen3_omni", "glm4v", "gemma4")
-FAMILIES += ("smolvlm",)
+FAMILIES = (
+    "llava_onevision",
+    "internvl",
+    "qwen2_5_omni",
+    "qwen3_omni",
+    "glm4v",
+    "gemma4",
+    "smolvlm",
+)
 TRACKED = ("qwen2_5_omni", "qwen3_omni")
 """The families also run on clips with an audio track, reading it (``+track``)."""
 
@@ -87,7 +95,7 @@ def processor(name: str) -> Any:
     import transformers as tf
 
     if name == "llava_onevision":
-        return tf.LlavaOnevisionProcessor(
+        return tf.LlavaOnevisionProcessor(  # type: ignore[no-untyped-call]
             image_processor=tf.LlavaOnevisionImageProcessorPil(),
             video_processor=tf.LlavaOnevisionVideoProcessor(do_sample_frames=True, num_frames=8),
             tokenizer=llava.tokenizer(),
@@ -114,7 +122,7 @@ def processor(name: str) -> Any:
             video_processor=tf.Qwen2VLVideoProcessor(
                 do_sample_frames=True, fps=2, cap_pixels_per_frame=False, patch_size=patch
             ),
-            feature_extractor=tf.WhisperFeatureExtractor(),
+            feature_extractor=tf.WhisperFeatureExtractor(),  # type: ignore[no-untyped-call]
             tokenizer=built.tokenizer,
             chat_template=built.chat_template,
         )
@@ -140,7 +148,7 @@ def processor(name: str) -> Any:
             tokenizer=built.tokenizer,
             chat_template=built.chat_template,
         )
-    return tf.Glm4vProcessor(
+    return tf.Glm4vProcessor(  # type: ignore[no-untyped-call]
         image_processor=tf.Glm4vImageProcessorPil(),
         video_processor=tf.Glm4vVideoProcessor(do_sample_frames=True, fps=2),
         tokenizer=glm4v.TOKENIZER,
@@ -160,7 +168,7 @@ def decord_loader(path: Path, pick: Callable[..., list[int]]) -> tuple[Any, Any]
     )
     indices = pick(metadata=metadata)
     frames = reader.get_batch(indices).asnumpy()
-    metadata.update(
+    metadata.update(  # type: ignore[no-untyped-call]
         {"frames_indices": indices, "height": frames.shape[1], "width": frames.shape[2]}
     )
     return frames, metadata
@@ -177,7 +185,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     import torch
     from test_family_video import conversation
 
-    from energon_pack import make_encoder, model_family
+    from energon_pack import ProcessorFamily, make_encoder, model_family
     from energon_pack.encoding.families.materialise import sample_media
     from energon_pack.media import MediaConfig
     from energon_pack.media.decode import VideoHeader
@@ -198,6 +206,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         proc = processor(name.removesuffix("+track"))
         proc.load_audio_from_video = name.endswith("+track")
         family = model_family(proc)
+        assert isinstance(family, ProcessorFamily)
         messages = conversation(["clip"], [], "Something moves.")
         setups[name] = (proc, family, messages)
     times: dict[str, dict[str, list[float]]] = {}
@@ -253,9 +262,9 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
                 size = (header.height, header.width)
                 job_args = [(key, "clip", data, frames, size, 0)]
                 own.setdefault("probe", []).append(
-                    timed(lambda data=data, key=key: displayed_video_header(data, key=key))
+                    timed(partial(displayed_video_header, data, key=key))
                 )
-                own.setdefault("decode", []).append(timed(lambda a=job_args: displayed_videos(a)))
+                own.setdefault("decode", []).append(timed(partial(displayed_videos, job_args)))
     return {"times": times, "tokens": tokens}
 
 

@@ -54,6 +54,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypedDict
 
 from energon_pack import (
     BufferConfig,
@@ -74,7 +75,16 @@ AUTO_START = 16
 BUFFERS = (16, 64, 256, AUTO)
 COUNT_BOUND = BufferConfig(min_rows=None)
 """Each other buffer exactly the size named (by default a buffer of short samples grows)."""
-STREAMS: dict[str, dict[str, int]] = {
+
+
+class Mix(TypedDict, total=False):
+    """Keywords of :func:`energon_pack.packing.synthetic.vision_mix` that name a stream."""
+
+    text_median: int
+    small_images: int
+
+
+STREAMS: dict[str, Mix] = {
     "short-turns": {"text_median": 150},
     "long-turns": {"text_median": 550},
     "small-images": {"text_median": 380, "small_images": 4},

@@ -48,7 +48,7 @@ from energon_pack.media import (
 )
 from energon_pack.media.audio_decode import Waveform
 from energon_pack.media.config import MediaKind
-from energon_pack.media.tokens import vision_parts
+from energon_pack.media.tokens import SpecialTokens, special_token_id, vision_parts
 from energon_pack.packing.packed import EncodedSample
 
 logger = logging.getLogger("energon_pack.encoding")
@@ -110,12 +110,11 @@ def _why_unencodable(text: str, error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-class Tokenizer(Protocol):
-    """What the encoder needs of a tokenizer (an HF tokenizer has both)."""
+class Tokenizer(SpecialTokens, Protocol):
+    """What the encoder needs of a tokenizer (an HF tokenizer has both): ``encode`` and the
+    ids of special tokens."""
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def convert_tokens_to_ids(self, token: str) -> int: ...
 
 
 class ByteTokenizer:
@@ -480,8 +479,8 @@ class ConversationEncoder(SampleEncoder):
         self.default_system_prompt = (
             template_system_prompt(self.tokenizer) if template_system else None
         )
-        self._im_start = self.tokenizer.convert_tokens_to_ids("<|im_start|>")
-        self._im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self._im_start = special_token_id(self.tokenizer, "<|im_start|>")
+        self._im_end = special_token_id(self.tokenizer, "<|im_end|>")
         self._newline = self._text("\n")
         self._headers = {role: self._text(f"{role}\n") for role in set(_ROLES.values())}
         if self.system_prompt is not None:

@@ -17,16 +17,39 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, SupportsIndex
 
 from energon_pack.media.assembly import MediaItem
 from energon_pack.media.config import MediaConfig
 
-__all__ = ["VisionIds", "timestamp_text", "vision_block", "vision_parts", "vision_tokens"]
+__all__ = [
+    "SpecialTokens",
+    "VisionIds",
+    "special_token_id",
+    "timestamp_text",
+    "vision_block",
+    "vision_parts",
+    "vision_tokens",
+]
 
 
-class _SpecialTokens(Protocol):
-    def convert_tokens_to_ids(self, token: str) -> int: ...
+class SpecialTokens(Protocol):
+    """What reading a special token's id needs of a tokenizer: an HF tokenizer's
+    ``convert_tokens_to_ids`` (which also takes a list, and then returns one)."""
+
+    def convert_tokens_to_ids(self, tokens: str, /) -> int | list[int]: ...
+
+
+def special_token_id(tokenizer: SpecialTokens, token: str) -> int:
+    """The id ``tokenizer`` gives the special token ``token``; ValueError where it gives none."""
+    found: object = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(found, SupportsIndex) or isinstance(found, bool):  # numpy's ints index
+        raise ValueError(
+            f"{type(tokenizer).__name__} gives the special token {token!r} no id (got "
+            f"{found!r}); pass a tokenizer that has it, or add it with "
+            f"tokenizer.add_special_tokens({{'additional_special_tokens': [{token!r}]}})"
+        )
+    return found.__index__()
 
 
 @dataclass(frozen=True)
@@ -39,15 +62,10 @@ class VisionIds:
     video_pad: int
 
     @classmethod
-    def of(cls, tokenizer: _SpecialTokens) -> VisionIds:
+    def of(cls, tokenizer: SpecialTokens) -> VisionIds:
         """The ids ``tokenizer`` gives ``<|vision_start|>``, ``<|vision_end|>`` and the pads."""
-        ids = tokenizer.convert_tokens_to_ids
-        return cls(
-            ids("<|vision_start|>"),
-            ids("<|vision_end|>"),
-            ids("<|image_pad|>"),
-            ids("<|video_pad|>"),
-        )
+        tokens = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+        return cls(*(special_token_id(tokenizer, token) for token in tokens))
 
     def pad(self, kind: Literal["image", "video"]) -> int:
         """The pad id of a medium of ``kind``."""

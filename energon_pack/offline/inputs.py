@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from energon_pack.encoding.chatml import SampleEncoder, Tokenizer
 from energon_pack.formats import parse_any
+from energon_pack.media.tokens import special_token_id
 from energon_pack.offline.spec import is_int
 
 _INT32_MAX = 2**31 - 1
@@ -89,7 +90,7 @@ def conversation_sample(key: str, record: dict[str, Any]) -> dict[str, Any]:
 
 def im_end_newline(tokenizer: Tokenizer) -> tuple[int, list[int]]:
     """The id of ``<|im_end|>`` and the ids of the ``\\n`` the ChatML template puts after it."""
-    return tokenizer.convert_tokens_to_ids("<|im_end|>"), list(tokenizer.encode("\n"))
+    return special_token_id(tokenizer, "<|im_end|>"), list(tokenizer.encode("\n"))
 
 
 def train_newline_after(

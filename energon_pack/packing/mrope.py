@@ -24,6 +24,7 @@ from typing import Literal, Protocol
 import torch
 
 from energon_pack.checks import check_config, check_int, check_number
+from energon_pack.media.tokens import SpecialTokens, special_token_id
 from energon_pack.packing.row import first_true
 
 TextAfterVision = Literal["max", "spatial"]
@@ -32,10 +33,6 @@ _RULES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 _TEXT, _IMAGE, _VIDEO = 0, 1, 2
 _KIND_NAMES = {_IMAGE: "image", _VIDEO: "video"}
-
-
-class _SpecialTokens(Protocol):
-    def convert_tokens_to_ids(self, token: str) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -127,7 +124,7 @@ class MRopeConfig:
     @classmethod
     def from_tokenizer(
         cls,
-        tokenizer: _SpecialTokens,
+        tokenizer: SpecialTokens,
         tokens_per_second: float | None = None,
         spatial_merge_size: int = 2,
         text_after_vision: TextAfterVision = "max",
@@ -135,9 +132,9 @@ class MRopeConfig:
     ) -> MRopeConfig:
         """The config with the ids of ``<|vision_start|>``, ``<|image_pad|>``, ``<|video_pad|>``."""
         return cls(
-            vision_start_token_id=tokenizer.convert_tokens_to_ids("<|vision_start|>"),
-            image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
-            video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+            vision_start_token_id=special_token_id(tokenizer, "<|vision_start|>"),
+            image_token_id=special_token_id(tokenizer, "<|image_pad|>"),
+            video_token_id=special_token_id(tokenizer, "<|video_pad|>"),
             spatial_merge_size=spatial_merge_size,
             tokens_per_second=tokens_per_second,
             text_after_vision=text_after_vision,
@@ -167,7 +164,7 @@ class _RopeFamily(Protocol):
 def mrope_setting(
     position_ids: PositionIds | MRopeConfig,
     mrope: MRopeConfig | None,
-    tokenizer: _SpecialTokens,
+    tokenizer: SpecialTokens,
     family: _RopeFamily | None = None,
 ) -> MRopeConfig | None:
     """The mRoPE config a packer uses for its ``position_ids`` option (None for ``"1d"``):

@@ -35,6 +35,7 @@ from PIL import Image
 from energon_pack.media.audio import AudioProbe
 from energon_pack.media.config import MediaKind
 from energon_pack.media.decode import VideoHeader
+from energon_pack.media.tokens import special_token_id
 
 __all__ = [
     "TEXT_KEYS",
@@ -185,7 +186,7 @@ class ProcessorFamily(ABC):
     def vision_token_ids(self) -> frozenset[int]:
         """Ids that count as vision tokens (the image pads the model's vision features fill):
         the placeholder's id, which the processor repeats in its expansion."""
-        return frozenset({int(self.tokenizer.convert_tokens_to_ids(self.image_placeholder))})
+        return frozenset({special_token_id(self.tokenizer, self.image_placeholder)})
 
     @abstractmethod
     def expansions(self, sizes: Sequence[tuple[int, int]]) -> list[str]:
@@ -318,7 +319,7 @@ class ProcessorFamily(ABC):
         token = self.video_placeholder
         if token is None:
             return frozenset()
-        return frozenset({int(self.tokenizer.convert_tokens_to_ids(token))})
+        return frozenset({special_token_id(self.tokenizer, token)})
 
     def video_frames(self, header: VideoHeader) -> tuple[int, ...]:
         """The source frames the video processor keeps of a video: its own ``sample_frames``

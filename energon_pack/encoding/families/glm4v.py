@@ -30,6 +30,7 @@ from energon_pack.encoding.families.base import (
     joined,
 )
 from energon_pack.media.config import MediaKind, smart_resize_video
+from energon_pack.media.tokens import special_token_id
 
 __all__ = ["Glm4vFamily"]
 
@@ -54,7 +55,7 @@ class Glm4vFamily(ProcessorFamily):
 
     def __init__(self, processor: Any) -> None:
         super().__init__(processor)
-        self._begin_of_image = int(self.tokenizer.convert_tokens_to_ids("<|begin_of_image|>"))
+        self._begin_of_image = special_token_id(self.tokenizer, "<|begin_of_image|>")
 
     @property
     def video_token_ids(self) -> frozenset[int]:
