@@ -231,7 +231,8 @@ def test_tune_runs_and_recommends_within_budget(
         "first_pack_seconds", "packs_per_second", "samples_per_second", "peak_worker_rss_mb",
         "steady_worker_rss_mb", "peak_buffer_mb", "peak_decoder_rss_mb", "skipped", "unaccounted",
         "interrupted", "max_vision_tokens", "vision_tokens_mean", "vision_tokens_max", "media_max",
-        "vision_share", "buffer_full_share", "audio_tokens_mean", "audio_tokens_max",
+        "vision_share", "buffer_full_share", "capped_share", "audio_tokens_mean",
+        "audio_tokens_max",
     }  # fmt: skip
     assert [r["buffer_size"] for r in report["results"]] == [4, 16]
     for result in report["results"]:
