@@ -16,12 +16,21 @@ from energon_pack.packing.packer_state import Candidate, PackerCounters
 from energon_pack.packing.row_layout import PackingWarning
 from energon_pack.packing.vision_budget import VisionBudget
 
-__all__ = ["UNDERFILLED_FILL", "UNDERFILLED_PACKS", "UnderfilledWatch", "caps_kept_out"]
+__all__ = [
+    "CAPPED_SHARE",
+    "UNDERFILLED_FILL",
+    "UNDERFILLED_PACKS",
+    "UnderfilledWatch",
+    "caps_kept_out",
+]
 
 UNDERFILLED_PACKS = 8
 """Packs that must have left a full buffer before :data:`UNDERFILLED_FILL` is judged."""
 UNDERFILLED_FILL = 0.9
 """Below this fill, packs leaving a full buffer draw the once-only :class:`PackingWarning`."""
+CAPPED_SHARE = 0.5
+"""Of the packs that left a full buffer under-filled, the share whose caps kept out a held sample
+that fit by tokens for the warning (and ``energon-pack tune``) to name the caps, not the buffer."""
 
 
 class UnderfilledWatch:
@@ -80,7 +89,7 @@ class UnderfilledWatch:
             f"{self.packs} of {stats.bins} packs left because the candidate buffer was full "
             f"({bound}), at bin fill {fill:.2f}"
         )
-        if 2 * self.capped >= self.packs:
+        if self.capped >= CAPPED_SHARE * self.packs:
             return (
                 f"{left}: in {self.capped} of them the vision budget's caps ({self.caps}) kept "
                 "out held samples that fit by tokens, so the caps, not the buffer, hold the fill "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from energon_pack.packing.underfilled import CAPPED_SHARE
 from energon_pack.tune.runs import TIMED_PACKS, TuneResult, TuneSettings
 
 TUNE_HEADERS = [
@@ -201,15 +202,15 @@ BUFFER_BOUND_FILL = 0.95
 
 def buffer_bound_note(result: TuneResult) -> str | None:
     """A line for a completed run whose packs mostly left a full buffer under-filled, else None:
-    the buffer holds fewer samples than a row needs, or, where in at least half of those packs
-    the vision caps kept out samples that fit by tokens, the caps hold the fill."""
+    the buffer holds fewer samples than a row needs, or, where in :data:`CAPPED_SHARE` of those
+    packs the vision caps kept out samples that fit by tokens, the caps hold the fill."""
     if (
         result.interrupted
         or result.buffer_full_share <= BUFFER_BOUND_SHARE
         or result.bin_fill >= BUFFER_BOUND_FILL
     ):
         return None
-    if 2 * result.capped_share >= result.buffer_full_share:
+    if result.capped_share >= CAPPED_SHARE * result.buffer_full_share:
         return (
             f"{result.decode} buffer {result.buffer_size}: bin fill {result.bin_fill:.3f} with "
             f"{result.buffer_full_share:.0%} of packs leaving because the buffer was full, "
