@@ -355,7 +355,8 @@ class OnlineBinPacker:
                 self._urgent_bin[1].append(len(self._held) - 1)
             while len(self._deadline_bins) > self.max_wait:
                 out.append(self._emit(self._most_urgent_subset(), "deadline"))
-        while self._prefix[-1] >> self._fill_units:
+        seen = self.stats.real_tokens + self._held_tokens
+        while self._prefix[-1] >> self._fill_units and self.budget.warmed_up(seen, self.capacity):
             chosen = self._next_subset(early=True)
             if chosen is None:
                 break

@@ -12,10 +12,11 @@ never past a cap. With ``balance``, each row aims at the *target* (the stream's 
 token so far, starting from ``vision_share`` where it is known, times the row capacity):
 media-carrying samples are picked by their vision tokens and the rest of the row is filled with
 light ones (text-only, or little vision per token). A full row leaves early only if it is at
-most :data:`BALANCE_SLACK` below and :data:`BALANCE_TOLERANCE` above its target; a sample that
-alone passes that tolerance leads a row of its own, topped up with light samples (a sample
-cannot be split). Rows that must leave (full buffer, a ``max_wait`` due, the end of the stream)
-take the nearest they find.
+most :data:`BALANCE_SLACK` below and :data:`BALANCE_TOLERANCE` above its target (and, without a
+``vision_share``, only once the packer has read :data:`WARMUP_ROWS` rows' worth of tokens); a
+sample that alone passes that tolerance leads a row of its own, topped up with light samples (a
+sample cannot be split). Rows that must leave (full buffer, a ``max_wait`` due, the end of the
+stream) take the nearest they find.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ packer sees more: a rank's first rows no longer follow the few samples its buffe
 BALANCE_SLACK = 0.15
 """With ``balance``: how far below its target a full row may be and still leave early (one
 below only lowers the step's mean)."""
+WARMUP_ROWS = 8
+"""With ``balance`` and no ``vision_share``: how many rows' worth of tokens a packer reads before
+a row may leave early. Its target is the share it has seen, and over fewer tokens that share
+follows the few images it happened to read (the targets of data-parallel ranks then differ most);
+rows that must leave (full buffer, a ``max_wait`` due, the end of the stream) still leave."""
 
 VISION_FIX = (
     "raise the cap, lower the media's resolution or frame count (MediaConfig max_pixels, "
@@ -132,6 +138,14 @@ class VisionBudget:
         if self.vision_share is not None:
             out["vision_share"] = self.vision_share
         return out
+
+    def warmed_up(self, seen_tokens: int, capacity: int) -> bool:
+        """Whether a row may leave early after the packer has read ``seen_tokens`` (emitted and
+        held): always, but with ``balance`` and no ``vision_share`` only from
+        :data:`WARMUP_ROWS` rows' worth of tokens on."""
+        if not self.balance or self.vision_share is not None:
+            return True
+        return seen_tokens >= WARMUP_ROWS * capacity
 
     def fits(self, vision: int, media: int) -> bool:
         """Whether ``vision`` tokens and ``media`` are within the caps."""

@@ -532,17 +532,17 @@ def test_resume_at_eight_cut_points_where_most_samples_carry_small_images(
 
 PINNED = {
     "short-turns/16/caps": "1e37320b9fe0c2a5",
-    "short-turns/16/balance": "c5127282ed297fa0",
+    "short-turns/16/balance": "bf40e9846097c446",
     "short-turns/64/caps": "9667271e66cf13d2",
-    "short-turns/64/balance": "c5127282ed297fa0",
+    "short-turns/64/balance": "bf40e9846097c446",
     "short-turns/256/caps": "9667271e66cf13d2",
-    "short-turns/256/balance": "c8d52936bab2ccc6",
+    "short-turns/256/balance": "79d5fd546c708f1e",
     "small-images/16/caps": "133216582b70bddf",
-    "small-images/16/balance": "c559863723032e79",
+    "small-images/16/balance": "37a9f52c1d69d9a2",
     "small-images/64/caps": "76fc7414a48413f4",
-    "small-images/64/balance": "3ac62b5961015324",
+    "small-images/64/balance": "8c47ebce963111ff",
     "small-images/256/caps": "76fc7414a48413f4",
-    "small-images/256/balance": "3deb6b74d4258420",
+    "small-images/256/balance": "701ce08caec6e6e0",
 }
 """sha256 (first 16 hex digits) of the packs' keys, in order, of 1,200 samples of each mix at seq
 8192 under caps of 4,800 vision tokens and 17 media, with and without balance."""

@@ -21,6 +21,7 @@ from energon_pack.packing.bins import aligned_length
 from energon_pack.packing.synthetic import vision_mix
 from energon_pack.packing.vision_budget import (
     KNOWN_SHARE_ROWS,
+    WARMUP_ROWS,
     even_share,
     straggler_floor,
     straggler_ratio,
@@ -198,10 +199,10 @@ def test_balance_evens_out_vision_tokens_between_ranks() -> None:
 
 
 def test_a_known_vision_share_evens_out_the_first_steps() -> None:
-    """32 ranks of 200 samples each (3-4 steps): each rank's target from its own first samples
+    """32 ranks of 400 samples each (10 steps): each rank's target from its own first samples
     differs from the others'; started from the share the first 1,000 samples give (what
     ``tune`` would report), every rank aims at the same level from its first pack."""
-    mix = vision_mix(6400, seed=2, cap=16384, text_median=150)
+    mix = vision_mix(12800, seed=2, cap=16384, text_median=150)
     share = sum(s.vision_tokens for s in mix[:1000]) / sum(s.length for s in mix[:1000])
     samples = [(s.length, s.vision_tokens, s.media) for s in mix]
     ratios = {}
@@ -210,6 +211,35 @@ def test_a_known_vision_share_evens_out_the_first_steps() -> None:
         steps = min(len(r) for r in ranks)
         ratios[known] = straggler_ratio([[r[s] for r in ranks] for s in range(steps)])
     assert ratios[share] < 1.12 < 1.2 < ratios[None], ratios
+
+
+@pytest.mark.parametrize(
+    ("budget", "first_row_after"),
+    [
+        ({"vision_balance": True}, WARMUP_ROWS * 4),  # 4 samples a row
+        ({"vision_balance": True, "vision_share": 0.2}, 4),
+        ({"max_vision_tokens": 500}, 4),
+        ({}, 4),
+    ],
+)
+def test_balance_leaves_no_row_early_before_its_target_has_read_warmup_rows(
+    budget: dict[str, Any], first_row_after: int
+) -> None:
+    """With balance and no known share, the target is the share the packer has seen: no row
+    leaves by the fill rule before it has read WARMUP_ROWS rows' worth of tokens, and then rows
+    leave as they fill. A known share, caps alone or no budget: the first full row leaves."""
+    packer = OnlineBinPacker(
+        1000, 1000, buffer=BufferConfig(min_rows=None), vision=budget_of(budget)
+    )
+    out = []
+    for key in range(WARMUP_ROWS * 4 + 8):
+        vision = 100 if key % 2 else 0
+        bins = packer.push(key, 250, vision_tokens=vision, media=1 if vision else 0)
+        out.append(len(bins))
+    first = next(i for i, count in enumerate(out) if count)
+    assert first + 1 == first_row_after, out
+    assert sum(out) >= (len(out) - first_row_after) // 4  # then a row per 4 samples or more
+    assert packer.stats.emitted_by["buffer"] == 0  # all left by the fill rule
 
 
 def test_the_known_share_starts_the_target_and_the_seen_share_takes_over() -> None:
