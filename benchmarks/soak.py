@@ -7,7 +7,11 @@ process are read with psutil. After a warm-up (--warmup samples) the RSS slope o
 is fitted by least squares and reported in MB per 10,000 samples. At the end the loader's workers
 are stopped and the loader deleted; the processes and descriptors left are counted.
 
-Usage: python benchmarks/soak.py [--samples 30000] [--vision-budget] [--out results/soak.json]
+With --trace the same loader runs in this process (no workers), and ``tracemalloc`` records
+where the memory allocated after the warm-up and still held at the end was allocated, summed by
+source file: what a slope is made of.
+
+Usage: python benchmarks/soak.py [--samples 30000] [--vision-budget] [--trace] [--out ...]
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import statistics
 import time
+import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import psutil
-from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
+from megatron.energon import SavableDataLoader, WorkerConfig, get_savable_loader, get_train_dataset
 
 from energon_pack import MediaConfig, PackingTaskEncoder, VisionBudget
 from energon_pack.cli.tables import format_table
@@ -29,6 +36,8 @@ from energon_pack.tune import stop_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1024 * 1024
+TRACED_FILES = 8
+"""Source files --trace lists, most memory first."""
 
 
 def readings(main: psutil.Process) -> dict[str, tuple[float, int]]:
@@ -63,34 +72,26 @@ def main() -> None:
         action="store_true",
         help="pack with max_vision_tokens=300, max_media=6, vision_balance=True",
     )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="run in this process (no workers) and trace where the memory held at the end was "
+        "allocated after the warm-up",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "soak.json"))
     args = parser.parse_args()
 
-    main_process = psutil.Process(os.getpid())
-    baseline_fds = main_process.num_fds()
     budget = (
         VisionBudget(max_vision_tokens=300, max_media=6, balance=True)
         if args.vision_budget
         else VisionBudget()
     )
-    encoder = PackingTaskEncoder(
-        seq_length=8192,
-        pad_to_multiple_of=8,
-        media=MediaConfig(max_pixels=64 * 28 * 28, video_max_frames=4),
-        overlong="skip",
-        vision=budget,
-    )
-    dataset = get_train_dataset(
-        ROOT / "fixtures" / "vlm_demo",
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=2),
-        batch_size=1,
-        packing_buffer_size=args.buffer,
-        shuffle_buffer_size=None,
-        max_samples_per_sequence=None,
-        task_encoder=encoder,
-        repeat=True,
-    )
-    loader = get_savable_loader(dataset)
+    if args.trace:
+        traced(loader_of(budget, args.buffer, workers=0), args)
+        return
+    main_process = psutil.Process(os.getpid())
+    baseline_fds = main_process.num_fds()
+    loader = loader_of(budget, args.buffer, workers=2)
     series: dict[str, list[tuple[int, float]]] = {}
     fds: dict[str, list[int]] = {}
     samples = packs = 0
@@ -108,7 +109,7 @@ def main() -> None:
             break
     elapsed = time.perf_counter() - start
     stop_workers(loader)
-    del loader, dataset
+    del loader
     gc.collect()
     time.sleep(1)
     left = main_process.children(recursive=True)
@@ -161,6 +162,78 @@ def main() -> None:
         "children_left": len(left),
         "fds_before": baseline_fds,
         "fds_after": end_fds,
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def loader_of(budget: VisionBudget, buffer: int, *, workers: int) -> SavableDataLoader[Any]:
+    """The repeating train loader over the fixture, packing with ``budget``."""
+    encoder = PackingTaskEncoder(
+        seq_length=8192,
+        pad_to_multiple_of=8,
+        media=MediaConfig(max_pixels=64 * 28 * 28, video_max_frames=4),
+        overlong="skip",
+        vision=budget,
+    )
+    dataset = get_train_dataset(
+        ROOT / "fixtures" / "vlm_demo",
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
+        batch_size=1,
+        packing_buffer_size=buffer,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        task_encoder=encoder,
+        repeat=True,
+    )
+    return get_savable_loader(dataset)
+
+
+def traced(loader: SavableDataLoader[Any], args: argparse.Namespace) -> None:
+    """Stream ``args.samples`` samples in this process; print and write the memory allocated
+    after ``args.warmup`` samples and still held at the end, by source file."""
+    logging.getLogger("energon_pack").setLevel(logging.ERROR)  # skips are counted, not read
+    samples = 0
+    start: tracemalloc.Snapshot | None = None
+    objects: list[int] = []
+    for batch in loader:
+        samples += len(batch.__keys__)
+        if start is None and samples >= args.warmup:
+            gc.collect()
+            objects.append(len(gc.get_objects()))
+            tracemalloc.start(1)
+            start = tracemalloc.take_snapshot()
+        if samples >= args.samples:
+            break
+    gc.collect()
+    if start is None:
+        raise SystemExit(f"--samples {args.samples} ends before --warmup {args.warmup}")
+    objects.append(len(gc.get_objects()))
+    end = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    measured = samples - args.warmup
+    grown = end.compare_to(start, "filename")
+    rows = [
+        [g.traceback[0].filename, f"{g.size_diff / MB * 1e4 / measured:+.2f}", f"{g.count_diff:+d}"]
+        for g in grown[:TRACED_FILES]
+    ]
+    total = sum(g.size_diff for g in grown) / MB * 1e4 / measured
+    print(
+        f"in one process, {measured} samples after a warm-up of {args.warmup}: {total:+.2f} MB per "
+        f"10k samples held (traced), Python objects {objects[0]} -> {objects[1]}"
+    )
+    print(format_table(["allocated in", "MB / 10k", "blocks"], rows))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "samples": measured,
+        "warmup": args.warmup,
+        "traced_mb_per_10k": total,
+        "objects": objects,
+        "by_file": [
+            {"file": g.traceback[0].filename, "bytes": g.size_diff, "blocks": g.count_diff}
+            for g in grown[:TRACED_FILES]
+        ],
     }
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
