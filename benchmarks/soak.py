@@ -193,7 +193,7 @@ def traced(loader: SavableDataLoader[Any], args: argparse.Namespace) -> None:
     """Stream ``args.samples`` samples in this process; print and write the memory allocated
     after ``args.warmup`` samples and still held at the end, by source file."""
     logging.getLogger("energon_pack").setLevel(logging.ERROR)  # skips are counted, not read
-    samples = 0
+    samples = traced_from = 0
     start: tracemalloc.Snapshot | None = None
     objects: list[int] = []
     for batch in loader:
@@ -203,6 +203,7 @@ def traced(loader: SavableDataLoader[Any], args: argparse.Namespace) -> None:
             objects.append(len(gc.get_objects()))
             tracemalloc.start(1)
             start = tracemalloc.take_snapshot()
+            traced_from = samples
         if samples >= args.samples:
             break
     gc.collect()
@@ -211,7 +212,7 @@ def traced(loader: SavableDataLoader[Any], args: argparse.Namespace) -> None:
     objects.append(len(gc.get_objects()))
     end = tracemalloc.take_snapshot()
     tracemalloc.stop()
-    measured = samples - args.warmup
+    measured = samples - traced_from
     grown = end.compare_to(start, "filename")
     rows = [
         [g.traceback[0].filename, f"{g.size_diff / MB * 1e4 / measured:+.2f}", f"{g.count_diff:+d}"]
@@ -219,7 +220,7 @@ def traced(loader: SavableDataLoader[Any], args: argparse.Namespace) -> None:
     ]
     total = sum(g.size_diff for g in grown) / MB * 1e4 / measured
     print(
-        f"in one process, {measured} samples after a warm-up of {args.warmup}: {total:+.2f} MB per "
+        f"in one process, {measured} samples after a warm-up of {traced_from}: {total:+.2f} MB per "
         f"10k samples held (traced), Python objects {objects[0]} -> {objects[1]}"
     )
     print(format_table(["allocated in", "MB / 10k", "blocks"], rows))
@@ -227,7 +228,7 @@ def traced(loader: SavableDataLoader[Any], args: argparse.Namespace) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "samples": measured,
-        "warmup": args.warmup,
+        "warmup": traced_from,
         "traced_mb_per_10k": total,
         "objects": objects,
         "by_file": [
