@@ -264,6 +264,10 @@ class BalancedChooser(CappedChooser):
       bounds (:func:`_steered_early`);
     * forced to leave: walks over all candidates steered to the target (:data:`AIMS`), then any
       walk within the caps, then the fallback of :class:`CappedChooser`.
+
+    Without a ``vision_share``, no pack leaves early before the packer has read
+    :data:`~energon_pack.packing.vision_budget.WARMUP_ROWS` rows' worth of tokens
+    (:meth:`~energon_pack.VisionBudget.warmed_up`): until then the target is a few samples' share.
     """
 
     def __init__(self, budget: VisionBudget, cap_units: int, capacity: int) -> None:
@@ -276,6 +280,8 @@ class BalancedChooser(CappedChooser):
         self._light_steps = 0  # vision tokens per token of a light candidate, in LIGHT_STEPS
 
     def choose(self, pool: Pool, forced: list[int], *, early: bool) -> list[int] | None:
+        if early and not self.budget.warmed_up(pool.seen_tokens, self._capacity):
+            return None
         steps = max(math.floor(pool.vision_target() / self._capacity * LIGHT_STEPS), 1)
         if steps != self._light_steps:  # a function of the target alone: restores the same
             self._light_steps = steps

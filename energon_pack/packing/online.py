@@ -276,13 +276,16 @@ class OnlineBinPacker:
         """Vision tokens of the held candidates together."""
         return self._held_vision
 
+    @property
+    def seen_tokens(self) -> int:
+        """Tokens of the samples taken so far (emitted and held)."""
+        return self.stats.real_tokens + self._held_tokens
+
     def vision_target(self) -> float:
         """The stream's vision tokens per token so far (emitted and held; starting from the
         budget's ``vision_share`` where known) times the capacity."""
-        stats = self.stats
-        vision = stats.vision_tokens + self._held_vision
-        tokens = stats.real_tokens + self._held_tokens
-        return vision_target(vision, tokens, self.capacity, self.budget.vision_share)
+        vision = self.stats.vision_tokens + self._held_vision
+        return vision_target(vision, self.seen_tokens, self.capacity, self.budget.vision_share)
 
     # ----------------------------------------------------------------------------- public API
     def refusal(
@@ -355,8 +358,7 @@ class OnlineBinPacker:
                 self._urgent_bin[1].append(len(self._held) - 1)
             while len(self._deadline_bins) > self.max_wait:
                 out.append(self._emit(self._most_urgent_subset(), "deadline"))
-        seen = self.stats.real_tokens + self._held_tokens
-        while self._prefix[-1] >> self._fill_units and self.budget.warmed_up(seen, self.capacity):
+        while self._prefix[-1] >> self._fill_units:
             chosen = self._next_subset(early=True)
             if chosen is None:
                 break

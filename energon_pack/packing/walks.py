@@ -66,7 +66,8 @@ class Pool(Protocol):
     units, vision tokens and media, the subset sums of their units (``prefix[i]``: sums reachable
     by the first ``i``), the row's size in units, the units a pack needs to leave early, the
     packs emitted so far, the candidates pushed since the last one, ``max_wait``, the held
-    candidates' vision tokens together and the vision target."""
+    candidates' vision tokens together, the tokens of the samples taken so far (emitted and
+    held) and the vision target."""
 
     @property
     def candidates(self) -> Sequence[Candidate]: ...
@@ -90,6 +91,8 @@ class Pool(Protocol):
     def max_wait(self) -> int | None: ...
     @property
     def held_vision(self) -> int: ...
+    @property
+    def seen_tokens(self) -> int: ...
     def vision_target(self) -> float: ...
 
 

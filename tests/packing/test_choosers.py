@@ -34,7 +34,7 @@ from energon_pack.packing.subset_sums import (
     subset_with_sum,
 )
 from energon_pack.packing.synthetic import VisionSample, vision_mix
-from energon_pack.packing.vision_budget import BALANCE_SLACK, BALANCE_TOLERANCE
+from energon_pack.packing.vision_budget import BALANCE_SLACK, BALANCE_TOLERANCE, WARMUP_ROWS
 from energon_pack.packing.walks import Attempt, Beside, due, first_fit
 
 Item = tuple[int, int, int]
@@ -376,6 +376,7 @@ class _Held(_Row):
         self.prefix = prefixes(self.units, 1, (1 << 101) - 1)
         self.fill_units = 100
         self.emitted, self.fresh, self.max_wait = 0, fresh, None
+        self.seen_tokens = WARMUP_ROWS * 100  # past balance's warm-up
         self._target = target
 
     def vision_target(self) -> float:
