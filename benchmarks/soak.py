@@ -151,8 +151,6 @@ def main() -> None:
         f"after the loader is deleted: {len(left)} child processes left, main process fds "
         f"{end_fds} (before the loader: {baseline_fds})"
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "samples": samples,
         "packs": packs,
@@ -163,8 +161,7 @@ def main() -> None:
         "fds_before": baseline_fds,
         "fds_after": end_fds,
     }
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(args.out, result)
 
 
 def loader_of(budget: VisionBudget, buffer: int, *, workers: int) -> SavableDataLoader[Any]:
@@ -224,8 +221,6 @@ def traced(loader: SavableDataLoader[Any], args: argparse.Namespace) -> None:
         f"10k samples held (traced), Python objects {objects[0]} -> {objects[1]}"
     )
     print(format_table(["allocated in", "MB / 10k", "blocks"], rows))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "samples": measured,
         "warmup": traced_from,
@@ -236,6 +231,13 @@ def traced(loader: SavableDataLoader[Any], args: argparse.Namespace) -> None:
             for g in grown[:TRACED_FILES]
         ],
     }
+    write_result(args.out, result)
+
+
+def write_result(path: str, result: dict[str, Any]) -> None:
+    """Write ``result`` as JSON to ``path`` (its folder made as needed) and say so."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 
