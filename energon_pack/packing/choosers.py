@@ -280,7 +280,7 @@ class BalancedChooser(CappedChooser):
         self._light_steps = 0  # vision tokens per token of a light candidate, in LIGHT_STEPS
 
     def choose(self, pool: Pool, forced: list[int], *, early: bool) -> list[int] | None:
-        if early and not self.budget.warmed_up(pool.seen_tokens, self._capacity):
+        if early and not (due(pool) and self.budget.warmed_up(pool.seen_tokens, self._capacity)):
             return None
         steps = max(math.floor(pool.vision_target() / self._capacity * LIGHT_STEPS), 1)
         if steps != self._light_steps:  # a function of the target alone: restores the same
