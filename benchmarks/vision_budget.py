@@ -38,7 +38,7 @@ without caps (interleaved rounds, median ratio).
 
 Usage: python benchmarks/vision_budget.py [--samples N] [--streams a,b] [--seq-lengths a,b]
        [--buffers a,b (0: AUTO)] [--no-cost | --cost-only] [--out results/vision_budget.json]
-       python benchmarks/vision_budget.py --profile small-images/256   (cProfile of caps + balance)
+       python benchmarks/vision_budget.py --profile small-images/256   (caps + balance, by phase)
 """
 
 from __future__ import annotations
@@ -366,7 +366,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         metavar="STREAM/BUFFER",
-        help="only where caps + balance spend their time on one stream and buffer (cProfile)",
+        help="only where caps + balance spend their time on one stream and buffer (cProfile: by "
+        "phase of a push, and the functions that take the most time of their own)",
     )
     parser.add_argument(
         "--out", default=str(Path(__file__).parent / "results" / "vision_budget.json")
@@ -416,8 +417,8 @@ def cost_stream(stream: str, seed: int) -> tuple[list[VisionSample], dict[str, o
 def profile(stream: str, buffer: int, seed: int) -> None:
     """Where the packer with caps + balance spends its time on ``stream`` at ``buffer`` (seq
     8192): why its packs left, how many candidates it holds on average (against caps alone:
-    the searches and the subset sums rebuilt after each pack grow with them), and the functions
-    that take the most time of their own."""
+    the searches and the subset sums rebuilt after each pack grow with them), the time of each
+    phase of a push (:data:`PHASES`), and the functions that take the most time of their own."""
     samples, caps = cost_stream(stream, seed)
     size, bound = (AUTO_START, BufferConfig()) if buffer == AUTO else (buffer, COUNT_BOUND)
 
@@ -444,7 +445,47 @@ def profile(stream: str, buffer: int, seed: int) -> None:
         f"{stats.max_wait} packs (max_wait {bound.max_wait}); {held:.0f} candidates held on "
         f"average after a push ({held_on_average(new_packer(balance=False)):.0f} with caps alone)"
     )
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    stats_of = pstats.Stats(profiler)
+    print(phase_table(stats_of, len(samples)))
+    stats_of.sort_stats("tottime").print_stats(15)
+
+
+PHASES = {
+    "early packs tried (the fill rule)": ("_next_subset", "push"),
+    "packs that must leave (full buffer)": ("_next_subset", "_leaving"),
+    "packs that must leave (deadline)": ("_most_urgent_subset", "push"),
+    "after a pack (subset sums rebuilt, counters)": ("_emit", None),
+    "deadline bins of new samples": ("_deadline_bin_for", None),
+    "new samples into the chooser's index": ("added", None),
+}
+"""Phases of OnlineBinPacker.push: (the packer's or chooser's function, its caller or None for
+all callers)."""
+
+
+def phase_table(stats_of: pstats.Stats, samples: int) -> str:
+    """Time per sample in each of :data:`PHASES` (cumulative, under the profiler), with calls."""
+    profiled = stats_of.stats  # type: ignore[attr-defined]
+    total = sum(ct for (_, _, name), (_, _, _, ct, _) in profiled.items() if name == "push")
+    rows = []
+    for phase, (function, caller) in PHASES.items():
+        calls = seconds = 0.0
+        for (_, _, name), (_, _, _, cumulative, callers) in profiled.items():
+            if name != function:
+                continue
+            if caller is None:
+                calls += sum(record[0] for record in callers.values())
+                seconds += cumulative
+                continue
+            for (_, _, by), record in callers.items():
+                if by == caller:
+                    calls += record[0]
+                    seconds += record[3]
+        rows.append(
+            [phase, f"{int(calls)}", f"{seconds / samples * 1e6:.1f}", f"{seconds / total:.0%}"]
+        )
+    rows.append(["push, in all", str(samples), f"{total / samples * 1e6:.1f}", "100%"])
+    headers = ["phase", "calls", "us per sample (profiled)", "share"]
+    return format_table(headers, rows)
 
 
 def packer_cost(stream: str, seed: int) -> dict[int, dict[str, float]]:
