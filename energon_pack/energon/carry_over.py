@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -116,6 +117,23 @@ class PackingStats:
     """Audio encoder tokens per emitted pack so far (part of ``vision_tokens_mean``, the budget
     every non-text encoder shares)."""
     audio_tokens_max: int = 0
+    pack_us_per_sample: float = 0.0
+    """Microseconds this worker's packer took per sample to choose packs (its pushes, and the
+    flush at the end of the data), since the worker started iterating or was restored: the pack
+    step's own cost, beside reading, encoding and decoding. Not saved; balance at a large buffer
+    costs the most (the vision budget's limits)."""
+
+
+@dataclass
+class _PackClock:
+    """Time the packer took choosing packs, over the samples pushed, in this worker's pass (not
+    saved: a restored worker counts from its restore)."""
+
+    seconds: float = 0.0
+    samples: int = 0
+
+    def us_per_sample(self) -> float:
+        return self.seconds / self.samples * 1e6 if self.samples else 0.0
 
 
 class _SavablePacker(Savable):
@@ -252,6 +270,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         self._source_done = False
         """This pass's source ran dry: only the packs in ``_pending`` (and the flush) are left."""
         self._restored = False
+        self._clock = _PackClock()
 
     def save_state(self) -> FlexState:
         state = super().save_state()
@@ -371,6 +390,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         if not restored:  # a new pass over the data, not a resume
             self._source_done = False
         self._restored = False
+        self._clock = clock = _PackClock()
         self._buffer.worker_start()
         if restored:
             self._check_restored_lengths()
@@ -392,6 +412,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             self._next_seq += 1
             self._buffer.append(sample)
             self._buffer_seqs.append(seq)
+            start = time.perf_counter()
             bins = self.packer.push(
                 seq,
                 size.length,
@@ -399,6 +420,8 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                 vision_tokens=size.vision_tokens,
                 media=size.media,
             )
+            clock.seconds += time.perf_counter() - start
+            clock.samples += 1
             self._pending += [self._seqs(b) for b in bins]
             if monitor is not None:
                 counters = self._counters
@@ -410,7 +433,10 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                 )
             yield from self._drain()
         self._source_done = True
-        self._pending += [self._seqs(b) for b in self.packer.flush()]
+        start = time.perf_counter()
+        flushed = self.packer.flush()
+        clock.seconds += time.perf_counter() - start
+        self._pending += [self._seqs(b) for b in flushed]
         yield from self._drain()
         if self._counters["in_a_row"]:  # skips after the last pack: report them now
             with self._pack_index.ctx() as pack_index:
@@ -559,6 +585,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
             media_max=packer_stats.media_max,
             audio_tokens_mean=self._counters["audio_tokens"] / max(self._counters["packs"], 1),
             audio_tokens_max=self._counters["audio_tokens_max"],
+            pack_us_per_sample=self._clock.us_per_sample(),
         )
 
     def restore_sample(self, restore_key: tuple[Any, ...]) -> T_pack:

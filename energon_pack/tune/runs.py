@@ -126,6 +126,10 @@ class TuneResult:
     pack's latency counts); None for a run of fewer than :data:`TIMED_PACKS` packs."""
     samples_per_second: float | None = None
     """Samples over the same wall time (None as above)."""
+    pack_us_per_sample: float = 0.0
+    """Microseconds the packers took per sample to choose packs, in the workers (their
+    ``packing_stats.pack_us_per_sample``, weighted by samples): the pack step's part of the
+    loader's time per sample, beside reading, encoding and decoding."""
     peak_worker_rss_mb: float = 0.0
     """Highest RSS of any worker, in MiB."""
     steady_worker_rss_mb: float = 0.0
@@ -514,6 +518,8 @@ def run_once(
     vision_tokens = sum(s.vision_tokens_mean * s.packs for s in worker_stats.values())
     audio_tokens = sum(s.audio_tokens_mean * s.packs for s in worker_stats.values())
     buffer_full = sum(s.left_buffer_full for s in worker_stats.values())
+    worker_samples = sum(stats.samples for stats in worker_stats.values())
+    pack_us = sum(s.pack_us_per_sample * s.samples for s in worker_stats.values())
     capped = sum(s.left_capped for s in worker_stats.values())
     return TuneResult(
         buffer_size=buffer_size,
@@ -526,6 +532,7 @@ def run_once(
         first_pack_seconds=first_pack,
         packs_per_second=packs / wall if timed else None,
         samples_per_second=samples / wall if timed else None,
+        pack_us_per_sample=pack_us / worker_samples if worker_samples else 0.0,
         peak_worker_rss_mb=max((w.peak_rss for w in workers), default=0) / MB,
         steady_worker_rss_mb=max((w.steady_rss for w in workers), default=0) / MB,
         peak_buffer_mb=max((w.peak_buffer_bytes for w in workers), default=0) / MB,

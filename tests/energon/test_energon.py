@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -230,6 +231,20 @@ def test_packing_stats_count_packs_that_left_with_the_buffer_full(vlm_demo_path:
     assert stats is not None
     assert stats.bin_fill > 0.95
     assert stats.left_buffer_full <= stats.packs // 10
+
+
+def test_packing_stats_time_the_packer_per_sample(vlm_demo_path: Path) -> None:
+    """Each pack reports the microseconds the worker's packer took per sample so far: more than
+    none, and far less than the whole pass took per sample (the packer is a small part of it,
+    beside reading, encoding and decoding)."""
+    start = time.perf_counter()
+    packs = list(batches(train_dataset(vlm_demo_path, 32)))
+    whole = (time.perf_counter() - start) * 1e6
+    stats = [pack.packing_stats for pack in packs]
+    assert all(s is not None and s.pack_us_per_sample > 0 for s in stats)
+    last = stats[-1]
+    assert last is not None
+    assert last.pack_us_per_sample * last.samples < whole / 4
 
 
 def test_batch_size_must_be_one(vlm_demo_path: Path) -> None:

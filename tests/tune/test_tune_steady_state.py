@@ -81,6 +81,9 @@ def test_a_run_repeats_the_dataset_until_it_has_min_packs(
     # read from a burst of packs that arrived together.
     assert 0 < run["samples_per_second"] <= run["samples"] / run["first_pack_seconds"]
     assert row["samples/s"] == f"{run['samples_per_second']:.1f}"
+    # The packer's own time per sample: part of the loader's time per sample, never all of it.
+    assert 0 < run["pack_us_per_sample"] * 1e-6 < 0.5 / run["samples_per_second"]
+    assert row["pack µs"] == f"{run['pack_us_per_sample']:.1f}"
 
     assert main(tune(short_turns, tmp_path / "epoch", "--one-epoch")) == 0
     epoch = json.loads((tmp_path / "epoch" / "tune.json").read_text())["results"][0]
