@@ -117,10 +117,11 @@ class PackingStats:
     """Audio encoder tokens per emitted pack so far (part of ``vision_tokens_mean``, the budget
     every non-text encoder shares)."""
     audio_tokens_max: int = 0
-    pack_us_per_sample: float = 0.0
+    pack_us_per_sample: float = field(default=0.0, compare=False)
     """Microseconds this worker's packer took per sample to choose packs (its pushes, and the
     flush at the end of the data), since the worker started iterating or was restored: the pack
-    step's own cost, beside reading, encoding and decoding. Not saved; balance at a large buffer
+    step's own cost, beside reading, encoding and decoding. Not saved, and left out of ``==``
+    (stats of the same packs compare equal however long they took); balance at a large buffer
     costs the most (the vision budget's limits)."""
 
 

@@ -518,7 +518,7 @@ def run_once(
     vision_tokens = sum(s.vision_tokens_mean * s.packs for s in worker_stats.values())
     audio_tokens = sum(s.audio_tokens_mean * s.packs for s in worker_stats.values())
     buffer_full = sum(s.left_buffer_full for s in worker_stats.values())
-    worker_samples = sum(stats.samples for stats in worker_stats.values())
+    worker_samples = sum(s.samples for s in worker_stats.values())
     pack_us = sum(s.pack_us_per_sample * s.samples for s in worker_stats.values())
     capped = sum(s.left_capped for s in worker_stats.values())
     return TuneResult(
