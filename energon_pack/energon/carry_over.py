@@ -36,7 +36,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from megatron.energon.edataclass import edataclass
@@ -48,6 +48,7 @@ from megatron.energon.wrappers.base import BaseWrapperDataset, SampleIndex, get_
 from megatron.energon.wrappers.buffer import SavableSampleBuffer
 
 from energon_pack.encoding.fingerprint import check_fingerprint, settings_fingerprint
+from energon_pack.energon.packing_stats import PackClock, PackingStats
 from energon_pack.energon.state_check import (
     STATE_FIX,
     StateCheck,
@@ -81,60 +82,6 @@ class RejectedSample(Sample):
 
     reason: str
     message: str
-
-
-@dataclass
-class PackingStats:
-    """Per-worker packing figures, attached to every emitted pack as ``packing_stats``."""
-
-    rank: int
-    worker: int
-    packs: int = 0
-    samples: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-    """Skipped samples by reason: ``overlong``, ``over_max_vision_tokens``,
-    ``over_max_media`` or the :class:`MediaError` kind."""
-    bin_fill: float = 0.0
-    token_efficiency: float = 0.0
-    buffer_count: int = 0
-    buffer_bytes: int = 0
-    mean_wait: float = 0.0
-    max_wait: int = 0
-    left_buffer_full: int = 0
-    """Packs that left because the buffer was full, not because they were full enough. Most of
-    them with a low ``bin_fill``: the buffer holds fewer samples than a row needs."""
-    left_capped: int = 0
-    """Of those, packs that left under 0.9 of the row while the vision caps kept out a held
-    sample that fit by tokens: the caps, not the buffer, held their fill down (counted since
-    the worker's packer started or was restored)."""
-    vision_tokens_mean: float = 0.0
-    """Vision tokens per pack so far (as chosen, before any media failure)."""
-    vision_tokens_max: int = 0
-    media_mean: float = 0.0
-    """Images, videos and audios per pack so far."""
-    media_max: int = 0
-    audio_tokens_mean: float = 0.0
-    """Audio encoder tokens per emitted pack so far (part of ``vision_tokens_mean``, the budget
-    every non-text encoder shares)."""
-    audio_tokens_max: int = 0
-    pack_us_per_sample: float = field(default=0.0, compare=False)
-    """Microseconds this worker's packer took per sample to choose packs (its pushes, and the
-    flush at the end of the data), since the worker started iterating or was restored: the pack
-    step's own cost, beside reading, encoding and decoding. Not saved, and left out of ``==``
-    (stats of the same packs compare equal however long they took); balance at a large buffer
-    costs the most (the vision budget's limits)."""
-
-
-@dataclass
-class _PackClock:
-    """Time the packer took choosing packs, over the samples pushed, in this worker's pass (not
-    saved: a restored worker counts from its restore)."""
-
-    seconds: float = 0.0
-    samples: int = 0
-
-    def us_per_sample(self) -> float:
-        return self.seconds / self.samples * 1e6 if self.samples else 0.0
 
 
 class _SavablePacker(Savable):
@@ -271,7 +218,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         self._source_done = False
         """This pass's source ran dry: only the packs in ``_pending`` (and the flush) are left."""
         self._restored = False
-        self._clock = _PackClock()
+        self._clock = PackClock()
 
     def save_state(self) -> FlexState:
         state = super().save_state()
@@ -391,7 +338,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         if not restored:  # a new pass over the data, not a resume
             self._source_done = False
         self._restored = False
-        self._clock = clock = _PackClock()
+        self._clock = clock = PackClock()
         self._buffer.worker_start()
         if restored:
             self._check_restored_lengths()

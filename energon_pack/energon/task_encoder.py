@@ -40,12 +40,8 @@ from energon_pack.encoding.families.materialise import (
 from energon_pack.encoding.family import Family, ModelFamily, family_media, model_family
 from energon_pack.encoding.fingerprint import family_identity, tokenizer_identity
 from energon_pack.encoding.template import check_encoder, make_encoder
-from energon_pack.energon.carry_over import (
-    CarryOverPackingDataset,
-    PackingStats,
-    RejectedSample,
-    SampleSize,
-)
+from energon_pack.energon.carry_over import CarryOverPackingDataset, RejectedSample, SampleSize
+from energon_pack.energon.packing_stats import PackingStats
 from energon_pack.formats.energon_types import (
     MediaKeepingDecoder,
     keep_media_compressed,

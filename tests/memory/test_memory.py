@@ -232,13 +232,14 @@ def test_tune_runs_and_recommends_within_budget(
         "steady_worker_rss_mb", "peak_buffer_mb", "peak_decoder_rss_mb", "skipped", "unaccounted",
         "interrupted", "max_vision_tokens", "vision_tokens_mean", "vision_tokens_max", "media_max",
         "vision_share", "buffer_full_share", "capped_share", "audio_tokens_mean",
-        "audio_tokens_max",
+        "audio_tokens_max", "pack_us_per_sample",
     }  # fmt: skip
     assert [r["buffer_size"] for r in report["results"]] == [4, 16]
     for result in report["results"]:
         assert set(result) == fields
         assert result["samples"] >= 40
         assert 0 < result["bin_fill"] <= 1
+        assert result["pack_us_per_sample"] > 0  # the worker's packer, timed in the worker
         assert result["peak_worker_rss_mb"] > 50
         # the decoder process is counted: loaded without torch, far smaller than its worker
         assert 20 < result["peak_decoder_rss_mb"] < result["peak_worker_rss_mb"]
