@@ -185,6 +185,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         self._pack = pack
         self.overlong: Overlong = overlong
         self.max_consecutive_skips = buffer.max_consecutive_skips
+        self._clock = PackClock()  # not state: each pass (and each restore) starts it again
         self.reset_state_own()
         self.fingerprint = settings_fingerprint(
             {
@@ -218,7 +219,6 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         self._source_done = False
         """This pass's source ran dry: only the packs in ``_pending`` (and the flush) are left."""
         self._restored = False
-        self._clock = PackClock()
 
     def save_state(self) -> FlexState:
         state = super().save_state()
@@ -368,8 +368,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
                 vision_tokens=size.vision_tokens,
                 media=size.media,
             )
-            clock.seconds += time.perf_counter() - start
-            clock.samples += 1
+            clock.took(start, samples=1)
             self._pending += [self._seqs(b) for b in bins]
             if monitor is not None:
                 counters = self._counters
@@ -383,7 +382,7 @@ class CarryOverPackingDataset(BaseWrapperDataset[T_sample, T_pack], Generic[T_sa
         self._source_done = True
         start = time.perf_counter()
         flushed = self.packer.flush()
-        clock.seconds += time.perf_counter() - start
+        clock.took(start, samples=0)
         self._pending += [self._seqs(b) for b in flushed]
         yield from self._drain()
         if self._counters["in_a_row"]:  # skips after the last pack: report them now

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 
@@ -55,6 +56,11 @@ class PackClock:
 
     seconds: float = 0.0
     samples: int = 0
+
+    def took(self, start: float, samples: int) -> None:
+        """Count the time since ``start`` (a ``time.perf_counter()``) over ``samples`` more."""
+        self.seconds += time.perf_counter() - start
+        self.samples += samples
 
     def us_per_sample(self) -> float:
         return self.seconds / self.samples * 1e6 if self.samples else 0.0
